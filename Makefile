@@ -1,0 +1,36 @@
+# Two entry points do all set-up on a fresh Debian 12 machine (as root):
+#   make demo   install what is missing, then profile a real QUIC transfer
+#   make test   install what is missing, then run the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2
+
+.PHONY: demo test setup system-deps venv clean
+
+demo: setup
+	$(BIN)/qprof demo
+
+test: setup
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+setup: system-deps venv
+
+# Installs only the Debian packages that are missing (apt needs root).
+system-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BIN)/qprof: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/qprof
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

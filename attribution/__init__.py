@@ -1,0 +1,1 @@
+"""Attribution: stacks -> categories through mapping files, aggregated per process and thread."""

@@ -1,0 +1,98 @@
+"""Stack -> category: walk from the leaf towards the root; the first frame a specific rule claims decides.
+
+Why leaf first: the founding study matched one regex list against the whole
+folded stack, first rule wins, so a frame far up ("stream") could claim a
+sample that is really spent in sendto. Here the deepest frame with a specific
+rule decides; generic frames (memcpy, malloc, locks) are transparent and pass
+the decision to their caller; frames no rule knows pass it on as well.
+
+Cost: rules are matched once per distinct (symbol, dso) pair, and each `within`
+pattern once per distinct symbol; a stack then costs one lookup per frame.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from qprof.attribution.categories import UNCATEGORIZED
+from qprof.attribution.mapping import MappingFile, Rule
+from qprof.collectors.perfscript import KERNEL_DSO, Frame
+
+# Object names perf puts in brackets that are user space, not kernel modules.
+_USER_PSEUDO = re.compile(r"^\[(unknown|vdso|vsyscall|heap|stack|uprobes|anon.*|jit.*)\]$")
+
+
+def is_kernel_dso(dso: str) -> bool:
+    """perf names kernel objects `[kernel.kallsyms]` and modules `[name]`."""
+    return dso == KERNEL_DSO or (dso.startswith("[") and dso.endswith("]") and not _USER_PSEUDO.match(dso))
+
+
+@dataclass(frozen=True)
+class Decision:
+    category: str
+    subcategory: str | None
+    rule: Rule | None  # the rule that decided; None when no rule did
+    frame: int | None  # index (leaf = 0) of the deciding frame
+
+
+UNDECIDED = Decision(UNCATEGORIZED, None, None, None)
+
+
+class Classifier:
+    """Classifies stacks with an ordered rule list (highest precedence first)."""
+
+    def __init__(self, files: Sequence[MappingFile]) -> None:
+        self.files = list(files)
+        self.rules: list[Rule] = [r for f in self.files for r in f.rules]
+        self._cand: dict[Frame, tuple[Rule, ...]] = {}
+        self._within: dict[tuple[int, str], bool] = {}
+
+    def _candidates(self, frame: Frame) -> tuple[Rule, ...]:
+        got = self._cand.get(frame)
+        if got is None:
+            sym, dso = frame
+            kern = is_kernel_dso(dso)
+            got = tuple(r for r in self.rules
+                        if (r.kernel is None or r.kernel == kern)
+                        and (r.symbol is None or r.symbol.search(sym))
+                        and (r.dso is None or r.dso.search(dso)))
+            self._cand[frame] = got
+        return got
+
+    def _within_match(self, pattern: re.Pattern[str], sym: str) -> bool:
+        key = (id(pattern), sym)
+        got = self._within.get(key)
+        if got is None:
+            got = self._within[key] = pattern.search(sym) is not None
+        return got
+
+    def classify(self, frames: Sequence[Frame]) -> Decision:
+        tag: str | None = None
+        rootmost: dict[int, int] = {}  # within-pattern id -> rootmost matching frame index
+
+        def within(rule: Rule, i: int) -> bool:
+            pat = rule.within
+            assert pat is not None
+            j = rootmost.get(id(pat))
+            if j is None:
+                j = -1
+                for k in range(len(frames) - 1, -1, -1):
+                    if self._within_match(pat, frames[k][0]):
+                        j = k
+                        break
+                rootmost[id(pat)] = j
+            return j >= i
+
+        for i, frame in enumerate(frames):
+            for rule in self._candidates(frame):
+                if rule.within is not None and not within(rule, i):
+                    continue
+                if rule.transparent:
+                    break
+                if rule.category is None:  # a tag: keep the leaf-most one, let callers decide
+                    tag = tag or rule.subcategory
+                    break
+                return Decision(rule.category, tag or rule.subcategory, rule, i)
+        return Decision(UNCATEGORIZED, tag, None, None) if tag else UNDECIDED

@@ -1,0 +1,265 @@
+"""Mapping files: TOML data that sends stack frames to categories.
+
+A file is a `[mapping]` header and an ordered list of `[[rule]]` tables:
+
+    [mapping]
+    name = "ngtcp2"            # unique; user files of the same name replace shipped ones
+    version = "1"
+    kind = "stack"             # common | library | stack | user
+    description = "..."
+    verified = true            # backed by a real run
+    [mapping.detect]           # library/stack files load only for processes that match
+    dso = ['libngtcp2\\.so']
+    symbol = []
+
+    [[rule]]
+    symbol = '^ngtcp2_conn_'   # regex, searched in the frame's symbol
+    dso = 'libngtcp2\\.so'     # regex, searched in the frame's object path
+    kernel = true              # frame is in the kernel (or, false, in user space)
+    within = '^udp_sendmsg$'   # this frame or one of its callers has a matching symbol
+    category = "Connection Mgmt"
+    subcategory = "ack processing"
+
+A rule needs at least one of symbol/dso/kernel/within, and exactly one outcome:
+a `category` (with an optional `subcategory`); `transparent = true` (the frame
+is generic, like memcpy or a lock, and its caller decides); or a `subcategory`
+alone (a tag: the frame keeps this subcategory, its caller decides the category;
+used for scheduler code so that it stays visible in whatever category it runs).
+
+Files are data: they are parsed with tomllib and regexes compiled, never run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from qprof.attribution.categories import CATEGORIES
+from qprof.errors import QprofError
+
+KINDS = ("common", "library", "stack", "user")
+# Precedence when rules of several files could match a frame: first wins.
+_KIND_ORDER = {"user": 0, "stack": 1, "library": 2, "common": 3}
+_RULE_KEYS = {"symbol", "dso", "kernel", "within", "category", "subcategory", "transparent", "note"}
+_HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
+_DETECT_KEYS = {"dso", "symbol"}
+MAX_PATTERN = 2000
+
+
+class MappingError(QprofError):
+    """An invalid mapping file; the message starts with file:line."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    source: str  # "file:line" for reports and errors
+    mapping: str
+    symbol: re.Pattern[str] | None
+    dso: re.Pattern[str] | None
+    kernel: bool | None
+    within: re.Pattern[str] | None
+    category: str | None
+    subcategory: str | None
+    transparent: bool
+
+
+@dataclass
+class MappingFile:
+    path: str
+    name: str
+    version: str
+    kind: str
+    description: str
+    verified: bool
+    detect_dso: list[re.Pattern[str]] = field(default_factory=list)
+    detect_symbol: list[re.Pattern[str]] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+
+    def matches(self, dsos: Iterable[str], symbols: Iterable[str]) -> bool:
+        """Should this file load for a process with these objects and symbols?"""
+        if self.kind in ("common", "user"):
+            return True
+        return any(p.search(d) for p in self.detect_dso for d in dsos) or \
+            any(p.search(s) for p in self.detect_symbol for s in symbols)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "kind": self.kind,
+                "path": self.path, "verified": self.verified}
+
+
+def _rule_lines(text: str) -> list[int]:
+    """Line number of each `[[rule]]` header, so errors can point at the rule."""
+    return [i for i, ln in enumerate(text.splitlines(), 1) if re.match(r"^\s*\[\[\s*rule\s*\]\]", ln)]
+
+
+def _key_line(text: str, start: int, key: str) -> int:
+    lines = text.splitlines()
+    for i in range(start, len(lines)):
+        if i > start and re.match(r"^\s*\[", lines[i]):
+            break
+        if re.match(rf"^\s*{re.escape(key)}\s*=", lines[i]):
+            return i + 1
+    return start
+
+
+def _regex(value: Any, where: str, key: str) -> re.Pattern[str]:
+    if not isinstance(value, str):
+        raise MappingError(f"{where}: `{key}` must be a string (a regular expression)")
+    if len(value) > MAX_PATTERN:
+        raise MappingError(f"{where}: `{key}` is longer than {MAX_PATTERN} characters")
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise MappingError(f"{where}: `{key}` is not a valid regular expression ({e})") from None
+
+
+def _header_line(text: str) -> int:
+    for i, ln in enumerate(text.splitlines(), 1):
+        if re.match(r"^\s*\[\s*mapping\s*\]", ln):
+            return i
+    return 1
+
+
+def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFile:
+    """Validate and compile one mapping file's text; errors name path:line and the fix."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise MappingError(f"{path}:{m.group(1) if m else 1}: not valid TOML ({e})") from None
+    hl = _header_line(text)
+    unknown_top = set(doc) - {"mapping", "rule"}
+    if unknown_top:
+        raise MappingError(f"{path}:1: unknown table(s) {sorted(unknown_top)}: only [mapping] and [[rule]] are allowed")
+    head = doc.get("mapping")
+    if not isinstance(head, dict):
+        raise MappingError(f"{path}:1: missing [mapping] header with at least `name`")
+    bad = set(head) - _HEADER_KEYS
+    if bad:
+        raise MappingError(f"{path}:{hl}: unknown [mapping] key(s) {sorted(bad)}; allowed: {sorted(_HEADER_KEYS)}")
+    name = head.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", name):
+        raise MappingError(f"{path}:{_key_line(text, hl - 1, 'name')}: `name` must be a short identifier "
+                           "(letters, digits, _.+-)")
+    kind = head.get("kind", default_kind)
+    if kind not in KINDS:
+        raise MappingError(f"{path}:{_key_line(text, hl - 1, 'kind')}: `kind` must be one of {', '.join(KINDS)}")
+    for key, typ in (("version", str), ("description", str), ("verified", bool)):
+        if key in head and not isinstance(head[key], typ):
+            raise MappingError(f"{path}:{_key_line(text, hl - 1, key)}: `{key}` must be a {typ.__name__}")
+    mf = MappingFile(path, name, head.get("version", "0"), kind, head.get("description", ""),
+                     head.get("verified", False))
+    detect = head.get("detect", {})
+    if not isinstance(detect, dict) or set(detect) - _DETECT_KEYS:
+        raise MappingError(f"{path}:{hl}: [mapping.detect] takes lists `dso` and `symbol` of regexes")
+    for key, dest in (("dso", mf.detect_dso), ("symbol", mf.detect_symbol)):
+        vals = detect.get(key, [])
+        if not isinstance(vals, list):
+            raise MappingError(f"{path}:{hl}: [mapping.detect] `{key}` must be a list of regexes")
+        dest.extend(_regex(v, f"{path}:{hl}", f"detect.{key}") for v in vals)
+    if kind in ("library", "stack") and not (mf.detect_dso or mf.detect_symbol):
+        raise MappingError(f"{path}:{hl}: a {kind} mapping needs [mapping.detect] patterns so it loads "
+                           "only for matching processes")
+    rules = doc.get("rule", [])
+    if not isinstance(rules, list):
+        raise MappingError(f"{path}:1: `rule` must be an array of tables: write [[rule]]")
+    lines = _rule_lines(text)
+    for i, r in enumerate(rules):
+        line = lines[i] if i < len(lines) else 1
+        mf.rules.append(_parse_rule(r, text, path, line, name))
+    return mf
+
+
+def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
+    where = f"{path}:{line}"
+    if not isinstance(r, dict):
+        raise MappingError(f"{where}: a rule must be a table")
+    bad = set(r) - _RULE_KEYS
+    if bad:
+        k = sorted(bad)[0]
+        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown rule key `{k}`; "
+                           f"allowed: {', '.join(sorted(_RULE_KEYS))}")
+
+    def at(key: str) -> str:
+        return f"{path}:{_key_line(text, line - 1, key)}"
+
+    symbol = _regex(r["symbol"], at("symbol"), "symbol") if "symbol" in r else None
+    dso = _regex(r["dso"], at("dso"), "dso") if "dso" in r else None
+    within = _regex(r["within"], at("within"), "within") if "within" in r else None
+    kernel = r.get("kernel")
+    if kernel is not None and not isinstance(kernel, bool):
+        raise MappingError(f"{at('kernel')}: `kernel` must be true or false")
+    if symbol is None and dso is None and within is None and kernel is None:
+        raise MappingError(f"{where}: rule matches everything: give `symbol`, `dso`, `kernel` or `within`")
+    category, sub = r.get("category"), r.get("subcategory")
+    transparent = r.get("transparent", False)
+    if not isinstance(transparent, bool):
+        raise MappingError(f"{at('transparent')}: `transparent` must be true or false")
+    if category is not None and category not in CATEGORIES:
+        raise MappingError(f"{at('category')}: unknown category {category!r}; use one of: "
+                           + ", ".join(CATEGORIES))
+    if sub is not None and (not isinstance(sub, str) or not sub.strip()):
+        raise MappingError(f"{at('subcategory')}: `subcategory` must be a non-empty string")
+    if transparent and (category is not None or sub is not None):
+        raise MappingError(f"{where}: a transparent rule cannot also set a category or subcategory")
+    if not transparent and category is None and sub is None:
+        raise MappingError(f"{where}: rule has no outcome: set `category`, `subcategory` or `transparent = true`")
+    return Rule(where, mapping, symbol, dso, kernel, within, category, sub, transparent)
+
+
+def load_file(path: str | os.PathLike[str], default_kind: str = "user") -> MappingFile:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MappingError(f"{p}: mapping file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise MappingError(f"{p}: cannot read mapping file ({e})") from None
+    return parse_mapping(text, str(p), default_kind)
+
+
+def shipped() -> list[MappingFile]:
+    """The mapping files installed with qprof."""
+    out = []
+    for entry in sorted(resources.files("qprof.mappings").iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            out.append(parse_mapping(entry.read_text(encoding="utf-8"), f"mappings/{entry.name}", "common"))
+    return out
+
+
+def user_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "qprof" / "mappings"
+
+
+def user_files(extra: Iterable[str] = ()) -> list[MappingFile]:
+    """`--mapping` files (first = highest precedence), then the per-user folder."""
+    files = [load_file(p, "user") for p in extra]
+    d = user_dir()
+    if d.is_dir():
+        files += [load_file(p, "user") for p in sorted(d.glob("*.toml"))]
+    return files
+
+
+@dataclass
+class MappingSet:
+    """All candidate files; `for_process` picks and orders those that apply."""
+
+    files: list[MappingFile]
+
+    @classmethod
+    def load(cls, extra: Iterable[str] = ()) -> "MappingSet":
+        users = user_files(extra)
+        replaced = {f.name for f in users}
+        return cls(users + [f for f in shipped() if f.name not in replaced])
+
+    def for_process(self, dsos: Iterable[str], symbols: Iterable[str]) -> list[MappingFile]:
+        dsos, symbols = list(dsos), list(symbols)
+        chosen = [f for f in self.files if f.matches(dsos, symbols)]
+        # stable: user files keep their command-line order
+        return sorted(chosen, key=lambda f: _KIND_ORDER[f.kind])

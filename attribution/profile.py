@@ -1,0 +1,149 @@
+"""Aggregate a run's stacks into per-process and per-thread category breakdowns.
+
+Weights are sample periods (CPU nanoseconds with cpu-clock), so a sample taken
+after a long gap counts for the time it stands for. Mappings are chosen per
+process from what it runs (its objects and symbols), so two endpoints with
+different stacks in one run are each read with their own files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.engine import Classifier
+from qprof.attribution.mapping import MappingSet
+from qprof.collectors.archive import Run
+
+NS_EVENTS = ("cpu-clock", "task-clock")
+
+
+@dataclass
+class Breakdown:
+    """Period per category, subcategory and leaf symbol for one process or thread."""
+
+    period: int = 0
+    samples: int = 0
+    categories: Counter[str] = field(default_factory=Counter)
+    subcategories: Counter[tuple[str, str]] = field(default_factory=Counter)
+    symbols: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (category, symbol, dso)
+
+    def add(self, category: str, sub: str | None, leaf: tuple[str, str], samples: int, period: int) -> None:
+        self.period += period
+        self.samples += samples
+        self.categories[category] += period
+        if sub:
+            self.subcategories[(category, sub)] += period
+        self.symbols[(category, leaf[0], leaf[1])] += period
+
+    def shares(self) -> dict[str, float]:
+        if self.period == 0:
+            return {c: 0.0 for c in CATEGORIES}
+        return {c: self.categories[c] / self.period for c in CATEGORIES}
+
+
+@dataclass
+class ThreadProfile:
+    tid: int
+    comm: str
+    breakdown: Breakdown = field(default_factory=Breakdown)
+
+
+@dataclass
+class ProcessProfile:
+    pid: int
+    comm: str
+    role: str | None
+    breakdown: Breakdown = field(default_factory=Breakdown)
+    threads: dict[int, ThreadProfile] = field(default_factory=dict)
+    mappings: list[dict[str, Any]] = field(default_factory=list)
+    decided_by_dso_only: int = 0  # period decided by rules that name only an object
+    proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
+
+
+@dataclass
+class Profile:
+    run: Run
+    processes: list[ProcessProfile]
+    seconds_per_period: float  # multiply a period sum to get CPU seconds
+    empty_targets: list[dict[str, Any]]
+
+    def cpu_seconds(self, period: int) -> float:
+        return period * self.seconds_per_period
+
+
+def _seconds_per_period(meta: dict[str, Any]) -> float:
+    sampling = meta.get("sampling", {})
+    if sampling.get("event", "cpu-clock") in NS_EVENTS:
+        return 1e-9
+    # other events count something else per period (cycles...): fall back to 1/frequency per sample
+    return 0.0
+
+
+def _proc_cpu(run: Run, pid: int) -> float | None:
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for r in run.proc_readings():
+        for t in r.get("threads", {}).get(str(pid), []):
+            cpu = t["utime_s"] + t["stime_s"]
+            first.setdefault(t["tid"], cpu)
+            last[t["tid"]] = cpu
+    if not last:
+        return None
+    return sum(last[t] - first[t] for t in last)
+
+
+def attribute(run: Run, mappings: MappingSet) -> Profile:
+    """Classify every folded stack of the run and aggregate per process and thread."""
+    meta = run.meta
+    targets = {int(t["pid"]): t for t in meta.get("targets", [])}
+    # Pass 1: what each process runs, to pick its mapping files.
+    dsos: dict[int, set[str]] = defaultdict(set)
+    syms: dict[int, set[str]] = defaultdict(set)
+    for pid, t in targets.items():
+        dsos[pid].update(o["path"] if isinstance(o, dict) else str(o) for o in t.get("objects", []))
+    for rec in run.stacks():
+        for sym, dso in rec.frames:
+            dsos[rec.pid].add(dso)
+            syms[rec.pid].add(sym)
+    classifiers: dict[tuple[str, ...], Classifier] = {}
+    procs: dict[int, ProcessProfile] = {}
+    per_pid_classifier: dict[int, Classifier] = {}
+    for pid in sorted(set(dsos) | set(targets)):
+        files = mappings.for_process(dsos[pid], syms[pid])
+        key = tuple(f.path for f in files)
+        clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files))
+        per_pid_classifier[pid] = clf
+        t = targets.get(pid, {})
+        procs[pid] = ProcessProfile(pid, t.get("comm", "?"), t.get("role"),
+                                    mappings=[f.describe() for f in files])
+    # Pass 2: classify and aggregate.
+    for rec in run.stacks():
+        proc = procs[rec.pid]
+        if proc.comm == "?":
+            proc.comm = rec.comm
+        d = per_pid_classifier[rec.pid].classify(rec.frames)
+        leaf = rec.frames[0] if rec.frames else ("[no stack]", "[unknown]")
+        proc.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
+        th = proc.threads.get(rec.tid) or proc.threads.setdefault(rec.tid, ThreadProfile(rec.tid, rec.comm))
+        th.comm = rec.comm
+        th.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
+        if d.rule is not None and d.rule.symbol is None and d.rule.within is None and d.rule.dso is not None:
+            proc.decided_by_dso_only += rec.period
+    spp = _seconds_per_period(meta)
+    freq = meta.get("sampling", {}).get("frequency") or 1
+    sampled, empty = [], []
+    for p in procs.values():
+        if p.breakdown.samples == 0:
+            if p.pid in targets:
+                empty.append({"pid": p.pid, "comm": p.comm})
+            continue
+        p.proc_cpu_seconds = _proc_cpu(run, p.pid)
+        sampled.append(p)
+    if spp == 0.0:  # non-time event: approximate CPU time by samples / frequency
+        total_p = sum(p.breakdown.period for p in sampled) or 1
+        total_s = sum(p.breakdown.samples for p in sampled)
+        spp = total_s / freq / total_p
+    return Profile(run, sampled, spp, empty)

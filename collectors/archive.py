@@ -1,0 +1,121 @@
+"""The run archive: the contract between collection and analysis.
+
+A run is a directory:
+  meta.json        what was profiled, how, on what host; written at start with
+                   status "collecting" and rewritten atomically at the end, so
+                   an interrupted run is recognisable and still readable
+  perf-<mode>.data raw perf samples, one file per unwinding mode used
+  stacks.jsonl.gz  folded, symbolised stacks (collectors.stacks)
+  proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
+Mappings are not applied here: reports apply them later, on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from qprof.collectors.stacks import StackRecord, read_stacks
+from qprof.errors import QprofError
+
+FORMAT = "qprof-run"
+VERSION = 1
+META = "meta.json"
+STACKS = "stacks.jsonl.gz"
+PROC = "proc.jsonl"
+
+STATUS_COLLECTING = "collecting"
+STATUS_COMPLETE = "complete"
+STATUS_INCOMPLETE = "incomplete"
+
+
+def perf_data_name(unwind: str) -> str:
+    return f"perf-{unwind}.data"
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so a reader never sees half a file, even if we are killed mid-write."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def create_run_dir(path: Path) -> Path:
+    """Make a fresh, owner-only run directory; refuse to reuse or follow anything."""
+    if path.is_symlink():
+        raise QprofError(f"output path {path} is a symbolic link; give a plain directory path")
+    if path.exists():
+        if not path.is_dir():
+            raise QprofError(f"output path {path} exists and is not a directory; choose another -o")
+        if any(path.iterdir()):
+            raise QprofError(f"output directory {path} is not empty; choose another -o or remove it")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
+        probe = path / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise QprofError(f"cannot write to output directory {path}: {e.strerror}") from None
+    return path
+
+
+@dataclass
+class Run:
+    """A run archive opened for reading."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "Run":
+        p = Path(path)
+        meta_path = p / META
+        if not p.is_dir():
+            raise QprofError(f"{p} is not a run directory (made by `qprof attach -o DIR`)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise QprofError(f"{p} has no {META}: not a qprof run directory") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise QprofError(f"{meta_path}: unreadable metadata ({e})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise QprofError(f"{meta_path}: not a qprof run archive")
+        if meta.get("version") != VERSION:
+            raise QprofError(f"{meta_path}: archive version {meta.get('version')!r} is not "
+                             f"supported by this qprof (reads version {VERSION})")
+        if not isinstance(meta.get("targets"), list):
+            raise QprofError(f"{meta_path}: metadata has no target list")
+        return cls(p, meta)
+
+    @property
+    def stacks_path(self) -> Path:
+        return self.path / STACKS
+
+    def has_stacks(self) -> bool:
+        return self.stacks_path.is_file()
+
+    def stacks(self) -> Iterator[StackRecord]:
+        return read_stacks(self.stacks_path)
+
+    def proc_readings(self) -> Iterator[dict[str, Any]]:
+        """Per-thread /proc readings in time order; a line cut by a kill is skipped."""
+        p = self.path / PROC
+        if not p.is_file():
+            return
+        with p.open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict):
+                    yield obj

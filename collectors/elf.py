@@ -1,0 +1,96 @@
+"""The ELF symbol reader: build-ids, symbol tables, frame pointers (pyelftools).
+
+Collection-time facts about the targets' binaries and libraries. They decide
+how perf unwinds (frame pointers vs DWARF) and let a report, made elsewhere,
+tell which exact objects were profiled and how well they were symbolised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any, Iterator
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+# push %rbp; mov %rsp,%rbp (optionally after endbr64): what a frame-pointer prologue looks like.
+_FP_PROLOGUES = (b"\x55\x48\x89\xe5", b"\xf3\x0f\x1e\xfa\x55\x48\x89\xe5")
+_SAMPLE_FUNCS = 300
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What qprof records of one mapped object."""
+
+    path: str
+    build_id: str | None
+    symbols: str  # "symtab" (full), "dynsym" (exported only), "none", or "unreadable"
+    go: bool
+    frame_pointers: bool | None  # None: no function symbols to judge by
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _functions(elf: ELFFile) -> Iterator[tuple[str, int, int]]:
+    for name in (".symtab", ".dynsym"):
+        sec = elf.get_section_by_name(name)
+        if isinstance(sec, SymbolTableSection):
+            for sym in sec.iter_symbols():
+                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym["st_size"] >= 16:
+                    yield sym.name, sym["st_value"], sym["st_size"]
+            return
+
+
+def _symbol_kind(elf: ELFFile) -> str:
+    for name, kind in ((".symtab", "symtab"), (".dynsym", "dynsym")):
+        sec = elf.get_section_by_name(name)
+        if isinstance(sec, SymbolTableSection) and sec.num_symbols() > 1:
+            return kind
+    return "none"
+
+
+def _build_id(elf: ELFFile) -> str | None:
+    for sec in elf.iter_sections():
+        if isinstance(sec, NoteSection):
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return str(note["n_desc"])
+    return None
+
+
+def _read_vaddr(elf: ELFFile, vaddr: int, size: int) -> bytes:
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
+            off = seg["p_offset"] + vaddr - seg["p_vaddr"]
+            elf.stream.seek(off)
+            return elf.stream.read(size)
+    return b""
+
+
+def _frame_pointers(elf: ELFFile, is_go: bool) -> bool | None:
+    """Judge by prologues of the largest functions: most start `push rbp; mov rbp,rsp` with -fno-omit-frame-pointer."""
+    if is_go:
+        return True  # Go has kept frame pointers on amd64 since 1.7
+    if elf.get_machine_arch() != "x64":
+        return None
+    funcs = sorted(_functions(elf), key=lambda f: -f[2])[:_SAMPLE_FUNCS]
+    if len(funcs) < 5:
+        return None
+    with_fp = sum(1 for _, addr, _ in funcs if any(p in _read_vaddr(elf, addr, 16) for p in _FP_PROLOGUES))
+    return with_fp / len(funcs) >= 0.5
+
+
+@lru_cache(maxsize=512)
+def object_info(path: str) -> ObjectInfo:
+    """Read one object; an unreadable or non-ELF file is reported as such, never raised."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            is_go = elf.get_section_by_name(".go.buildinfo") is not None or \
+                elf.get_section_by_name(".gopclntab") is not None
+            return ObjectInfo(path, _build_id(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go))
+    except (OSError, ELFError, ValueError, KeyError):
+        return ObjectInfo(path, None, "unreadable", False, None)

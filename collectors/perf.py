@@ -1,0 +1,164 @@
+"""Drive `perf record` and `perf script`.
+
+Sampling is system-wide (-a: per-CPU events) and filtered to the targets'
+pids when folding. Per-task sampling (-p) was the first choice, but perf 6.1
+spins a whole core after any thread that existed at attach time exits (tens of
+millions of wake-ups, measured here): that steals the CPU the endpoints are
+measured on. Per-CPU events never hang up, and the founding study sampled
+system-wide too.
+
+perf is started disabled (-D -1) with a control FIFO and enabled through it,
+so qprof knows the moment sampling really runs (perf's ack), and a caller can
+release a stopped target only then: no lost start of a transfer. perf runs in
+its own session (Ctrl-C reaches qprof, which stops perf in order) and gets
+SIGINT if qprof dies, so it still finishes its data file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Iterator
+
+from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
+from qprof.errors import QprofError
+
+PR_SET_PDEATHSIG = 1
+UNWIND_MODES = ("fp", "dwarf")
+# Bytes of user stack copied per sample for DWARF unwinding (perf's default).
+DWARF_STACK_BYTES = 8192
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGINT on parent death lets perf close its file cleanly."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
+    os.setsid()
+
+
+def record_command(perf: str, unwind: str, frequency: int, event: str,
+                   output: Path, ctl: str, ack: str) -> list[str]:
+    if unwind not in UNWIND_MODES:
+        raise ValueError(unwind)
+    cmd = [perf, "record", "-e", event, "-F", str(frequency),
+           "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
+           "-a", "-o", str(output),
+           "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself
+           "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
+    if unwind == "dwarf":
+        cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
+    return cmd
+
+
+class PerfRecorder:
+    """One system-wide `perf record` process whose samples of `pids` are unwound one way."""
+
+    def __init__(self, perf: str, pids: list[int], unwind: str, frequency: int, event: str,
+                 output: Path, log: Path) -> None:
+        self.pids, self.unwind, self.output, self.log = pids, unwind, output, log
+        self._fifodir = Path(tempfile.mkdtemp(prefix="qprof-perfctl-"))
+        self._ctl_path = str(self._fifodir / "ctl")
+        self._ack_path = str(self._fifodir / "ack")
+        self.command = record_command(perf, unwind, frequency, event, output,
+                                      self._ctl_path, self._ack_path)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._ctl = self._ack = -1
+        self._logf: IO[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start perf and enable sampling; returns once perf acknowledged."""
+        os.mkfifo(self._ctl_path, 0o600)
+        os.mkfifo(self._ack_path, 0o600)
+        # O_RDWR never blocks on a FIFO; the ack end is opened before perf so its open cannot block.
+        self._ctl = os.open(self._ctl_path, os.O_RDWR | os.O_NONBLOCK)
+        self._ack = os.open(self._ack_path, os.O_RDWR | os.O_NONBLOCK)
+        self._logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._logf,
+                                     stderr=self._logf, preexec_fn=_die_with_parent)
+        self._command("enable", timeout)
+
+    def _command(self, word: str, timeout: float) -> None:
+        assert self.proc is not None
+        os.write(self._ctl, word.encode() + b"\n")
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise QprofError(f"perf record exited at start-up: {self.log_tail()}")
+            r, _, _ = select.select([self._ack], [], [], 0.1)
+            if r:
+                try:
+                    buf += os.read(self._ack, 64)
+                except BlockingIOError:
+                    continue
+                if b"ack" in buf:
+                    return
+        raise QprofError(f"perf record did not start sampling within {timeout:.0f}s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no perf output"
+        return " | ".join(lines[-3:]) or "no perf output"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGINT perf and wait for it to write its file; escalate if it hangs."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.close()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        for fd in (self._ctl, self._ack):
+            if fd >= 0:
+                os.close(fd)
+        self._ctl = self._ack = -1
+        if self._logf is not None:
+            self._logf.close()
+            self._logf = None
+        for p in (self._ctl_path, self._ack_path):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        try:
+            self._fifodir.rmdir()
+        except OSError:
+            pass
+
+
+def script_lines(perf: str, data: Path, log: Path, pids: list[int]) -> Iterator[str]:
+    """Stream `perf script` text for the targets' samples (symbols resolved on this host)."""
+    cmd = [perf, "script", "-i", str(data), "-F", PERF_SCRIPT_FIELDS, "--no-inline",
+           "--pid", ",".join(map(str, pids))]
+    with open(log, "ab") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
+                                text=True, errors="replace", bufsize=1 << 20)
+        assert proc.stdout is not None
+        try:
+            yield from proc.stdout
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:
+                proc.terminate()
+            rc = proc.wait()
+    if rc != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise QprofError(f"perf script failed on {data} (exit {rc}): {tail[0]}")

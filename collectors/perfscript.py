@@ -1,0 +1,141 @@
+"""Parse `perf script` text into samples, streaming, one sample at a time.
+
+qprof runs `perf script` with a fixed field list (see PERF_SCRIPT_FIELDS) so the
+format is known; the parser still tolerates what real captures contain:
+`[unknown]` symbols and DSOs, deleted mappings (`(/path (deleted))`), symbol
+names with spaces and parentheses (demangled C++), comm names with spaces,
+kernel-only and user-only stacks, and samples without any frame. Lines it
+cannot read are counted, never fatal: one odd frame must not lose a capture.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+# Fields requested from `perf script -F`; the header regex below matches them.
+PERF_SCRIPT_FIELDS = "comm,pid,tid,period,ip,sym,dso"
+
+KERNEL_DSO = "[kernel.kallsyms]"
+UNKNOWN = "[unknown]"
+# x86-64 (and arm64) kernel text lives in the upper canonical half.
+_KERNEL_SPACE_START = 0xFFFF800000000000
+
+# "<comm> <pid>/<tid> <period>" with comm possibly containing spaces; an
+# optional "<event>:" tail is accepted for captures made with more fields.
+_HEADER = re.compile(
+    r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+(?P<period>\d+)(?:\s+\S+:)?\s*$"
+)
+_FRAME_START = re.compile(r"^\s+(?P<ip>[0-9a-fA-F]+)\s+(?P<rest>.*?)\s*$")
+_SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
+
+Frame = tuple[str, str]  # (symbol, dso); leaf first in a stack
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One perf sample: who ran, how much CPU it stands for, and its stack (leaf first)."""
+
+    pid: int
+    tid: int
+    comm: str
+    period: int
+    frames: tuple[Frame, ...]
+
+
+@dataclass
+class ParseStats:
+    """What the parser met; reported so that silently dropped data is visible."""
+
+    samples: int = 0
+    bad_lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+    def bad(self, line: str) -> None:
+        self.bad_lines += 1
+        if len(self.bad_examples) < 5:
+            self.bad_examples.append(line[:200])
+
+
+def split_symbol_dso(rest: str) -> Frame:
+    """Split "<symbol> (<dso>)" where both may contain parentheses.
+
+    The DSO is the balanced parenthesised group that ends the line, so
+    `foo(int) (/lib/x.so (deleted))` gives ("foo(int)", "/lib/x.so (deleted)").
+    """
+    if not rest.endswith(")"):
+        return (_strip_symoff(rest) or UNKNOWN, UNKNOWN)
+    depth = 0
+    for i in range(len(rest) - 1, -1, -1):
+        ch = rest[i]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            depth -= 1
+            if depth == 0:
+                sym = rest[:i].rstrip()
+                dso = rest[i + 1 : -1].strip()
+                if not sym:
+                    # "(dso)" alone: perf had an address but no symbol.
+                    sym = UNKNOWN
+                return (_strip_symoff(sym), dso or UNKNOWN)
+    return (_strip_symoff(rest), UNKNOWN)
+
+
+def _strip_symoff(sym: str) -> str:
+    return _SYMOFF.sub("", sym)
+
+
+def parse_frame(line: str) -> Frame | None:
+    """Parse one stack line; None when it is not a frame line."""
+    m = _FRAME_START.match(line)
+    if m is None:
+        return None
+    sym, dso = split_symbol_dso(m.group("rest"))
+    if dso == UNKNOWN:
+        try:
+            if int(m.group("ip"), 16) >= _KERNEL_SPACE_START:
+                dso = KERNEL_DSO
+        except ValueError:
+            return None
+    return (sym, dso)
+
+
+def parse_header(line: str) -> tuple[str, int, int, int] | None:
+    """Parse a sample's first line into (comm, pid, tid, period)."""
+    m = _HEADER.match(line)
+    if m is None:
+        return None
+    return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")))
+
+
+def parse_samples(lines: Iterable[str], stats: ParseStats | None = None) -> Iterator[Sample]:
+    """Yield samples from perf script lines; unreadable lines are counted in `stats`."""
+    stats = stats if stats is not None else ParseStats()
+    header: tuple[str, int, int, int] | None = None
+    frames: list[Frame] = []
+    for raw in lines:
+        line = raw.rstrip("\n")
+        if not line.strip():
+            if header is not None:
+                stats.samples += 1
+                yield Sample(header[1], header[2], header[0], header[3], tuple(frames))
+            header, frames = None, []
+            continue
+        # Frames are tab-indented; headers start with the (right-aligned) comm.
+        parsed = None if line[0] == "\t" else parse_header(line)
+        if parsed is None:
+            frame = parse_frame(line)
+            if frame is None or header is None:
+                stats.bad(line)
+            else:
+                frames.append(frame)
+            continue
+        if header is not None:  # previous sample had no blank line after it
+            stats.samples += 1
+            yield Sample(header[1], header[2], header[0], header[3], tuple(frames))
+        header, frames = parsed, []
+    if header is not None:
+        stats.samples += 1
+        yield Sample(header[1], header[2], header[0], header[3], tuple(frames))

@@ -1,0 +1,146 @@
+"""Read what /proc says about a target: identity, mapped objects, per-thread CPU time.
+
+Only what a report needs is kept: no environment, no file contents, and
+cmdline option values that look like secrets are redacted before they reach
+the archive.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from qprof.errors import QprofError
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+_SECRET_OPT = re.compile(r"(?i)^-{1,2}[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*$")
+REDACTED = "<redacted>"
+
+
+def redact_cmdline(argv: list[str]) -> list[str]:
+    """Hide the values of options named like secrets (--token=x, --api-key x, --password x)."""
+    out: list[str] = []
+    redact_next = False
+    for arg in argv:
+        if redact_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            redact_next = False
+            continue
+        redact_next = False
+        if arg.startswith("-") and "=" in arg:
+            name, _, _value = arg.partition("=")
+            if _SECRET_OPT.match(name):
+                out.append(f"{name}={REDACTED}")
+                continue
+        elif _SECRET_OPT.match(arg):
+            redact_next = True
+        out.append(arg)
+    return out
+
+
+def check_pid(pid: int) -> None:
+    """Fail with one clear line when `pid` is not a live process we may inspect."""
+    if pid <= 0:
+        raise QprofError(f"{pid} is not a valid pid: give the pid of a running process (see `pgrep`)")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise QprofError(f"no process with pid {pid}: check it with `ps -p {pid}`") from None
+    except PermissionError:
+        raise QprofError(f"not allowed to inspect pid {pid}: run qprof as root "
+                         "(perf needs CAP_PERFMON and CAP_SYS_PTRACE for other users' processes)") from None
+    if _is_zombie(pid):
+        raise QprofError(f"pid {pid} has already exited (zombie): attach while it runs")
+
+
+def _is_zombie(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is not None and _stat_fields(stat)[1][0] == "Z"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(stat: str) -> tuple[str, list[str]]:
+    """Split /proc/*/stat into (comm, fields from state on); comm may hold ')' and spaces."""
+    lpar, rpar = stat.find("("), stat.rfind(")")
+    return stat[lpar + 1 : rpar], stat[rpar + 2 :].split()
+
+
+def mapped_objects(pid: int) -> list[str]:
+    """Files mapped executable into the process: the binary and its shared libraries."""
+    maps = _read(f"/proc/{pid}/maps") or ""
+    seen: dict[str, None] = {}
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
+            seen.setdefault(parts[5], None)
+    return list(seen)
+
+
+def target_info(pid: int) -> dict[str, Any]:
+    """Identity of a target for the archive (no environment is read)."""
+    raw = _read(f"/proc/{pid}/cmdline") or ""
+    argv = [a for a in raw.split("\0") if a]
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = None
+    return {
+        "pid": pid,
+        "comm": (_read(f"/proc/{pid}/comm") or "").strip(),
+        "cmdline": redact_cmdline(argv),
+        "exe": exe,
+        "objects": mapped_objects(pid),
+        "threads": {str(t["tid"]): t["comm"] for t in thread_times(pid)},
+        "cgroup": (_read(f"/proc/{pid}/cgroup") or "").strip().splitlines(),
+    }
+
+
+def thread_times(pid: int) -> list[dict[str, Any]]:
+    """Cumulative CPU and run-queue time per thread, read now; empty once the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[dict[str, Any]] = []
+    for t in tids:
+        stat = _read(f"/proc/{pid}/task/{t}/stat")
+        if stat is None:
+            continue
+        comm, f = _stat_fields(stat)
+        sched = (_read(f"/proc/{pid}/task/{t}/schedstat") or "").split()
+        out.append({
+            "tid": int(t),
+            "comm": comm,
+            "state": f[0],
+            "utime_s": int(f[11]) / CLK_TCK,
+            "stime_s": int(f[12]) / CLK_TCK,
+            "run_delay_s": int(sched[1]) / 1e9 if len(sched) >= 2 else None,
+            "cpu": int(f[36]) if len(f) > 36 else -1,
+        })
+    return out
+
+
+def reading(pids: list[int]) -> dict[str, Any]:
+    """One timestamped /proc reading for all targets (a line of proc.jsonl)."""
+    return {"t": time.time(), "mono": time.monotonic(),
+            "threads": {str(p): thread_times(p) for p in pids}}
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)

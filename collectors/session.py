@@ -1,0 +1,249 @@
+"""One attach session: sample the targets until told to stop, then write the run archive.
+
+Order of events, each leaving the archive readable if qprof dies right there:
+ 1. check privileges, perf and the pids; create the run directory; write
+    meta.json with status "collecting" (targets, host, tools, unwinding plan)
+ 2. start one `perf record` per unwinding mode, enabled through its control FIFO
+ 3. poll: /proc readings every interval; stop on duration, on every target
+    having exited, on Ctrl-C/SIGTERM, or when the caller's condition says so
+ 4. stop perf (SIGINT: it finishes its data file), fold `perf script` output
+    into stacks.jsonl.gz, rewrite meta.json as "complete" (or "incomplete"
+    with the reason: the perf data stays, `qprof report --refold` redoes 4)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from qprof import __version__
+from qprof.collectors import archive, elf, procfs, sysinfo
+from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
+from qprof.collectors.perfscript import ParseStats, parse_samples
+from qprof.collectors.stacks import fold, write_stacks
+from qprof.errors import QprofError
+from qprof.probes.features import require_perf, require_sampling_privileges
+
+DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms timers
+POLL_TICK = 0.05  # s between checks of the stop conditions
+DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
+
+
+@dataclass
+class AttachOptions:
+    pids: list[int]
+    out: Path
+    duration: float | None = None
+    frequency: int = DEFAULT_FREQUENCY
+    unwind: str = "auto"  # auto | fp | dwarf
+    event: str = DEFAULT_EVENT
+    proc_interval: float = 0.5
+    roles: dict[int, str] = field(default_factory=dict)
+    # pids held at a start barrier that will exec this binary once released:
+    # unwinding is chosen for that binary and the target re-described after release
+    pending_exec: dict[int, str] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def choose_unwind(requested: str, exe: elf.ObjectInfo | None) -> tuple[str, str]:
+    """Frame pointers when the binary keeps them (cheap, exact); DWARF otherwise (recovers callers)."""
+    if requested in UNWIND_MODES:
+        return requested, "requested with --unwind"
+    if requested != "auto":
+        raise QprofError(f"unknown unwinding mode {requested!r}: use auto, fp or dwarf")
+    if exe is None:
+        return "dwarf", "binary unreadable: DWARF unwinding is the safe choice"
+    name = Path(exe.path).name
+    if exe.go:
+        return "fp", f"{name} is a Go binary: Go keeps frame pointers"
+    if exe.frame_pointers:
+        return "fp", f"{name} keeps frame pointers"
+    return "dwarf", (f"{name} has no frame pointers ({exe.symbols} symbols): DWARF unwinding "
+                     "recovers callers that frame-pointer stacks lose")
+
+
+def validate_options(opts: AttachOptions) -> None:
+    if not opts.pids:
+        raise QprofError("no target: give at least one pid (qprof attach PID...)")
+    if len(set(opts.pids)) != len(opts.pids):
+        raise QprofError("a pid is given twice: list each target once")
+    if opts.duration is not None and not (0 < opts.duration <= 7 * 24 * 3600):
+        raise QprofError(f"--duration {opts.duration:g} is out of range: give seconds > 0 (at most a week)")
+    if not 1 <= opts.frequency <= 100_000:
+        raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (999 is usual)")
+
+
+class AttachSession:
+    """Collect one run; `run()` returns the archive path whatever ended the collection."""
+
+    def __init__(self, opts: AttachOptions, *, on_ready: Callable[[], None] | None = None,
+                 stop_when: Callable[[], bool] | None = None,
+                 status: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.on_ready = on_ready
+        self.stop_when = stop_when
+        self.status = status or (lambda msg: None)
+        self.recorders: list[PerfRecorder] = []
+        self.meta: dict[str, Any] = {}
+        self._stop_reason: str | None = None
+        self._interrupts = 0
+
+    # -- signals: the first Ctrl-C/SIGTERM ends collection; a second one skips folding
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._interrupts += 1
+        self._stop_reason = self._stop_reason or f"interrupted ({signal.Signals(signum).name})"
+        if self._interrupts > 1:
+            raise KeyboardInterrupt
+
+    def run(self) -> Path:
+        opts = self.opts
+        validate_options(opts)
+        require_sampling_privileges()
+        perf = require_perf()
+        for pid in opts.pids:
+            procfs.check_pid(pid)
+        out = archive.create_run_dir(opts.out)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old_umask = os.umask(0o077)  # the archive is owner-only: it names other people's processes
+        try:
+            self._collect(perf, out)
+        except KeyboardInterrupt:
+            self._finish(out, archive.STATUS_INCOMPLETE, "interrupted again while writing: "
+                         "perf data kept, run `qprof report --refold` to fold it")
+        except BaseException as e:
+            for r in self.recorders:
+                r.stop()
+            reason = str(e) if isinstance(e, QprofError) else f"{type(e).__name__}: {e}"
+            self._finish(out, archive.STATUS_INCOMPLETE, reason)
+            raise
+        finally:
+            os.umask(old_umask)
+            for s, h in old.items():
+                signal.signal(s, h)
+        return out
+
+    def _describe(self, pid: int) -> dict[str, Any]:
+        info = procfs.target_info(pid)
+        info["objects"] = [elf.object_info(p).to_json() for p in info["objects"]]
+        info["role"] = self.opts.roles.get(pid)
+        return info
+
+    def _describe_targets(self) -> list[dict[str, Any]]:
+        targets = []
+        for pid in self.opts.pids:
+            info = self._describe(pid)
+            exe_path = self.opts.pending_exec.get(pid, info["exe"])
+            exe = elf.object_info(exe_path) if exe_path else None
+            info["unwind"], info["unwind_reason"] = choose_unwind(self.opts.unwind, exe)
+            targets.append(info)
+        return targets
+
+    def _refresh_targets(self, pids: set[int]) -> None:
+        """Re-read live targets (after exec, or for libraries loaded since start); keep the plan."""
+        for t in self.meta["targets"]:
+            if t["pid"] in pids and procfs.is_alive(t["pid"]):
+                fresh = self._describe(t["pid"])
+                if fresh["exe"]:
+                    t.update({k: fresh[k] for k in ("comm", "cmdline", "exe", "objects", "threads", "cgroup")})
+
+    def _collect(self, perf: str, out: Path) -> None:
+        opts = self.opts
+        targets = self._describe_targets()
+        groups: dict[str, list[int]] = {}
+        for t in targets:
+            groups.setdefault(t["unwind"], []).append(t["pid"])
+        self.meta = {
+            "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COLLECTING,
+            "qprof_version": __version__, "host": sysinfo.host_info(),
+            "tools": {"perf": sysinfo.tool_version("perf"), "bpftrace": sysinfo.tool_version("bpftrace")},
+            "sampling": {"event": opts.event, "frequency": opts.frequency,
+                         "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
+                                    for m, p in groups.items()]},
+            "targets": targets, "requested_duration_s": opts.duration,
+            "start_time": None, "end_time": None,
+        }
+        archive.write_json_atomic(out / archive.META, self.meta)
+        for mode, pids in groups.items():
+            rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
+                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log")
+            self.recorders.append(rec)
+            self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
+            rec.start()
+        start = time.monotonic()
+        self.meta["start_time"] = _now()
+        archive.write_json_atomic(out / archive.META, self.meta)
+        if self.on_ready is not None:
+            self.on_ready()
+        if opts.pending_exec:
+            self._refresh_targets(set(opts.pending_exec))
+            archive.write_json_atomic(out / archive.META, self.meta)
+        self._poll(out, start)
+        self._refresh_targets(set(opts.pids))
+        self.meta["duration_s"] = round(time.monotonic() - start, 3)
+        self.meta["end_time"] = _now()
+        self.meta["stop_reason"] = self._stop_reason
+        self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
+        self.status(f"stopping perf ({self._stop_reason})")
+        self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
+        self.status("resolving symbols and folding stacks (perf script)")
+        stats = fold_run(perf, out, self.meta)
+        self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
+                              "bad_examples": stats.bad_examples}
+        self._finish(out, archive.STATUS_COMPLETE, None)
+
+    def _poll(self, out: Path, start: float) -> None:
+        opts = self.opts
+        next_reading = 0.0
+        with open(out / archive.PROC, "a", encoding="utf-8") as procf:
+            while True:
+                now = time.monotonic()
+                if now >= next_reading or self._stop_reason:
+                    procf.write(json.dumps(procfs.reading(opts.pids), separators=(",", ":")) + "\n")
+                    procf.flush()
+                    next_reading = now + opts.proc_interval
+                if self._stop_reason:
+                    return
+                if opts.duration is not None and now - start >= opts.duration:
+                    self._stop_reason = "duration reached"
+                elif not any(procfs.is_alive(p) for p in opts.pids):
+                    self._stop_reason = "every target exited"
+                elif self.stop_when is not None and self.stop_when():
+                    self._stop_reason = "stop condition met"
+                elif not any(r.running() for r in self.recorders):
+                    self._stop_reason = "perf exited: " + self.recorders[0].log_tail()
+                else:
+                    left = POLL_TICK if opts.duration is None else opts.duration - (now - start)
+                    time.sleep(max(0.005, min(POLL_TICK, left)))
+
+    def _finish(self, out: Path, status: str, reason: str | None) -> None:
+        if not self.meta:
+            return
+        self.meta["status"] = status
+        if reason:
+            self.meta["incomplete_reason"] = reason
+        archive.write_json_atomic(out / archive.META, self.meta)
+
+
+def _samples(perf: str, out: Path, meta: dict[str, Any], stats: ParseStats) -> Iterator[Any]:
+    for g in meta["sampling"]["groups"]:
+        data = out / g["perf_data"]
+        if data.is_file() and data.stat().st_size > 0:
+            yield parse_samples(script_lines(perf, data, out / f"perf-{g['unwind']}.log", g["pids"]), stats)
+
+
+def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
+    """Symbolise and fold every perf data file of a run into its stacks file."""
+    stats = ParseStats()
+    records = fold(chain.from_iterable(_samples(perf, out, meta, stats)))
+    write_stacks(out / archive.STACKS, records)
+    return stats

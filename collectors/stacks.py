@@ -1,0 +1,89 @@
+"""Folded stacks: samples aggregated per (process, thread, stack), stored as gzipped JSON lines.
+
+Folding at collection time keeps the archive small and reports fast, and lets a
+report run on a machine without the targets' binaries: symbols are resolved once,
+on the host that ran them. Period sums are kept beside counts because
+attribution weighs by period (CPU nanoseconds for cpu-clock), not by count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from qprof.collectors.perfscript import Frame, Sample
+from qprof.errors import QprofError
+
+
+@dataclass(frozen=True)
+class StackRecord:
+    """All samples of one thread that share one stack (frames leaf first)."""
+
+    pid: int
+    tid: int
+    comm: str
+    samples: int
+    period: int
+    frames: tuple[Frame, ...]
+
+
+def fold(samples: Iterable[Sample]) -> list[StackRecord]:
+    """Aggregate samples; memory grows with distinct stacks, not with samples."""
+    acc: dict[tuple[int, int, str, tuple[Frame, ...]], list[int]] = {}
+    for s in samples:
+        key = (s.pid, s.tid, s.comm, s.frames)
+        slot = acc.get(key)
+        if slot is None:
+            acc[key] = [1, s.period]
+        else:
+            slot[0] += 1
+            slot[1] += s.period
+    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()]
+
+
+def write_stacks(path: Path, records: Iterable[StackRecord]) -> int:
+    """Write records to `path` (gzip JSON lines) atomically; return how many were written."""
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+        for r in records:
+            f.write(
+                json.dumps(
+                    {"pid": r.pid, "tid": r.tid, "comm": r.comm, "samples": r.samples,
+                     "period": r.period, "frames": [list(fr) for fr in r.frames]},
+                    separators=(",", ":"),
+                )
+            )
+            f.write("\n")
+            n += 1
+    tmp.replace(path)
+    return n
+
+
+def read_stacks(path: Path) -> Iterator[StackRecord]:
+    """Stream records back; a damaged file gives a one-line error naming the line."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                yield _record(json.loads(line), path, lineno)
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
+                         "on the host that recorded the run") from None
+
+
+def _record(obj: object, path: Path, lineno: int) -> StackRecord:
+    try:
+        assert isinstance(obj, dict)
+        frames = tuple((str(f[0]), str(f[1])) for f in obj["frames"])
+        rec = StackRecord(int(obj["pid"]), int(obj["tid"]), str(obj["comm"]),
+                          int(obj["samples"]), int(obj["period"]), frames)
+    except (AssertionError, KeyError, TypeError, ValueError, IndexError):
+        raise QprofError(f"{path}:{lineno}: not a stack record") from None
+    if rec.samples < 0 or rec.period < 0:
+        raise QprofError(f"{path}:{lineno}: negative sample count or period")
+    return rec

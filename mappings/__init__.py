@@ -1,0 +1,1 @@
+"""Shipped mapping files (TOML data, never code). Read by qprof.attribution.mapping."""

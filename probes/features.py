@@ -1,0 +1,59 @@
+"""What the running kernel and host let qprof do, detected at run time.
+
+Attach checks these before touching a target so that a missing facility is one
+clear line, not a perf error deep in a log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from qprof.errors import QprofError
+
+CAP_SYS_PTRACE = 19
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+
+
+def effective_capabilities() -> int:
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def perf_event_paranoid() -> int | None:
+    try:
+        with open("/proc/sys/kernel/perf_event_paranoid", encoding="utf-8") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def require_sampling_privileges() -> None:
+    """Sampling other processes' kernel stacks needs root or CAP_PERFMON (or CAP_SYS_ADMIN) with CAP_SYS_PTRACE."""
+    if os.geteuid() == 0:
+        return
+    caps = effective_capabilities()
+    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+    missing = []
+    if not (has(CAP_PERFMON) or has(CAP_SYS_ADMIN)):
+        missing.append("CAP_PERFMON")
+    if not has(CAP_SYS_PTRACE):
+        missing.append("CAP_SYS_PTRACE")
+    if missing:
+        raise QprofError(f"not root and missing {', '.join(missing)} "
+                         f"(perf_event_paranoid={perf_event_paranoid()}): run qprof as root, e.g. with sudo")
+
+
+def require_perf() -> str:
+    """Path of a working perf binary; Debian's wrapper without a matching perf_X.Y fails here."""
+    path = shutil.which("perf")
+    if path is None:
+        raise QprofError("perf not found on PATH: install it (Debian: apt-get install linux-perf)")
+    return path

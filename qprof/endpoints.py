@@ -1,0 +1,207 @@
+"""Real QUIC endpoints qprof can run by itself: the demo's and the tests' transfers.
+
+ngtcp2's example server and client (Debian packages ngtcp2-server and
+ngtcp2-client, GnuTLS) serve a file from tmpfs over loopback. A client is
+started stopped (a shell that SIGSTOPs itself, then execs the client), so a
+profiler can attach before the first packet and release it with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qprof.errors import QprofError
+
+NGTCP2_SERVER = "gtlsserver"
+NGTCP2_CLIENT = "gtlsclient"
+_CHUNK = 1 << 20
+
+
+def parse_size(text: str) -> int:
+    """'1G', '512M', '64K' or bytes -> bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        n = int(float(num) * units[unit])
+    except ValueError:
+        raise QprofError(f"size {text!r} is not a size: write e.g. 1G, 256M or 65536") from None
+    if not 0 < n <= 64 << 30:
+        raise QprofError(f"size {text!r} is out of range: give 1 byte to 64G")
+    return n
+
+
+def which_or_fail(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise QprofError(f"{tool} not found: install it (Debian: apt-get install {package})")
+    return path
+
+
+def free_udp_port() -> int:
+    """A UDP port free right now on 127.0.0.1 (gtlsserver sets SO_REUSEADDR: never share one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def udp_port_bound(port: int) -> bool:
+    want = f":{port:04X}"
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f, None)
+                if any(line.split()[1].endswith(want) for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A leaf certificate (CA:FALSE, SAN localhost/127.0.0.1): rustls and webpki reject a CA as leaf."""
+    openssl = which_or_fail("openssl", "openssl")
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+           "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
+           "-addext", "basicConstraints=critical,CA:FALSE",
+           "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise QprofError(f"openssl could not make a test certificate: {r.stderr.strip().splitlines()[-1:]}")
+    return key, cert
+
+
+def make_payload(directory: Path, size: int, name: str = "payload") -> Path:
+    """A real (not sparse) file: a sparse one made the first transfer after idle 3x slower."""
+    path = directory / name
+    block = os.urandom(_CHUNK)
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(left, _CHUNK)
+            f.write(block[:n])
+            left -= n
+    return path
+
+
+def start_stopped(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+    """Start `cmd` so that it waits, stopped, before exec; SIGCONT releases it (same pid)."""
+    proc = subprocess.Popen(["/bin/sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *cmd], **kw)  # type: ignore[call-overload]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{proc.pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise QprofError(f"{cmd[0]} exited before it could be attached (exit {proc.returncode})")
+        time.sleep(0.005)
+    proc.kill()
+    raise QprofError(f"{cmd[0]} did not reach its start barrier")
+
+
+def wait_exec(pid: int, binary: str, timeout: float = 5.0) -> None:
+    """Wait until `pid` runs `binary` (or has exited): the barrier's exec is done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{pid}/exe") == binary:
+                return
+        except OSError:
+            return
+        time.sleep(0.001)
+
+
+@dataclass
+class Ngtcp2Transfer:
+    """A gtlsserver serving one file and a gtlsclient downloading it, on 127.0.0.1."""
+
+    size: int
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="qprof-ngtcp2-", dir=_tmpfs())))
+    port: int = field(default_factory=free_udp_port)
+    server: subprocess.Popen[bytes] | None = None
+    client: subprocess.Popen[bytes] | None = None
+    released_at: float | None = None
+    finished_at: float | None = None
+
+    def start_server(self, timeout: float = 10.0) -> int:
+        srv = which_or_fail(NGTCP2_SERVER, "ngtcp2-server")
+        key, cert = make_certificate(self.workdir)
+        make_payload(self.workdir, self.size)
+        self.server = subprocess.Popen(
+            [srv, "-q", "--no-quic-dump", "--no-http-dump", "-d", str(self.workdir), "127.0.0.1",
+             str(self.port), str(key), str(cert)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not udp_port_bound(self.port):
+            if self.server.poll() is not None:
+                raise QprofError(f"{NGTCP2_SERVER} exited at start (exit {self.server.returncode})")
+            if time.monotonic() > deadline:
+                raise QprofError(f"{NGTCP2_SERVER} did not bind UDP port {self.port}")
+            time.sleep(0.02)
+        return self.server.pid
+
+    def start_client_stopped(self) -> int:
+        cli = which_or_fail(NGTCP2_CLIENT, "ngtcp2-client")
+        url = f"https://127.0.0.1:{self.port}/payload"
+        cmd = [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
+               "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
+               "--max-stream-window=128M", "127.0.0.1", str(self.port), url]
+        self.client = start_stopped(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        return self.client.pid
+
+    def release_client(self) -> None:
+        """SIGCONT the client and return once it has exec'd the real binary."""
+        assert self.client is not None
+        self.released_at = time.monotonic()
+        os.kill(self.client.pid, signal.SIGCONT)
+        wait_exec(self.client.pid, self.client_binary)
+
+    @property
+    def client_binary(self) -> str:
+        return os.path.realpath(which_or_fail(NGTCP2_CLIENT, "ngtcp2-client"))
+
+    def client_done(self) -> bool:
+        if self.client is None or self.client.poll() is None:
+            return False
+        if self.finished_at is None:
+            self.finished_at = time.monotonic()
+        return True
+
+    def goodput_gbps(self) -> float | None:
+        if self.released_at is None or self.finished_at is None or self.client is None or self.client.returncode:
+            return None
+        return self.size * 8 / (self.finished_at - self.released_at) / 1e9
+
+    def close(self) -> None:
+        for p in (self.client, self.server):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "Ngtcp2Transfer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _tmpfs() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

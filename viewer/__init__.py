@@ -1,0 +1,1 @@
+"""Viewers: render an attributed profile for people (terminal) and programs (JSON)."""

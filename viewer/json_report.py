@@ -1,0 +1,69 @@
+"""The machine-readable report: one JSON object (the contract later tools rely on).
+
+Every entry of `processes` has pid, comm, cpu_seconds and `categories`, a map
+from each of the five categories to its share of the process's sampled CPU
+time; the shares sum to 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.profile import Breakdown, Profile
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
+    total = b.period or 1
+    subs: dict[str, dict[str, float]] = {c: {} for c in CATEGORIES}
+    for (cat, sub), per in sorted(b.subcategories.items(), key=lambda kv: -kv[1]):
+        subs[cat][sub] = _r(per / total)
+    symbols: dict[str, list[dict[str, Any]]] = {c: [] for c in CATEGORIES}
+    for (cat, sym, dso), per in b.symbols.most_common():
+        if len(symbols[cat]) < top:
+            symbols[cat].append({"symbol": sym, "dso": dso, "share": _r(per / total),
+                                 "cpu_seconds": _r(profile.cpu_seconds(per))})
+    return {
+        "cpu_seconds": _r(profile.cpu_seconds(b.period)),
+        "samples": b.samples,
+        "categories": {c: _r(s) for c, s in b.shares().items()},
+        "category_cpu_seconds": {c: _r(profile.cpu_seconds(b.categories[c])) for c in CATEGORIES},
+        "subcategories": subs,
+        "top_symbols": symbols,
+    }
+
+
+def to_dict(profile: Profile, top: int = 10) -> dict[str, Any]:
+    meta = profile.run.meta
+    procs = []
+    for p in profile.processes:
+        d: dict[str, Any] = {"pid": p.pid, "comm": p.comm, "role": p.role}
+        d.update(breakdown_dict(p.breakdown, profile, top))
+        d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
+        d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
+        d["mappings"] = p.mappings
+        d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
+                        for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
+        procs.append(d)
+    return {
+        "run": {
+            "path": str(profile.run.path),
+            "status": meta.get("status"),
+            "incomplete_reason": meta.get("incomplete_reason"),
+            "start_time": meta.get("start_time"),
+            "duration_s": meta.get("duration_s"),
+            "stop_reason": meta.get("stop_reason"),
+            "sampling": meta.get("sampling"),
+            "host": meta.get("host"),
+            "tools": meta.get("tools"),
+            "unwinding": {str(t["pid"]): {"mode": t.get("unwind"), "reason": t.get("unwind_reason")}
+                          for t in meta.get("targets", [])},
+        },
+        "categories": list(CATEGORIES),
+        "processes": procs,
+        "targets_without_samples": profile.empty_targets,
+    }
