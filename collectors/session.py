@@ -44,7 +44,7 @@ class AttachOptions:
     frequency: int = DEFAULT_FREQUENCY
     unwind: str = "auto"  # auto | fp | dwarf
     event: str = DEFAULT_EVENT
-    proc_interval: float = 0.5
+    proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
     # pids held at a start barrier that will exec this binary once released:
     # unwinding is chosen for that binary and the target re-described after release
@@ -180,6 +180,8 @@ class AttachSession:
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
         start = time.monotonic()
+        self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
+                                                          else " until every target exits; Ctrl-C stops"))
         self.meta["start_time"] = _now()
         archive.write_json_atomic(out / archive.META, self.meta)
         if self.on_ready is not None:

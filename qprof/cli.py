@@ -80,9 +80,6 @@ def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, freq
     opts = AttachOptions(pids=list(pids), out=out or _default_out(), duration=duration,
                          frequency=frequency, unwind=unwind)
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
-    if not quiet:
-        _stderr.print(f"qprof: sampling pid {', '.join(map(str, pids))} at {frequency} Hz"
-                      + (f" for {duration:g} s" if duration else "; Ctrl-C to stop"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))
     if not quiet:

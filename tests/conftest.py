@@ -1,0 +1,54 @@
+"""Shared fixtures: real tools, real kernel. Kernel-facing tests need root and perf;
+they skip only when the facility is truly absent, and say which."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "tests"
+QPROF = [sys.executable, "-m", "qprof.cli"]
+
+
+def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
+          timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real `qprof` command line."""
+    r = subprocess.run([*QPROF, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"qprof {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
+    return r
+
+
+@pytest.fixture(scope="session")
+def kernel_facing() -> None:
+    """Root and perf: what sampling other processes' kernel stacks needs."""
+    if os.geteuid() != 0:
+        pytest.skip("kernel-facing test needs root (perf sampling of other processes)")
+    if shutil.which("perf") is None:
+        pytest.skip("perf is not installed (make test installs linux-perf)")
+
+
+@pytest.fixture(scope="session")
+def ngtcp2_tools(kernel_facing: None) -> None:
+    for tool, pkg in (("gtlsserver", "ngtcp2-server"), ("gtlsclient", "ngtcp2-client")):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} missing (make test installs {pkg})")
+
+
+def build_c(source: Path, name: str, libs: list[str]) -> Path:
+    """Compile a test workload once; rebuilt only when its source changes."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    out = CACHE / name
+    if not out.exists() or out.stat().st_mtime < source.stat().st_mtime:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            pytest.skip("no C compiler (make test installs gcc)")
+        subprocess.run([cc, "-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror",
+                        "-o", str(out), str(source), *libs], check=True)
+    return out

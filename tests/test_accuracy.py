@@ -1,0 +1,65 @@
+"""Accuracy against ground truth: a workload that measures its own CPU time per category.
+
+tests/workloads/accuracy.c spends known shares of one thread's CPU time
+(CLOCK_THREAD_CPUTIME_ID) in UDP send/recv, AES-GCM in libcrypto, plain
+computation and file writes. qprof's shares over the whole run must match
+within 3 percentage points per category, for both unwinding modes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, build_c, qprof
+from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED
+from qprof.collectors.session import AttachOptions, AttachSession
+from qprof.endpoints import start_stopped, wait_exec
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+WORKLOAD = ROOT / "tests" / "workloads"
+SECONDS = "6"
+
+
+@pytest.mark.parametrize("unwind", ["auto", "dwarf"])
+def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path, unwind: str) -> None:
+    binary = build_c(WORKLOAD / "accuracy.c", "accuracy", ["-lcrypto"])
+    truth_file = tmp_path / "truth.json"
+    proc = start_stopped([str(binary), SECONDS, str(truth_file), str(tmp_path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def release() -> None:
+        proc.send_signal(signal.SIGCONT)
+        wait_exec(proc.pid, str(binary))
+
+    run = tmp_path / "run"
+    try:
+        AttachSession(AttachOptions(pids=[proc.pid], out=run, unwind=unwind,
+                                    pending_exec={proc.pid: str(binary)}),
+                      on_ready=release, stop_when=lambda: proc.poll() is not None).run()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    truth = json.loads(truth_file.read_text())
+    expected = {c: truth.get(c, 0.0) / truth["total"] for c in CATEGORIES}
+    report = json.loads(qprof("report", str(run), "--format", "json",
+                              "--mapping", str(WORKLOAD / "accuracy.toml")).stdout)
+    (p,) = report["processes"]
+    meta = json.loads((run / "meta.json").read_text())
+    mode = meta["targets"][0]["unwind"]
+    assert mode == ("fp" if unwind == "auto" else "dwarf"), "the workload is built with frame pointers"
+    errors = {c: p["categories"][c] - expected[c] for c in CATEGORIES}
+    print(f"\nunwind={mode} samples={p['samples']} cpu={p['cpu_seconds']:.2f}s truth={truth['total']:.2f}s")
+    for c in CATEGORIES:
+        print(f"  {c:16s} qprof {p['categories'][c]:6.1%}  self-measured {expected[c]:6.1%}  "
+              f"error {errors[c] * 100:+.2f} pp")
+    assert p["samples"] >= 5 * 999 * 0.9, "at least 5 s at 999 Hz"
+    for c in CATEGORIES:
+        assert abs(errors[c]) <= 0.03, f"{c}: {errors[c] * 100:+.2f} pp"
+    assert expected[UNCATEGORIZED] == 0.0

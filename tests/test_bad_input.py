@@ -1,0 +1,120 @@
+"""Bad input and failing facilities: one clear line, non-zero exit, no traceback, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import qprof
+
+
+def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("qprof: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_no_such_pid(kernel_facing: None, tmp_path: Path) -> None:
+    r = qprof("attach", "4194303", "-d", "1", "-o", str(tmp_path / "r"), check=False)
+    one_line_error(r, "no process with pid 4194303")
+    assert not (tmp_path / "r").exists(), "nothing is created for a bad pid"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["0"], "not a valid pid"),
+    (["-d", "-5", "1"], "--duration"),
+    (["-d", "1e12", "1"], "--duration"),
+    (["-F", "0", "1"], "--frequency"),
+])
+def test_bad_arguments(tmp_path: Path, args: list[str], needle: str) -> None:
+    one_line_error(qprof("attach", *args, "-o", str(tmp_path / "r"), check=False), needle)
+
+
+def test_output_path_problems(kernel_facing: None, tmp_path: Path) -> None:
+    busy = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "full").mkdir()
+        (tmp_path / "full" / "x").write_text("x")
+        one_line_error(qprof("attach", str(busy.pid), "-d", "1", "-o", str(tmp_path / "full"), check=False),
+                       "not empty")
+        (tmp_path / "file").write_text("x")
+        one_line_error(qprof("attach", str(busy.pid), "-d", "1", "-o", str(tmp_path / "file"), check=False),
+                       "not a directory")
+        (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+        one_line_error(qprof("attach", str(busy.pid), "-d", "1", "-o", str(tmp_path / "link"), check=False),
+                       "symbolic link")
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_target_exits_during_attach_keeps_the_run(kernel_facing: None, tmp_path: Path) -> None:
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "import time\nend=time.time()+1.5\nwhile time.time()<end: pass"])
+    run = tmp_path / "r"
+    t0 = time.monotonic()
+    r = qprof("attach", str(busy.pid), "-d", "30", "-o", str(run), check=False)
+    busy.wait()
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 20, "attach ends when its only target exits"
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["stop_reason"] == "every target exited"
+    assert meta["exited"] == [busy.pid]
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    (p,) = report["processes"]
+    assert p["pid"] == busy.pid and p["samples"] > 300
+
+
+def test_not_root(kernel_facing: None, tmp_path: Path) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) missing: cannot drop root for this test")
+    tmp_path.chmod(0o777)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                        sys.executable, "-m", "qprof.cli", "attach", str(os.getpid()), "-d", "1",
+                        "-o", str(tmp_path / "r")], capture_output=True, text=True, env=env)
+    one_line_error(r, "not root", "CAP_PERFMON")
+
+
+def test_perf_missing(kernel_facing: None, tmp_path: Path) -> None:
+    busy = subprocess.Popen(["sleep", "30"])
+    try:
+        env = {**os.environ, "PATH": str(tmp_path)}  # an empty directory: no perf on PATH
+        r = qprof("attach", str(busy.pid), "-d", "1", "-o", str(tmp_path / "r"), check=False, env=env)
+        one_line_error(r, "perf not found", "linux-perf")
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_report_on_bad_archives(tmp_path: Path) -> None:
+    one_line_error(qprof("report", str(tmp_path / "nope"), check=False), "not a run directory")
+    (tmp_path / "empty").mkdir()
+    one_line_error(qprof("report", str(tmp_path / "empty"), check=False), "no meta.json")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    one_line_error(qprof("report", str(bad), check=False), "unreadable metadata")
+
+
+def test_report_with_broken_mapping(tmp_path: Path) -> None:
+    m = tmp_path / "m.toml"
+    m.write_text('[mapping]\nname = "x"\n\n[[rule]]\nsymbol = "(unclosed"\ncategory = "Crypto"\n')
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "targets": []}))
+    from qprof.collectors.stacks import write_stacks
+
+    write_stacks(run / "stacks.jsonl.gz", [])
+    one_line_error(qprof("report", str(run), "--mapping", str(m), check=False), f"{m}:5:", "regular expression")

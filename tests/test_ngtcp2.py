@@ -1,0 +1,84 @@
+"""A real ngtcp2 transfer on loopback, profiled end to end through the command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import QPROF, qprof
+from qprof.attribution.categories import CATEGORIES
+from qprof.endpoints import Ngtcp2Transfer
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def check_contract(report: dict) -> None:
+    assert isinstance(report["processes"], list) and report["processes"]
+    for p in report["processes"]:
+        assert isinstance(p["pid"], int) and isinstance(p["comm"], str)
+        assert p["cpu_seconds"] > 0
+        assert set(p["categories"]) == set(CATEGORIES)
+        assert all(0.0 <= v <= 1.0 for v in p["categories"].values())
+        assert abs(sum(p["categories"].values()) - 1.0) < 0.001
+
+
+def test_demo_1gib_download_server_and_client(ngtcp2_tools: None, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    r = qprof("demo", "--size", "1G", "-o", str(run), "--format", "json")
+    report = json.loads(r.stdout)
+    check_contract(report)
+    by_role = {p["role"]: p for p in report["processes"]}
+    assert set(by_role) == {"server", "client"}
+    srv, cli = by_role["server"], by_role["client"]
+    assert srv["comm"] == "gtlsserver" and cli["comm"] == "gtlsclient"
+    print("\nserver:", srv["categories"], "\nclient:", cli["categories"])
+    assert srv["categories"]["Packet I/O"] > 0.05
+    assert srv["categories"]["Crypto"] > 0.05
+    assert srv["categories"]["Uncategorized"] < 0.10
+    # sampled CPU agrees with the kernel's own accounting of the targets; the
+    # client exits, so its last /proc reading may precede its last samples
+    assert srv["cpu_seconds"] == pytest.approx(srv["proc_cpu_seconds"], rel=0.1)
+    assert 0 < cli["proc_cpu_seconds"] <= cli["cpu_seconds"] * 1.1
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "complete"
+    for t in meta["targets"]:
+        assert t["unwind"] in ("fp", "dwarf") and t["unwind_reason"]
+        assert any(o["build_id"] for o in t["objects"]), "build-ids of mapped objects are recorded"
+        assert all("environ" not in k for k in t)
+    # report is re-made from the archive alone, text format too
+    text = qprof("report", str(run)).stdout
+    assert "Packet I/O" in text and "gtlsserver" in text
+
+
+def test_attach_cli_ctrl_c_keeps_the_run(ngtcp2_tools: None, tmp_path: Path) -> None:
+    """A user attaches to a running server, a client downloads, Ctrl-C ends the attach."""
+    run = tmp_path / "run"
+    with Ngtcp2Transfer(256 << 20) as xfer:
+        server = xfer.start_server()
+        att = subprocess.Popen([*QPROF, "attach", str(server), "-o", str(run)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not (run / "meta.json").exists() or json.loads((run / "meta.json").read_text())["start_time"] is None:
+            assert att.poll() is None, att.stderr.read() if att.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client = xfer.start_client_stopped()
+        xfer.release_client()
+        assert xfer.client is not None and xfer.client.wait(120) == 0
+        att.send_signal(signal.SIGINT)
+        out, err = att.communicate(timeout=120)
+    assert att.returncode == 0, err
+    assert out.strip() == str(run)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["stop_reason"].startswith("interrupted")
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    check_contract(report)
+    assert [p["pid"] for p in report["processes"]] == [server]
+    assert client not in {p["pid"] for p in report["processes"]}, "only the targets are reported"
+    assert report["processes"][0]["categories"]["Packet I/O"] > 0.05
