@@ -46,9 +46,6 @@ class AttachOptions:
     event: str = DEFAULT_EVENT
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
-    # pids held at a start barrier that will exec this binary once released:
-    # unwinding is chosen for that binary and the target re-described after release
-    pending_exec: dict[int, str] = field(default_factory=dict)
 
 
 def _now() -> str:
@@ -142,14 +139,13 @@ class AttachSession:
         targets = []
         for pid in self.opts.pids:
             info = self._describe(pid)
-            exe_path = self.opts.pending_exec.get(pid, info["exe"])
-            exe = elf.object_info(exe_path) if exe_path else None
+            exe = elf.object_info(info["exe"]) if info["exe"] else None
             info["unwind"], info["unwind_reason"] = choose_unwind(self.opts.unwind, exe)
             targets.append(info)
         return targets
 
     def _refresh_targets(self, pids: set[int]) -> None:
-        """Re-read live targets (after exec, or for libraries loaded since start); keep the plan."""
+        """Re-read live targets at the end: libraries loaded since the start; keep the plan."""
         for t in self.meta["targets"]:
             if t["pid"] in pids and procfs.is_alive(t["pid"]):
                 fresh = self._describe(t["pid"])
@@ -186,9 +182,6 @@ class AttachSession:
         archive.write_json_atomic(out / archive.META, self.meta)
         if self.on_ready is not None:
             self.on_ready()
-        if opts.pending_exec:
-            self._refresh_targets(set(opts.pending_exec))
-            archive.write_json_atomic(out / archive.META, self.meta)
         self._poll(out, start)
         self._refresh_targets(set(opts.pids))
         self.meta["duration_s"] = round(time.monotonic() - start, 3)

@@ -21,8 +21,7 @@ def run_demo(size: str, out: Path, status: Callable[[str], None]) -> Path:
         status(f"starting ngtcp2 server on 127.0.0.1:{xfer.port} serving {size}")
         server = xfer.start_server()
         client = xfer.start_client_stopped()
-        opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"},
-                             pending_exec={client: xfer.client_binary})
+        opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"})
         path = AttachSession(opts, on_ready=xfer.release_client, stop_when=xfer.client_done,
                              status=status).run()
         if xfer.client is not None and xfer.client.returncode:

@@ -2,21 +2,22 @@
 
 ngtcp2's example server and client (Debian packages ngtcp2-server and
 ngtcp2-client, GnuTLS) serve a file from tmpfs over loopback. A client is
-started stopped (a shell that SIGSTOPs itself, then execs the client), so a
-profiler can attach before the first packet and release it with SIGCONT.
+started held right after exec (StoppedProcess), so a profiler can attach
+before its first packet and release it once sampling runs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from qprof.errors import QprofError
 
@@ -93,34 +94,41 @@ def make_payload(directory: Path, size: int, name: str = "payload") -> Path:
     return path
 
 
-def start_stopped(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
-    """Start `cmd` so that it waits, stopped, before exec; SIGCONT releases it (same pid)."""
-    proc = subprocess.Popen(["/bin/sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *cmd], **kw)  # type: ignore[call-overload]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{proc.pid}/stat", encoding="ascii") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                    return proc
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise QprofError(f"{cmd[0]} exited before it could be attached (exit {proc.returncode})")
-        time.sleep(0.005)
-    proc.kill()
-    raise QprofError(f"{cmd[0]} did not reach its start barrier")
+PTRACE_TRACEME = 0
+PTRACE_DETACH = 17
 
 
-def wait_exec(pid: int, binary: str, timeout: float = 5.0) -> None:
-    """Wait until `pid` runs `binary` (or has exited): the barrier's exec is done."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if os.readlink(f"/proc/{pid}/exe") == binary:
-                return
-        except OSError:
-            return
-        time.sleep(0.001)
+def _trace_me() -> None:
+    """In the child: stop right after exec (SIGTRAP), before the program's first instruction."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.ptrace(PTRACE_TRACEME, 0, None, None) != 0:
+        os._exit(127)
+
+
+class StoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """A child held right after exec, so a profiler can attach before it runs.
+
+    Why ptrace and not a shell that SIGSTOPs itself before exec: perf keeps the
+    pre-exec mappings, and perf 6.1's DWARF unwinder then used the old libc's
+    unwind tables for the new libc (callers lost in 2 of 3 runs). Stopping
+    after exec means perf only ever sees the real program. `release()` must be
+    called from the thread that started the process (the ptrace tracer).
+    """
+
+    def __init__(self, cmd: list[str], **kw: Any) -> None:
+        super().__init__(cmd, preexec_fn=_trace_me, **kw)
+        _, status = os.waitpid(self.pid, 0)
+        if not os.WIFSTOPPED(status):
+            self.returncode = os.waitstatus_to_exitcode(status)
+            raise QprofError(f"{cmd[0]} exited before it could be attached (exit {self.returncode})")
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.ptrace(PTRACE_DETACH, self.pid, None, None) != 0:
+                raise QprofError(f"could not release pid {self.pid} (ptrace detach: errno {ctypes.get_errno()})")
 
 
 @dataclass
@@ -131,7 +139,7 @@ class Ngtcp2Transfer:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="qprof-ngtcp2-", dir=_tmpfs())))
     port: int = field(default_factory=free_udp_port)
     server: subprocess.Popen[bytes] | None = None
-    client: subprocess.Popen[bytes] | None = None
+    client: StoppedProcess | None = None
     released_at: float | None = None
     finished_at: float | None = None
 
@@ -158,20 +166,14 @@ class Ngtcp2Transfer:
         cmd = [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
                "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
                "--max-stream-window=128M", "127.0.0.1", str(self.port), url]
-        self.client = start_stopped(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+        self.client = StoppedProcess(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
         return self.client.pid
 
     def release_client(self) -> None:
-        """SIGCONT the client and return once it has exec'd the real binary."""
         assert self.client is not None
         self.released_at = time.monotonic()
-        os.kill(self.client.pid, signal.SIGCONT)
-        wait_exec(self.client.pid, self.client_binary)
-
-    @property
-    def client_binary(self) -> str:
-        return os.path.realpath(which_or_fail(NGTCP2_CLIENT, "ngtcp2-client"))
+        self.client.release()
 
     def client_done(self) -> bool:
         if self.client is None or self.client.poll() is None:
@@ -186,6 +188,8 @@ class Ngtcp2Transfer:
         return self.size * 8 / (self.finished_at - self.released_at) / 1e9
 
     def close(self) -> None:
+        if self.client is not None:
+            self.client.release()  # a traced child cannot be terminated while held
         for p in (self.client, self.server):
             if p is not None and p.poll() is None:
                 p.terminate()

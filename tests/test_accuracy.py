@@ -9,7 +9,6 @@ within 3 percentage points per category, for both unwinding modes.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from conftest import ROOT, build_c, qprof
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import start_stopped, wait_exec
+from qprof.endpoints import StoppedProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 WORKLOAD = ROOT / "tests" / "workloads"
@@ -29,19 +28,14 @@ SECONDS = "6"
 def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path, unwind: str) -> None:
     binary = build_c(WORKLOAD / "accuracy.c", "accuracy", ["-lcrypto"])
     truth_file = tmp_path / "truth.json"
-    proc = start_stopped([str(binary), SECONDS, str(truth_file), str(tmp_path)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def release() -> None:
-        proc.send_signal(signal.SIGCONT)
-        wait_exec(proc.pid, str(binary))
-
+    proc = StoppedProcess([str(binary), SECONDS, str(truth_file), str(tmp_path)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     run = tmp_path / "run"
     try:
-        AttachSession(AttachOptions(pids=[proc.pid], out=run, unwind=unwind,
-                                    pending_exec={proc.pid: str(binary)}),
-                      on_ready=release, stop_when=lambda: proc.poll() is not None).run()
+        AttachSession(AttachOptions(pids=[proc.pid], out=run, unwind=unwind),
+                      on_ready=proc.release, stop_when=lambda: proc.poll() is not None).run()
     finally:
+        proc.release()
         if proc.poll() is None:
             proc.kill()
         proc.wait()
