@@ -19,15 +19,17 @@ PERF_SCRIPT_FIELDS = "comm,pid,tid,period,ip,sym,dso"
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
-# x86-64 (and arm64) kernel text lives in the upper canonical half.
+# x86-64 (and arm64) kernel text lives in the upper canonical half; the top
+# 4 KiB are perf's callchain context markers (e.g. ffffffffffffffff ends a
+# truncated DWARF user stack), not kernel addresses.
 _KERNEL_SPACE_START = 0xFFFF800000000000
+_PERF_CONTEXT_MARKERS = 0xFFFFFFFFFFFFF000
 
 # "<comm> <pid>/<tid> <period>" with comm possibly containing spaces; an
 # optional "<event>:" tail is accepted for captures made with more fields.
 _HEADER = re.compile(
     r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+(?P<period>\d+)(?:\s+\S+:)?\s*$"
 )
-_FRAME_START = re.compile(r"^\s+(?P<ip>[0-9a-fA-F]+)\s+(?P<rest>.*?)\s*$")
 _SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
 
 Frame = tuple[str, str]  # (symbol, dso); leaf first in a stack
@@ -66,6 +68,11 @@ def split_symbol_dso(rest: str) -> Frame:
     """
     if not rest.endswith(")"):
         return (_strip_symoff(rest) or UNKNOWN, UNKNOWN)
+    # Fast path: the usual "(path)" with no parentheses inside.
+    i = rest.rfind("(")
+    if rest.find(")", i) == len(rest) - 1:
+        if i == 0 or rest[i - 1] == " ":
+            return (_strip_symoff(rest[:i].rstrip()) or UNKNOWN, rest[i + 1 : -1].strip() or UNKNOWN)
     depth = 0
     for i in range(len(rest) - 1, -1, -1):
         ch = rest[i]
@@ -74,31 +81,28 @@ def split_symbol_dso(rest: str) -> Frame:
         elif ch == "(":
             depth -= 1
             if depth == 0:
-                sym = rest[:i].rstrip()
-                dso = rest[i + 1 : -1].strip()
-                if not sym:
-                    # "(dso)" alone: perf had an address but no symbol.
-                    sym = UNKNOWN
-                return (_strip_symoff(sym), dso or UNKNOWN)
+                # "(dso)" alone: perf had an address but no symbol.
+                return (_strip_symoff(rest[:i].rstrip()) or UNKNOWN, rest[i + 1 : -1].strip() or UNKNOWN)
     return (_strip_symoff(rest), UNKNOWN)
 
 
 def _strip_symoff(sym: str) -> str:
-    return _SYMOFF.sub("", sym)
+    return _SYMOFF.sub("", sym) if "+0x" in sym else sym
 
 
 def parse_frame(line: str) -> Frame | None:
     """Parse one stack line; None when it is not a frame line."""
-    m = _FRAME_START.match(line)
-    if m is None:
+    parts = line.split(None, 1)
+    if len(parts) != 2 or not line[:1].isspace():
         return None
-    sym, dso = split_symbol_dso(m.group("rest"))
-    if dso == UNKNOWN:
-        try:
-            if int(m.group("ip"), 16) >= _KERNEL_SPACE_START:
-                dso = KERNEL_DSO
-        except ValueError:
-            return None
+    ip, rest = parts
+    try:
+        kernel_ip = _KERNEL_SPACE_START <= int(ip, 16) < _PERF_CONTEXT_MARKERS
+    except ValueError:
+        return None
+    sym, dso = split_symbol_dso(rest.rstrip())
+    if dso == UNKNOWN and kernel_ip:
+        dso = KERNEL_DSO
     return (sym, dso)
 
 

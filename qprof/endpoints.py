@@ -136,6 +136,7 @@ class Ngtcp2Transfer:
     """A gtlsserver serving one file and a gtlsclient downloading it, on 127.0.0.1."""
 
     size: int
+    requests: int = 1  # the client fetches the file this many times (streams of one connection)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="qprof-ngtcp2-", dir=_tmpfs())))
     port: int = field(default_factory=free_udp_port)
     server: subprocess.Popen[bytes] | None = None
@@ -165,7 +166,7 @@ class Ngtcp2Transfer:
         url = f"https://127.0.0.1:{self.port}/payload"
         cmd = [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
                "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
-               "--max-stream-window=128M", "127.0.0.1", str(self.port), url]
+               "--max-stream-window=128M", "-n", str(self.requests), "127.0.0.1", str(self.port), url]
         self.client = StoppedProcess(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         return self.client.pid
@@ -185,7 +186,7 @@ class Ngtcp2Transfer:
     def goodput_gbps(self) -> float | None:
         if self.released_at is None or self.finished_at is None or self.client is None or self.client.returncode:
             return None
-        return self.size * 8 / (self.finished_at - self.released_at) / 1e9
+        return self.size * self.requests * 8 / (self.finished_at - self.released_at) / 1e9
 
     def close(self) -> None:
         if self.client is not None:
