@@ -70,19 +70,23 @@ class Classifier:
 
     def classify(self, frames: Sequence[Frame]) -> Decision:
         tag: str | None = None
-        rootmost: dict[int, int] = {}  # within-pattern id -> rootmost matching frame index
+        rootmost: dict[tuple[int, bool | None], int] = {}  # (pattern, kernel) -> rootmost match
 
         def within(rule: Rule, i: int) -> bool:
+            # A kernel rule's context is kernel frames only: a user function that
+            # happens to be called `ep_poll` must not turn its callees into polling.
             pat = rule.within
             assert pat is not None
-            j = rootmost.get(id(pat))
+            key = (id(pat), rule.kernel)
+            j = rootmost.get(key)
             if j is None:
                 j = -1
                 for k in range(len(frames) - 1, -1, -1):
-                    if self._within_match(pat, frames[k][0]):
+                    if (rule.kernel is None or is_kernel_dso(frames[k][1]) == rule.kernel) and \
+                            self._within_match(pat, frames[k][0]):
                         j = k
                         break
-                rootmost[id(pat)] = j
+                rootmost[key] = j
             return j >= i
 
         for i, frame in enumerate(frames):

@@ -97,14 +97,16 @@ def _rule_lines(text: str) -> list[int]:
     return [i for i, ln in enumerate(text.splitlines(), 1) if re.match(r"^\s*\[\[\s*rule\s*\]\]", ln)]
 
 
-def _key_line(text: str, start: int, key: str) -> int:
+def _key_line(text: str, header: int, key: str) -> int:
+    """1-based line of `key` inside the table whose header is at 0-based index `header`."""
     lines = text.splitlines()
-    for i in range(start, len(lines)):
-        if i > start and re.match(r"^\s*\[", lines[i]):
+    pat = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*[=.]""")
+    for i in range(header, len(lines)):
+        if i > header and re.match(r"^\s*\[", lines[i]):
             break
-        if re.match(rf"^\s*{re.escape(key)}\s*=", lines[i]):
+        if pat.match(lines[i]):
             return i + 1
-    return start
+    return header + 1
 
 
 def _regex(value: Any, where: str, key: str) -> re.Pattern[str]:
@@ -114,7 +116,7 @@ def _regex(value: Any, where: str, key: str) -> re.Pattern[str]:
         raise MappingError(f"{where}: `{key}` is longer than {MAX_PATTERN} characters")
     try:
         return re.compile(value)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError, ValueError) as e:
         raise MappingError(f"{where}: `{key}` is not a valid regular expression ({e})") from None
 
 
@@ -131,7 +133,11 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
-        raise MappingError(f"{path}:{m.group(1) if m else 1}: not valid TOML ({e})") from None
+        # "at end of document" (e.g. an unclosed quote): point at the last line
+        line = m.group(1) if m else max(1, len(text.splitlines()))
+        raise MappingError(f"{path}:{line}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise MappingError(f"{path}:1: not valid TOML (nested too deeply)") from None
     hl = _header_line(text)
     unknown_top = set(doc) - {"mapping", "rule"}
     if unknown_top:

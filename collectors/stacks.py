@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -71,7 +72,7 @@ def read_stacks(path: Path) -> Iterator[StackRecord]:
                 if not line.strip():
                     continue
                 yield _record(json.loads(line), path, lineno)
-    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
                          "on the host that recorded the run") from None
 
@@ -82,7 +83,7 @@ def _record(obj: object, path: Path, lineno: int) -> StackRecord:
         frames = tuple((str(f[0]), str(f[1])) for f in obj["frames"])
         rec = StackRecord(int(obj["pid"]), int(obj["tid"]), str(obj["comm"]),
                           int(obj["samples"]), int(obj["period"]), frames)
-    except (AssertionError, KeyError, TypeError, ValueError, IndexError):
+    except (AssertionError, KeyError, TypeError, ValueError, IndexError, OverflowError):
         raise QprofError(f"{path}:{lineno}: not a stack record") from None
     if rec.samples < 0 or rec.period < 0:
         raise QprofError(f"{path}:{lineno}: negative sample count or period")

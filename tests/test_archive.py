@@ -1,0 +1,411 @@
+"""Folded stacks file, run archive, cmdline redaction, and run dir -> attribute -> JSON report."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
+from qprof.attribution.mapping import MappingSet
+from qprof.attribution.profile import attribute
+from qprof.collectors import archive
+from qprof.collectors.archive import Run, create_run_dir
+from qprof.collectors.perfscript import Sample
+from qprof.collectors.procfs import REDACTED, redact_cmdline
+from qprof.collectors.stacks import StackRecord, fold, read_stacks, write_stacks
+from qprof.errors import QprofError
+from qprof.viewer.json_report import to_dict
+
+K = "[kernel.kallsyms]"
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+NGTCP2 = "/usr/lib/x86_64-linux-gnu/libngtcp2.so.16.0.0"
+GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"
+APP = "/usr/bin/gtlsserver"
+
+
+@pytest.fixture(autouse=True)
+def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+
+
+ODD = [
+    ("std::vector<int, std::allocator<int> >::push_back(int const&)", "/usr/bin/x"),
+    ("(anonymous namespace)::foo()", "/tmp/x.so (deleted)"),
+    ('quote " backslash \\ tab \t newline \n', "[unknown]"),
+    ("ünïcødé ✓ 漢字", "/opt/ä/lib.so"),
+    ("", ""),
+]
+
+
+def test_round_trip_odd_symbols(tmp_path: Path) -> None:
+    recs = [StackRecord(1, 2, "comm with space", 3, 4_000_000, tuple(ODD)),
+            StackRecord(-1, -1, "", 0, 0, ()),
+            StackRecord(2**40, 7, "k/u8:2", 1, 2**62, ((K, K),))]
+    p = tmp_path / archive.STACKS
+    assert write_stacks(p, recs) == 3
+    assert list(read_stacks(p)) == recs
+    assert not (tmp_path / (archive.STACKS + ".tmp")).exists()
+    with gzip.open(p, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 3 and all(isinstance(json.loads(ln), dict) for ln in lines)
+
+
+_txt = st.text(max_size=30)
+_rec = st.builds(StackRecord, st.integers(-1, 2**31), st.integers(-1, 2**31), _txt,
+                 st.integers(0, 2**40), st.integers(0, 2**62),
+                 st.lists(st.tuples(_txt, _txt), max_size=5).map(tuple))
+
+
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(_rec, max_size=8))
+def test_round_trip_property(tmp_path: Path, recs: list[StackRecord]) -> None:
+    p = tmp_path / "s.jsonl.gz"
+    write_stacks(p, recs)
+    assert list(read_stacks(p)) == recs
+
+
+def test_fold_aggregates_counts_and_periods() -> None:
+    a = (("f", K), ("main", APP))
+    b = (("g", K),)
+    samples = [Sample(1, 1, "x", 10, a), Sample(1, 1, "x", 15, a), Sample(1, 2, "x", 7, a),
+               Sample(1, 1, "x", 1, b), Sample(1, 1, "y", 2, a), Sample(2, 2, "x", 3, a), Sample(1, 1, "x", 5, ())]
+    got = {(r.pid, r.tid, r.comm, r.frames): (r.samples, r.period) for r in fold(samples)}
+    assert got == {(1, 1, "x", a): (2, 25), (1, 2, "x", a): (1, 7), (1, 1, "x", b): (1, 1),
+                   (1, 1, "y", a): (1, 2), (2, 2, "x", a): (1, 3), (1, 1, "x", ()): (1, 5)}
+    assert fold([]) == []
+
+
+@settings(max_examples=100)
+@given(st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b"]),
+                          st.integers(0, 10**9), st.sampled_from([(), (("f", K),), (("g", APP), ("f", K))]))))
+def test_fold_preserves_totals(samples: list[Sample]) -> None:
+    recs = fold(samples)
+    assert sum(r.samples for r in recs) == len(samples)
+    assert sum(r.period for r in recs) == sum(s.period for s in samples)
+    assert len({(r.pid, r.tid, r.comm, r.frames) for r in recs}) == len(recs)
+
+
+def _stacks_file(tmp_path: Path, n: int = 300) -> Path:
+    p = tmp_path / "s.jsonl.gz"
+    recs = [StackRecord(1, 2, "c", 1, 10, tuple((f"sym{i}_{j}", "/lib/x.so") for j in range(20))) for i in range(n)]
+    write_stacks(p, recs)
+    return p
+
+
+def _one_line_error(p: Path) -> str:
+    with pytest.raises(QprofError) as ei:
+        list(read_stacks(p))
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg
+    return msg
+
+
+def test_truncated_stacks_file(tmp_path: Path) -> None:
+    p = _stacks_file(tmp_path)
+    data = p.read_bytes()
+    for cut in (len(data) // 2, len(data) - 4, 5):
+        p.write_bytes(data[:cut])
+        _one_line_error(p)
+
+
+def test_not_gzip_and_empty(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl.gz"
+    p.write_bytes(b"this is not gzip at all\n")
+    _one_line_error(p)
+    p.write_bytes(b"")
+    assert list(read_stacks(p)) == []
+
+
+def test_crc_mismatch(tmp_path: Path) -> None:
+    p = _stacks_file(tmp_path)
+    data = bytearray(p.read_bytes())
+    data[-8] ^= 0xFF  # CRC32 in the gzip trailer
+    p.write_bytes(bytes(data))
+    _one_line_error(p)
+
+
+def test_corrupted_deflate_stream(tmp_path: Path) -> None:
+    p = _stacks_file(tmp_path)
+    data = bytearray(p.read_bytes())
+    for i in range(20, 40):
+        data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+    _one_line_error(p)
+
+
+@pytest.mark.parametrize("line", [
+    "{not json", '"a string"', "[1, 2]", '{"pid": 1}',
+    '{"pid":1,"tid":1,"comm":"x","samples":1,"period":1,"frames":[["only-one"]]}',
+    '{"pid":1,"tid":1,"comm":"x","samples":1,"period":1,"frames":null}',
+    '{"pid":"x","tid":1,"comm":"x","samples":1,"period":1,"frames":[]}',
+    '{"pid":1,"tid":1,"comm":"x","samples":-1,"period":1,"frames":[]}',
+    '{"pid":1,"tid":1,"comm":"x","samples":1,"period":-5,"frames":[]}',
+    '{"pid":NaN,"tid":1,"comm":"x","samples":1,"period":1,"frames":[]}',
+])
+def test_bad_records(tmp_path: Path, line: str) -> None:
+    p = tmp_path / "s.jsonl.gz"
+    good = '{"pid":1,"tid":1,"comm":"x","samples":1,"period":1,"frames":[]}'
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        f.write(good + "\n\n" + line + "\n")
+    msg = _one_line_error(p)
+    if line.startswith("{") and line != "{not json":
+        assert f"{p}:3:" in msg
+
+
+def test_bad_utf8_record(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl.gz"
+    with gzip.open(p, "wb") as f:
+        f.write(b'{"pid":1,"tid":1,"comm":"\xff","samples":1,"period":1,"frames":[]}\n')
+    _one_line_error(p)
+
+
+def test_infinite_number_record(tmp_path: Path) -> None:
+    p = tmp_path / "s.jsonl.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        f.write('{"pid":1e400,"tid":1,"comm":"x","samples":1,"period":1,"frames":[]}\n')
+    _one_line_error(p)
+
+
+# ---------------------------------------------------------------- Run.open, create_run_dir
+
+
+def _meta(**over: object) -> dict:
+    meta = {"format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
+            "targets": []}
+    meta.update(over)
+    return meta
+
+
+def test_run_open_ok(tmp_path: Path) -> None:
+    (tmp_path / archive.META).write_text(json.dumps(_meta()))
+    run = Run.open(tmp_path)
+    assert run.meta["status"] == "complete" and not run.has_stacks()
+    assert list(run.proc_readings()) == []
+
+
+@pytest.mark.parametrize("content,match", [
+    (None, "no meta.json"),
+    ("{bad json", "unreadable metadata"),
+    (b"\xff\xfe", "unreadable metadata"),
+    ("[1, 2]", "not a qprof run archive"),
+    (json.dumps(_meta(format="other")), "not a qprof run archive"),
+    (json.dumps({k: v for k, v in _meta().items() if k != "format"}), "not a qprof run archive"),
+    (json.dumps(_meta(version=2)), "version 2 is not supported"),
+    (json.dumps(_meta(version="1")), "version '1' is not supported"),
+    (json.dumps({k: v for k, v in _meta().items() if k != "targets"}), "no target list"),
+])
+def test_run_open_errors(tmp_path: Path, content: str | bytes | None, match: str) -> None:
+    if isinstance(content, str):
+        (tmp_path / archive.META).write_text(content)
+    elif isinstance(content, bytes):
+        (tmp_path / archive.META).write_bytes(content)
+    with pytest.raises(QprofError, match=match) as ei:
+        Run.open(tmp_path)
+    assert "\n" not in str(ei.value)
+
+
+def test_run_open_missing_dir_and_file(tmp_path: Path) -> None:
+    with pytest.raises(QprofError, match="not a run directory"):
+        Run.open(tmp_path / "missing")
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(QprofError, match="not a run directory"):
+        Run.open(f)
+
+
+def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
+    (tmp_path / archive.META).write_text(json.dumps(_meta()))
+    (tmp_path / archive.PROC).write_text('{"t": 1}\n[1]\n{"t": 2, "thr')
+    assert list(Run.open(tmp_path).proc_readings()) == [{"t": 1}]
+
+
+def test_create_run_dir(tmp_path: Path) -> None:
+    new = tmp_path / "a" / "b"
+    assert create_run_dir(new) == new
+    assert new.is_dir() and (new.stat().st_mode & 0o777) == 0o700 and list(new.iterdir()) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert create_run_dir(empty) == empty
+
+
+def test_create_run_dir_refuses(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("")
+    with pytest.raises(QprofError, match="not empty"):
+        create_run_dir(full)
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(QprofError, match="not a directory"):
+        create_run_dir(f)
+    target = tmp_path / "target"
+    target.mkdir()
+    for name, dest in (("link", target), ("dangling", tmp_path / "nowhere")):
+        link = tmp_path / name
+        link.symlink_to(dest)
+        with pytest.raises(QprofError, match="symbolic link"):
+            create_run_dir(link)
+    assert not (tmp_path / "nowhere").exists()
+
+
+# ---------------------------------------------------------------- redact_cmdline
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["srv", "--token=abc", "--port", "443"], ["srv", f"--token={REDACTED}", "--port", "443"]),
+    (["srv", "--api-key", "abc", "x"], ["srv", "--api-key", REDACTED, "x"]),
+    (["srv", "--password=hunter2"], ["srv", f"--password={REDACTED}"]),
+    (["srv", "-secret", "s3", "-v"], ["srv", "-secret", REDACTED, "-v"]),
+    (["srv", "--API_KEY=a=b"], ["srv", f"--API_KEY={REDACTED}"]),
+    (["srv", "--passwd", "p", "--auth-token", "t", "--client-secret=c"],
+     ["srv", "--passwd", REDACTED, "--auth-token", REDACTED, f"--client-secret={REDACTED}"]),
+    (["srv", "--token", "--verbose", "file"], ["srv", "--token", "--verbose", "file"]),
+    (["srv", "--token"], ["srv", "--token"]),
+    (["srv", "127.0.0.1", "4433", "--cert=/etc/c.pem", "-q", "--htdocs", "/var/www", "token"],
+     ["srv", "127.0.0.1", "4433", "--cert=/etc/c.pem", "-q", "--htdocs", "/var/www", "token"]),
+    ([], []),
+])
+def test_redact_cmdline(argv: list[str], expected: list[str]) -> None:
+    assert redact_cmdline(argv) == expected
+
+
+@settings(max_examples=200)
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), max_size=8))
+def test_redact_keeps_shape(argv: list[str]) -> None:
+    out = redact_cmdline(argv)
+    assert len(out) == len(argv)
+    for a, b in zip(argv, out):
+        assert b == a or b == REDACTED or (b.endswith("=" + REDACTED) and a.startswith(b[: -len(REDACTED)]))
+
+
+# ---------------------------------------------------------------- end to end (pure)
+
+
+def _objects(*paths: str) -> list[dict]:
+    return [{"path": p, "build_id": "ab" * 20, "symbols": "dynsym", "go": False, "frame_pointers": None}
+            for p in paths]
+
+
+SERVER, CLIENT, IDLE = 4242, 4343, 4444
+
+
+def _fake_run(root: Path) -> Path:
+    out = create_run_dir(root / "run")
+    targets = [
+        {"pid": SERVER, "comm": "gtlsserver", "cmdline": ["gtlsserver", f"--token={REDACTED}"], "exe": APP,
+         "objects": _objects(APP, LIBC, NGTCP2, GNUTLS), "threads": {str(SERVER): "gtlsserver"}, "cgroup": [],
+         "role": "server", "unwind": "fp", "unwind_reason": "frame pointers present"},
+        {"pid": CLIENT, "comm": "client", "cmdline": ["client"], "exe": "/usr/bin/client",
+         "objects": _objects("/usr/bin/client", LIBC), "threads": {}, "cgroup": [], "role": "client",
+         "unwind": "dwarf", "unwind_reason": "no frame pointers"},
+        {"pid": IDLE, "comm": "idle", "cmdline": ["idle"], "exe": "/usr/bin/idle", "objects": [],
+         "threads": {}, "cgroup": [], "role": None, "unwind": "fp", "unwind_reason": "x"},
+    ]
+    meta = {
+        "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
+        "qprof_version": "0.1.0",
+        "host": {"kernel": "6.1.0", "kernel_build": "#1 SMP", "machine": "x86_64", "cpu_model": "cpu",
+                 "cpus": 8, "python": "3.11.7"},
+        "tools": {"perf": "perf version 6.1", "bpftrace": None},
+        "sampling": {"event": "cpu-clock", "frequency": 999,
+                     "groups": [{"unwind": "fp", "pids": [SERVER, IDLE], "perf_data": "perf-fp.data"},
+                                {"unwind": "dwarf", "pids": [CLIENT], "perf_data": "perf-dwarf.data"}]},
+        "targets": targets, "requested_duration_s": 10, "start_time": "2026-01-01T00:00:00Z",
+        "end_time": "2026-01-01T00:00:10Z", "duration_s": 10.0, "stop_reason": "duration reached",
+        "exited": [], "perf_exit": {"fp": 0, "dwarf": 0}, "parse": {"samples": 100, "bad_lines": 0,
+                                                                   "bad_examples": []},
+    }
+    archive.write_json_atomic(out / archive.META, meta)
+    send = [("ip_output", K), ("udp_sendmsg", K), ("__sys_sendmsg", K), ("__libc_sendmsg", LIBC),
+            ("ngtcp2_conn_write_pkt", NGTCP2)]
+    samples = (
+        [Sample(SERVER, SERVER, "gtlsserver", 1_000_000, tuple(send))] * 4
+        + [Sample(SERVER, SERVER, "gtlsserver", 1_000_000, (("gnutls_cipher_encrypt2", GNUTLS),
+                                                            ("ngtcp2_conn_write_pkt", NGTCP2)))] * 3
+        + [Sample(SERVER, SERVER + 1, "worker", 1_000_000, (("ngtcp2_conn_read_pkt", NGTCP2),))] * 2
+        + [Sample(SERVER, SERVER + 1, "worker", 500_000, (("vfs_write", K), ("__libc_write", LIBC)))] * 2
+        + [Sample(SERVER, SERVER + 1, "worker", 1_000_000, ())]
+        + [Sample(CLIENT, CLIENT, "client", 2_000_000, (("main", "/usr/bin/client"),))]
+        # a process that was not a target (e.g. forked): still reported, comm from its samples
+        + [Sample(5555, 5555, "child", 3_000_000, (("recvmsg", LIBC),))]
+    )
+    write_stacks(out / archive.STACKS, fold(samples))
+    with open(out / archive.PROC, "w", encoding="utf-8") as f:
+        for t, cpu in ((0.0, 1.0), (1.0, 1.005)):
+            f.write(json.dumps({"t": t, "mono": t, "threads": {str(SERVER): [
+                {"tid": SERVER, "comm": "gtlsserver", "state": "R", "utime_s": cpu, "stime_s": cpu,
+                 "run_delay_s": 0.0, "cpu": 1}]}}) + "\n")
+    return out
+
+
+def test_end_to_end_json_contract(tmp_path: Path) -> None:
+    run = Run.open(_fake_run(tmp_path))
+    report = to_dict(attribute(run, MappingSet.load()))
+    report = json.loads(json.dumps(report))  # it must be plain JSON
+    assert report["categories"] == list(CATEGORIES)
+    procs = {p["pid"]: p for p in report["processes"]}
+    assert set(procs) == {SERVER, CLIENT, 5555}
+    assert report["targets_without_samples"] == [{"pid": IDLE, "comm": "idle"}]
+    assert report["run"]["unwinding"][str(CLIENT)] == {"mode": "dwarf", "reason": "no frame pointers"}
+    for p in procs.values():
+        assert isinstance(p["pid"], int) and isinstance(p["comm"], str)
+        assert set(p["categories"]) == set(CATEGORIES)
+        assert all(0.0 <= v <= 1.0 for v in p["categories"].values())
+        assert abs(sum(p["categories"].values()) - 1.0) < 0.001
+        assert p["threads"]
+        for t in p["threads"]:
+            assert isinstance(t["tid"], int) and isinstance(t["comm"], str)
+            assert set(t["categories"]) == set(CATEGORIES)
+            assert abs(sum(t["categories"].values()) - 1.0) < 0.001
+            assert 0 < t["cpu_seconds"] <= p["cpu_seconds"]
+        assert abs(sum(t["cpu_seconds"] for t in p["threads"]) - p["cpu_seconds"]) < 1e-6
+
+    srv = procs[SERVER]
+    assert (srv["comm"], srv["role"], srv["samples"]) == ("gtlsserver", "server", 12)
+    assert srv["cpu_seconds"] == pytest.approx(11e6 / 1e9)
+    cats = srv["categories"]
+    assert cats[PACKET_IO] == pytest.approx(4 / 11, abs=1e-6)
+    assert cats[CRYPTO] == pytest.approx(3 / 11, abs=1e-6)
+    assert cats[CONNECTION] == pytest.approx(2 / 11, abs=1e-6)
+    assert cats[IO] == pytest.approx(1 / 11, abs=1e-6)
+    assert cats[UNCATEGORIZED] == pytest.approx(1 / 11, abs=1e-6)
+    assert srv["category_cpu_seconds"][PACKET_IO] == pytest.approx(0.004)
+    assert srv["subcategories"][PACKET_IO] == {"tx syscall": pytest.approx(4 / 11, abs=1e-6)}
+    assert [m["name"] for m in srv["mappings"]] == ["ngtcp2", "crypto", "common"]
+    assert srv["proc_cpu_seconds"] == pytest.approx(0.01)
+    assert srv["top_symbols"][PACKET_IO][0]["symbol"] == "ip_output"
+    assert srv["top_symbols"][UNCATEGORIZED][0]["symbol"] == "[no stack]"
+    assert srv["dso_only_share"] == pytest.approx(5 / 11, abs=1e-6)  # gnutls + ngtcp2 whole-library rules
+    threads = {t["tid"]: t for t in srv["threads"]}
+    assert [t["tid"] for t in srv["threads"]] == [SERVER, SERVER + 1]  # by CPU time, largest first
+    assert threads[SERVER]["comm"] == "gtlsserver" and threads[SERVER + 1]["comm"] == "worker"
+    assert threads[SERVER]["cpu_seconds"] == pytest.approx(0.007)
+    assert threads[SERVER]["categories"][PACKET_IO] == pytest.approx(4 / 7, abs=1e-6)
+    assert threads[SERVER + 1]["categories"][CONNECTION] == pytest.approx(0.5, abs=1e-6)
+
+    cli = procs[CLIENT]
+    assert cli["categories"][UNCATEGORIZED] == 1.0 and cli["cpu_seconds"] == pytest.approx(0.002)
+    assert [m["name"] for m in cli["mappings"]] == ["common"]
+    assert cli["proc_cpu_seconds"] is None
+    child = procs[5555]
+    assert child["comm"] == "child" and child["role"] is None
+    assert child["categories"][PACKET_IO] == 1.0
+
+
+def test_end_to_end_non_time_event(tmp_path: Path) -> None:
+    out = _fake_run(tmp_path)
+    meta = json.loads((out / archive.META).read_text())
+    meta["sampling"]["event"] = "cycles"
+    archive.write_json_atomic(out / archive.META, meta)
+    report = to_dict(attribute(Run.open(out), MappingSet.load()))
+    total = sum(p["cpu_seconds"] for p in report["processes"])
+    assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency
+    for p in report["processes"]:
+        assert abs(sum(p["categories"].values()) - 1.0) < 0.001

@@ -1,0 +1,309 @@
+"""Classifier semantics (small hand-written mappings) and shipped mappings on realistic stacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
+from qprof.attribution.engine import Classifier, is_kernel_dso
+from qprof.attribution.mapping import MappingSet, parse_mapping
+
+K = "[kernel.kallsyms]"
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+NGTCP2 = "/usr/lib/x86_64-linux-gnu/libngtcp2.so.16.0.0"
+NGTCP2_GNUTLS = "/usr/lib/x86_64-linux-gnu/libngtcp2_crypto_gnutls.so.8"
+GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"
+NETTLE = "/usr/lib/x86_64-linux-gnu/libnettle.so.8.8"
+APP = "/usr/bin/gtlsserver"
+
+
+@pytest.fixture(autouse=True)
+def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+
+
+def clf(*texts: str) -> Classifier:
+    return Classifier([parse_mapping(t, f"m{i}.toml") for i, t in enumerate(texts)])
+
+
+def m(*rules: str, name: str = "t") -> str:
+    return f'[mapping]\nname = "{name}"\n' + "".join(f"[[rule]]\n{r}\n" for r in rules)
+
+
+def k(*syms: str) -> list[tuple[str, str]]:
+    return [(s, K) for s in syms]
+
+
+def u(*syms: str, dso: str = APP) -> list[tuple[str, str]]:
+    return [(s, dso) for s in syms]
+
+
+# ---------------------------------------------------------------- semantics
+
+BASIC = m(
+    "symbol = '^memcpy$'\ntransparent = true",
+    "kernel = true\nwithin = '^udp_sendmsg$'\ncategory = \"Packet I/O\"\nsubcategory = \"tx\"",
+    "symbol = '^app_'\ncategory = \"Connection Mgmt\"\nsubcategory = \"app\"",
+    "dso = 'libcrypto'\ncategory = \"Crypto\"",
+)
+
+
+def test_leaf_first_kernel_beats_app_frame_above() -> None:
+    c = clf(BASIC)
+    d = c.classify(k("ip_output", "udp_sendmsg", "__sys_sendmsg") + u("app_send", "main"))
+    assert (d.category, d.subcategory, d.frame) == (PACKET_IO, "tx", 0)
+    assert d.rule is not None and d.rule.source == "m0.toml:6"
+    d = c.classify(u("app_send", "main"))
+    assert (d.category, d.subcategory, d.frame) == (CONNECTION, "app", 0)
+
+
+def test_transparent_frame_inherits_from_caller() -> None:
+    c = clf(BASIC)
+    d = c.classify(u("memcpy", "app_pack", "main"))
+    assert (d.category, d.frame) == (CONNECTION, 1)
+    d = c.classify(u("memcpy", "memcpy") + u("EVP_x", dso="/lib/libcrypto.so.3"))
+    assert (d.category, d.frame) == (CRYPTO, 2)
+
+
+def test_unmatched_frames_pass_through() -> None:
+    d = clf(BASIC).classify(u("helper", "other_helper", "app_loop", "main"))
+    assert (d.category, d.frame) == (CONNECTION, 2)
+
+
+def test_dso_only_rule() -> None:
+    d = clf(BASIC).classify(u("anything", dso="/usr/lib/libcrypto.so.3") + u("main"))
+    assert d.category == CRYPTO and d.subcategory is None and d.rule.symbol is None
+
+
+def test_uncategorized_when_nothing_matches() -> None:
+    c = clf(BASIC)
+    for frames in ([], u("main"), k("schedule", "do_nanosleep"), u("memcpy")):
+        d = c.classify(frames)
+        assert (d.category, d.subcategory, d.rule, d.frame) == (UNCATEGORIZED, None, None, None)
+
+
+def test_kernel_flag() -> None:
+    c = clf(m("symbol = '^f$'\nkernel = true\ncategory = \"I/O\"",
+              "symbol = '^f$'\nkernel = false\ncategory = \"Crypto\""))
+    assert c.classify(k("f")).category == IO
+    assert c.classify([("f", "[nf_tables]")]).category == IO       # module
+    assert c.classify(u("f")).category == CRYPTO
+    assert c.classify([("f", "[unknown]")]).category == CRYPTO     # user pseudo objects
+    assert c.classify([("f", "[vdso]")]).category == CRYPTO
+
+
+def test_is_kernel_dso() -> None:
+    assert is_kernel_dso(K) and is_kernel_dso("[ext4]")
+    for d in ("[unknown]", "[vdso]", "[heap]", "[stack]", "[anon:jit]", "[jit]-123", APP):
+        assert not is_kernel_dso(d), d
+
+
+WITHIN = m("kernel = true\nwithin = '^udp_sendmsg$'\ncategory = \"Packet I/O\"")
+
+
+def test_within_includes_frame_itself_and_callers_not_callees() -> None:
+    c = clf(WITHIN)
+    d = c.classify(k("udp_sendmsg", "__sys_sendmsg"))            # the frame itself
+    assert (d.category, d.frame) == (PACKET_IO, 0)
+    d = c.classify(k("ip_output", "udp_sendmsg"))                 # a caller
+    assert (d.category, d.frame) == (PACKET_IO, 0)
+    d = c.classify(k("udp_sendmsg") + u("main"))                   # app frame above: user space
+    assert d.frame == 0
+    # callee only: the rootward frames are not under udp_sendmsg
+    c2 = clf(m("symbol = '^outer$'\nwithin = '^udp_sendmsg$'\ncategory = \"Crypto\""))
+    assert c2.classify(k("udp_sendmsg", "outer")).category == UNCATEGORIZED
+    assert c2.classify(k("outer", "udp_sendmsg")).category == CRYPTO
+
+
+def test_kernel_rule_context_is_kernel_frames_only() -> None:
+    """A user function named like a kernel one must not claim the kernel frames below it."""
+    c = clf(m("kernel = true\nwithin = '^ep_poll$'\ncategory = \"Packet I/O\""))
+    assert c.classify(k("copy_page") + u("ep_poll", "main")).category == UNCATEGORIZED
+    assert c.classify(k("copy_page", "ep_poll") + u("main")).category == PACKET_IO
+
+
+def test_within_failing_rule_lets_later_rule_of_same_frame_match() -> None:
+    c = clf(m("symbol = '^f$'\nwithin = '^nope$'\ncategory = \"Crypto\"",
+              "symbol = '^f$'\ncategory = \"I/O\""))
+    assert c.classify(u("f", "main")).category == IO
+
+
+TAGS = m(
+    "kernel = true\nsymbol = '^(schedule|__schedule)$'\nsubcategory = \"scheduler\"",
+    "kernel = true\nsymbol = '^finish_task_switch$'\nsubcategory = \"switch\"",
+    "kernel = true\nwithin = '^do_epoll_wait$'\ncategory = \"Packet I/O\"\nsubcategory = \"poll\"",
+    "symbol = '^app_'\ncategory = \"Connection Mgmt\"",
+)
+
+
+def test_tag_takes_category_from_caller() -> None:
+    d = clf(TAGS).classify(k("__schedule", "schedule", "do_epoll_wait") + u("app_loop"))
+    assert (d.category, d.subcategory, d.frame) == (PACKET_IO, "scheduler", 2)
+
+
+def test_tag_leaf_most_kept() -> None:
+    d = clf(TAGS).classify(k("finish_task_switch", "__schedule", "schedule") + u("app_loop"))
+    assert (d.category, d.subcategory) == (CONNECTION, "switch")
+
+
+def test_tag_alone_is_uncategorized_with_subcategory() -> None:
+    d = clf(TAGS).classify(k("__schedule", "schedule", "kthread"))
+    assert (d.category, d.subcategory, d.rule, d.frame) == (UNCATEGORIZED, "scheduler", None, None)
+
+
+def test_precedence_earlier_file_wins() -> None:
+    a = m("symbol = '^f$'\ncategory = \"Crypto\"", name="a")
+    b = m("symbol = '^f$'\ncategory = \"I/O\"", name="b")
+    assert clf(a, b).classify(u("f")).category == CRYPTO
+    assert clf(b, a).classify(u("f")).category == IO
+    # within a file, the earlier rule wins too
+    assert clf(m("symbol = 'f'\ncategory = \"I/O\"", "symbol = '^f$'\ncategory = \"Crypto\"")).classify(
+        u("f")).category == IO
+    # an earlier transparent rule hides a later specific one for that frame
+    t = m("symbol = '^f$'\ntransparent = true", name="t")
+    assert clf(t, a).classify(u("f")).category == UNCATEGORIZED
+
+
+def test_classifier_cache_consistent_across_calls() -> None:
+    c = clf(WITHIN)
+    s1 = k("ip_output", "udp_sendmsg")
+    s2 = k("ip_output", "tcp_sendmsg")
+    assert [c.classify(s).category for s in (s1, s2, s1, s2)] == [PACKET_IO, UNCATEGORIZED] * 2
+
+
+# ---------------------------------------------------------------- shipped mappings
+
+SEND_SYSCALL = k("__sys_sendmsg", "__x64_sys_sendmsg", "do_syscall_64", "entry_SYSCALL_64_after_hwframe")
+NGTCP2_CALLERS = [("__libc_sendmsg", LIBC), ("ngtcp2_conn_write_pkt", NGTCP2), ("main", APP)]
+
+
+def _shipped_set() -> MappingSet:
+    """MappingSet.load() without reading the real per-user folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", "/nonexistent-qprof-test")
+        return MappingSet.load()
+
+
+@pytest.fixture(scope="module")
+def shipped_clf() -> Classifier:
+    files = _shipped_set().for_process([LIBC, NGTCP2, NGTCP2_GNUTLS, GNUTLS, NETTLE, APP], [])
+    assert [f.name for f in files] == ["ngtcp2", "crypto", "common"]
+    return Classifier(files)
+
+
+def cat(c: Classifier, frames: list[tuple[str, str]]) -> tuple[str, str | None]:
+    d = c.classify(frames)
+    return d.category, d.subcategory
+
+
+def test_loopback_send_with_receiver_softirq(shipped_clf: Classifier) -> None:
+    frames = k("udp_queue_rcv_one_skb", "udp_unicast_rcv_skb", "__udp4_lib_rcv", "ip_protocol_deliver_rcu",
+               "ip_local_deliver_finish", "__netif_receive_skb_one_core", "process_backlog", "__napi_poll",
+               "net_rx_action", "handle_softirqs", "do_softirq", "__local_bh_enable_ip", "__dev_queue_xmit",
+               "ip_finish_output2", "ip_output", "ip_send_skb", "udp_send_skb", "udp_sendmsg") \
+        + SEND_SYSCALL + NGTCP2_CALLERS
+    assert cat(shipped_clf, frames) == (PACKET_IO, "softirq")
+
+
+def test_plain_send(shipped_clf: Classifier) -> None:
+    frames = k("dev_hard_start_xmit", "__dev_queue_xmit", "ip_finish_output2", "ip_output", "ip_send_skb",
+               "udp_send_skb", "udp_sendmsg") + SEND_SYSCALL + NGTCP2_CALLERS
+    assert cat(shipped_clf, frames) == (PACKET_IO, "tx syscall")
+    # the user-mode wrapper itself
+    assert cat(shipped_clf, NGTCP2_CALLERS) == (PACKET_IO, "tx syscall")
+
+
+def test_recvmsg(shipped_clf: Classifier) -> None:
+    frames = k("_copy_to_iter", "__skb_datagram_iter", "skb_copy_datagram_iter", "udp_recvmsg", "inet_recvmsg",
+               "sock_recvmsg", "____sys_recvmsg", "___sys_recvmsg", "__sys_recvmsg", "__x64_sys_recvmsg",
+               "do_syscall_64") + [("__libc_recvmsg", LIBC), ("ngtcp2_conn_read_pkt", NGTCP2)]
+    assert cat(shipped_clf, frames) == (PACKET_IO, "rx syscall")
+
+
+def test_gso_under_send(shipped_clf: Classifier) -> None:
+    frames = k("skb_copy_bits", "skb_segment", "__udp_gso_segment", "udp4_ufo_fragment", "inet_gso_segment",
+               "skb_mac_gso_segment", "__skb_gso_segment", "validate_xmit_skb", "__dev_queue_xmit",
+               "ip_finish_output2", "ip_output", "udp_send_skb", "udp_sendmsg") + SEND_SYSCALL + NGTCP2_CALLERS
+    assert cat(shipped_clf, frames) == (PACKET_IO, "gso/gro")
+
+
+def test_epoll_wait(shipped_clf: Classifier) -> None:
+    frames = k("_raw_spin_unlock_irqrestore", "ep_poll", "do_epoll_wait", "__x64_sys_epoll_wait",
+               "do_syscall_64") + [("epoll_wait", LIBC), ("main", APP)]
+    assert cat(shipped_clf, frames) == (PACKET_IO, "poll")
+
+
+def test_scheduler_under_epoll_wait(shipped_clf: Classifier) -> None:
+    frames = k("finish_task_switch.isra.0", "__schedule", "schedule", "schedule_hrtimeout_range_clock",
+               "ep_poll", "do_epoll_wait", "__x64_sys_epoll_wait", "do_syscall_64") + [("epoll_wait", LIBC)]
+    assert cat(shipped_clf, frames) == (PACKET_IO, "scheduler")
+
+
+def test_pwrite_on_ext4(shipped_clf: Classifier) -> None:
+    frames = k("copy_page_from_iter_atomic", "generic_perform_write", "ext4_buffered_write_iter",
+               "ext4_file_write_iter", "vfs_write", "__x64_sys_pwrite64", "do_syscall_64") \
+        + [("__libc_pwrite64", LIBC), ("write_qlog", APP)]
+    assert cat(shipped_clf, frames) == (IO, "file write")
+    assert cat(shipped_clf, [("__libc_pwrite64", LIBC), ("write_qlog", APP)]) == (IO, "file write")
+
+
+def test_write_on_udp_socket_is_packet_io(shipped_clf: Classifier) -> None:
+    frames = k("ip_finish_output2", "ip_output", "udp_send_skb", "udp_sendmsg", "sock_write_iter", "vfs_write",
+               "ksys_write", "__x64_sys_write", "do_syscall_64") + [("__libc_write", LIBC), ("main", APP)]
+    assert cat(shipped_clf, frames) == (PACKET_IO, "tx syscall")
+
+
+def test_gnutls_leaf_is_crypto(shipped_clf: Classifier) -> None:
+    frames = [("_gnutls_cipher_encrypt2", GNUTLS), ("gnutls_cipher_encrypt2", GNUTLS),
+              ("ngtcp2_crypto_encrypt", NGTCP2_GNUTLS), ("ngtcp2_conn_write_pkt", NGTCP2), ("main", APP)]
+    assert cat(shipped_clf, frames)[0] == CRYPTO
+    frames = [("_nettle_gcm_hash", NETTLE), ("gnutls_cipher_encrypt2", GNUTLS)]
+    assert cat(shipped_clf, frames) == (CRYPTO, "aead")
+
+
+def test_libc_memcpy_from_ngtcp2_is_connection(shipped_clf: Classifier) -> None:
+    frames = [("__memmove_avx_unaligned_erms", LIBC), ("ngtcp2_conn_write_pkt", NGTCP2), ("main", APP)]
+    assert cat(shipped_clf, frames) == (CONNECTION, "quic")
+    frames = [("_int_malloc", LIBC), ("malloc", LIBC), ("ngtcp2_mem_malloc", NGTCP2)]
+    assert cat(shipped_clf, frames) == (CONNECTION, "quic")
+
+
+def test_unknown_app_code_uncategorized(shipped_clf: Classifier) -> None:
+    assert cat(shipped_clf, [("[unknown]", "[unknown]"), ("main", APP)]) == (UNCATEGORIZED, None)
+
+
+# ---------------------------------------------------------------- property
+
+POOL = (
+    k("udp_sendmsg", "__sys_sendmsg", "ip_output", "net_rx_action", "__napi_poll", "__udp_gso_segment",
+      "udp_recvmsg", "do_epoll_wait", "ep_poll", "__schedule", "schedule", "vfs_write", "vfs_read",
+      "do_syscall_64", "entry_SYSCALL_64", "copy_user_generic", "__x64_sys_openat", "sock_write_iter",
+      "finish_task_switch.isra.0", "kthread")
+    + [("__memmove_avx_unaligned_erms", LIBC), ("malloc", LIBC), ("__libc_sendmsg", LIBC),
+       ("recvmsg", LIBC), ("epoll_wait", LIBC), ("write", LIBC), ("pthread_mutex_lock", LIBC),
+       ("ngtcp2_conn_write_pkt", NGTCP2), ("ngtcp2_crypto_encrypt", NGTCP2), ("x", NGTCP2_GNUTLS),
+       ("gnutls_cipher_encrypt2", GNUTLS), ("_nettle_gcm_hash", NETTLE), ("main", APP),
+       ("[unknown]", "[unknown]"), ("clock_gettime", "[vdso]"), ("memcpy@plt", APP),
+       ("[unknown]", K), ("std::vector<int>::push_back(int const&)", APP)]
+)
+
+
+_PROP_CLF = Classifier(_shipped_set().for_process([d for _, d in POOL], [s for s, _ in POOL]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(POOL), max_size=25))
+def test_classify_total_and_deterministic(frames: list[tuple[str, str]]) -> None:
+    c = _PROP_CLF
+    d = c.classify(frames)
+    assert d.category in CATEGORIES
+    assert d == c.classify(list(frames))
+    fresh = Classifier(c.files)
+    assert fresh.classify(tuple(frames)) == d
+    if d.frame is not None:
+        assert 0 <= d.frame < len(frames) and d.rule is not None and d.rule.category == d.category
+

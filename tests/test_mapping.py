@@ -1,0 +1,313 @@
+"""Mapping files: validation errors point at path:LINE, shipped files load, per-process selection."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.mapping import MappingError, MappingSet, load_file, parse_mapping, shipped
+
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+NGTCP2 = "/usr/lib/x86_64-linux-gnu/libngtcp2.so.16"
+GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30"
+
+
+@pytest.fixture(autouse=True)
+def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cfg = tmp_path / "xdg"
+    cfg.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cfg))
+    return cfg
+
+
+def err_line(text: str, path: str = "m.toml") -> int:
+    with pytest.raises(MappingError) as ei:
+        parse_mapping(text, path)
+    msg = str(ei.value)
+    m = re.match(rf"^{re.escape(path)}:(\d+): ", msg)
+    assert m, msg
+    assert "\n" not in msg
+    return int(m.group(1))
+
+
+HEAD = '[mapping]\nname = "t"\n'  # lines 1-2
+
+
+def rule(*body: str) -> str:
+    """HEAD, a blank line, then [[rule]] at line 4 with `body` from line 5 on."""
+    return HEAD + "\n[[rule]]\n" + "".join(b + "\n" for b in body)
+
+
+# ---------------------------------------------------------------- valid files
+
+
+def test_minimal_and_full_file() -> None:
+    mf = parse_mapping(HEAD, "m.toml")
+    assert (mf.name, mf.kind, mf.version, mf.verified, mf.rules) == ("t", "user", "0", False, [])
+    mf = parse_mapping(
+        '[mapping]\nname = "s"\nversion = "2"\nkind = "stack"\ndescription = "d"\nverified = true\n'
+        "[mapping.detect]\ndso = ['libx\\.so']\nsymbol = ['^x_']\n"
+        "[[rule]]\nsymbol = '^x_'\ndso = 'libx'\nkernel = false\nwithin = 'main'\n"
+        'category = "Crypto"\nsubcategory = "aead"\nnote = "n"\n'
+        "[[rule]]\nsymbol = 'memcpy'\ntransparent = true\n"
+        "[[rule]]\nkernel = true\nsubcategory = \"scheduler\"\n", "s.toml")
+    assert (mf.kind, mf.verified, len(mf.detect_dso), len(mf.detect_symbol)) == ("stack", True, 1, 1)
+    r0, r1, r2 = mf.rules
+    assert r0.source == "s.toml:10" and r0.category == "Crypto" and r0.kernel is False
+    assert r1.source == "s.toml:18" and r1.transparent and r1.category is None
+    assert r2.source == "s.toml:21" and r2.category is None and r2.subcategory == "scheduler"
+
+
+def test_shipped_files_load() -> None:
+    files = shipped()
+    names = {f.name for f in files}
+    assert {"common", "crypto", "ngtcp2", "eventloop"} <= names
+    assert len(names) == len(files)
+    for f in files:
+        assert f.rules, f.name
+        assert f.path.startswith("mappings/")
+        for r in f.rules:
+            assert r.transparent or r.category in CATEGORIES or (r.category is None and r.subcategory)
+            assert re.fullmatch(r"mappings/\w+\.toml:\d+", r.source)
+        if f.kind in ("library", "stack"):
+            assert f.detect_dso or f.detect_symbol
+
+
+def test_shipped_rule_sources_point_at_rule_headers() -> None:
+    import qprof.mappings as pkg
+    base = Path(pkg.__file__).parent
+    for f in shipped():
+        lines = (base / Path(f.path).name).read_text(encoding="utf-8").splitlines()
+        for r in f.rules:
+            assert lines[int(r.source.rsplit(":", 1)[1]) - 1].strip() == "[[rule]]"
+
+
+# ---------------------------------------------------------------- error paths
+
+
+def test_bad_toml_points_at_line() -> None:
+    assert err_line(HEAD + "\n\n[[rule]]\nsymbol = \"x\ncategory = \"Crypto\"\n") == 6
+    assert err_line(HEAD + "[[rule]]\nsymbol =\n") == 4
+    assert err_line('[mapping]\nname = "t"\nname = "u"\n') == 3
+
+
+def test_unclosed_literal_string_not_reported_at_line_1() -> None:
+    assert err_line(HEAD + "[[rule]]\nsymbol = 'x\ncategory = \"Crypto\"\n") >= 4
+
+
+def test_unknown_top_table_and_missing_header() -> None:
+    assert err_line(HEAD + "[other]\nx = 1\n") == 1
+    assert err_line("[[rule]]\nsymbol = 'x'\ncategory = \"Crypto\"\n") == 1
+
+
+def test_unknown_header_key() -> None:
+    assert err_line('\n[mapping]\nname = "t"\nbogus = 1\n') == 2
+
+
+@pytest.mark.parametrize("key,value", [
+    ("name", "5"), ("name", '"has space"'), ("name", '""'), ("kind", '"bogus"'),
+    ("version", "1"), ("description", "[]"), ("verified", '"yes"'),
+])
+def test_header_wrong_types_point_at_key(key: str, value: str) -> None:
+    others = {"name": '"t"', "kind": '"user"', "version": '"1"'}
+    others[key] = value
+    body = "".join(f"{k} = {v}\n" for k, v in others.items() if k != key)
+    text = "# comment\n[mapping]\n" + body + f"{key} = {value}\n"
+    assert err_line(text) == text.splitlines().index(f"{key} = {value}") + 1
+
+
+def test_missing_name_points_at_header() -> None:
+    assert err_line('[mapping]\nkind = "user"\n') == 1
+
+
+@pytest.mark.parametrize("kind", ["library", "stack"])
+def test_library_or_stack_without_detect(kind: str) -> None:
+    assert err_line(f'# c\n[mapping]\nname = "t"\nkind = "{kind}"\n') == 2
+    assert err_line(f'# c\n[mapping]\nname = "t"\nkind = "{kind}"\n[mapping.detect]\ndso = []\n') == 2
+
+
+def test_detect_errors() -> None:
+    assert err_line('[mapping]\nname = "t"\n[mapping.detect]\ndso = "x"\n') == 1
+    assert err_line('[mapping]\nname = "t"\n[mapping.detect]\nbogus = []\n') == 1
+    assert err_line('[mapping]\nname = "t"\n[mapping.detect]\ndso = ["("]\n') == 1
+
+
+def test_unknown_rule_key_points_at_key() -> None:
+    assert err_line(rule("symbol = 'x'", "catgory = \"Crypto\"")) == 6
+    # the second rule's key, not the first rule's line
+    text = rule("symbol = 'x'", 'category = "Crypto"', "", "[[rule]]", "dso = 'y'", "  bogus = 1",
+                'category = "I/O"')
+    assert err_line(text) == 10
+
+
+def test_unknown_quoted_rule_key_points_into_rule() -> None:
+    assert err_line(rule('"bo gus" = 1', "symbol = 'x'", 'category = "Crypto"')) in (4, 5)
+
+
+@pytest.mark.parametrize("key", ["symbol", "dso", "within"])
+def test_bad_regex_points_at_key(key: str) -> None:
+    assert err_line(rule("kernel = true", f"{key} = 'foo(('", 'category = "Crypto"')) == 6
+
+
+def test_too_long_regex() -> None:
+    assert err_line(rule("kernel = true", f"symbol = '{'a' * 2001}'", 'category = "Crypto"')) == 6
+
+
+def test_regex_repeat_overflow_is_mapping_error() -> None:
+    assert err_line(rule("symbol = 'a{4294967296}'", 'category = "Crypto"')) == 5
+
+
+def test_regex_deep_nesting_is_mapping_error() -> None:
+    pat = "(" * 1000 + ")" * 1000
+    assert err_line(rule(f"symbol = '{pat}'", 'category = "Crypto"')) == 5
+
+
+def test_deeply_nested_toml_is_mapping_error() -> None:
+    err_line(HEAD + "x = " + "[" * 2000 + "]" * 2000 + "\n")
+
+
+def test_unknown_category() -> None:
+    assert err_line(rule("symbol = 'x'", 'category = "Crypt"')) == 6
+    assert err_line(rule("symbol = 'x'", "category = 3")) == 6
+
+
+@pytest.mark.parametrize("line,bad", [
+    ("kernel = 'yes'", "kernel"), ("transparent = 1", "transparent"),
+    ('subcategory = 5', "subcategory"), ('subcategory = "  "', "subcategory"), ("symbol = 5", "symbol"),
+    ("dso = ['x']", "dso"), ("within = true", "within"),
+])
+def test_wrong_types_point_at_key(line: str, bad: str) -> None:
+    text = rule("kernel = true" if bad != "kernel" else "dso = 'x'", line,
+                'category = "Crypto"' if bad not in ("transparent",) else "")
+    assert err_line(text) == 6
+
+
+def test_rule_not_a_table() -> None:
+    assert err_line(HEAD + "rule = 3\n") == 1
+    assert err_line(HEAD + "rule = [1]\n") == 1
+
+
+def test_rule_without_matcher() -> None:
+    assert err_line(rule('category = "Crypto"', 'note = "x"')) == 4
+    text = rule("symbol = 'x'", 'category = "Crypto"', "", "[[rule]]", 'category = "I/O"')
+    assert err_line(text) == 8
+
+
+def test_rule_without_outcome() -> None:
+    assert err_line(rule("symbol = 'x'")) == 4
+    assert err_line(rule("symbol = 'x'", "transparent = false")) == 4
+
+
+def test_transparent_with_category_or_subcategory() -> None:
+    assert err_line(rule("symbol = 'x'", "transparent = true", 'category = "Crypto"')) == 4
+    assert err_line(rule("symbol = 'x'", "transparent = true", 'subcategory = "s"')) == 4
+
+
+def test_load_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(MappingError, match=r"not found"):
+        load_file(tmp_path / "none.toml")
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(MappingError, match=r"cannot read"):
+        load_file(p)
+    p.write_text(rule("symbol = '('", 'category = "Crypto"'))
+    with pytest.raises(MappingError, match=rf"^{re.escape(str(p))}:5: "):
+        load_file(p)
+
+
+# ---------------------------------------------------------------- property
+
+
+_toml_bits = st.sampled_from([
+    "[mapping]", "[[rule]]", "[mapping.detect]", 'name = "t"', "name = 1", 'kind = "stack"',
+    "symbol = '('", "symbol = 'x'", "dso = ['x']", "kernel = true", 'category = "Crypto"',
+    'category = "X"', "transparent = true", 'subcategory = "s"', "bogus = 1", "= =", "[", '"',
+    "dso = ['a', 1]", "within = '^a$'", "rule = 1", "[other]", "x = {a = 1}",
+])
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=300), st.lists(_toml_bits, max_size=12).map("\n".join)))
+def test_arbitrary_text_raises_only_mapping_error(text: str) -> None:
+    try:
+        mf = parse_mapping(text, "p.toml")
+    except MappingError as e:
+        # (line 0 is possible: see test_missing_name_points_at_header)
+        assert re.match(r"^p\.toml:\d+: ", str(e)), str(e)
+    else:
+        assert mf.name
+
+
+# ---------------------------------------------------------------- MappingSet
+
+
+def write(d: Path, fname: str, text: str) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / fname
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def user_map(name: str, kind: str | None = None, detect: str | None = None) -> str:
+    t = f'[mapping]\nname = "{name}"\n'
+    if kind:
+        t += f'kind = "{kind}"\n'
+    if detect:
+        t += f"[mapping.detect]\ndso = ['{detect}']\n"
+    return t + "[[rule]]\nsymbol = '^x$'\ncategory = \"Crypto\"\n"
+
+
+def test_for_process_selects_by_detect() -> None:
+    ms = MappingSet.load()
+    assert [f.name for f in ms.for_process([LIBC], ["main"])] == ["common"]
+    assert [f.name for f in ms.for_process([LIBC, GNUTLS], [])] == ["crypto", "common"]
+    assert [f.name for f in ms.for_process([NGTCP2, GNUTLS, LIBC], [])] == ["ngtcp2", "crypto", "common"]
+    assert [f.name for f in ms.for_process(["/usr/lib/libuv.so.1"], [])] == ["eventloop", "common"]
+
+
+def test_user_files_first_in_given_order(tmp_path: Path, _no_real_user_dir: Path) -> None:
+    a = write(tmp_path, "a.toml", user_map("zzz"))
+    b = write(tmp_path, "b.toml", user_map("aaa"))
+    udir = _no_real_user_dir / "qprof" / "mappings"
+    write(udir, "2.toml", user_map("u2"))
+    write(udir, "1.toml", user_map("u1"))
+    write(udir, "notes.txt", "ignored")
+    ms = MappingSet.load([str(a), str(b)])
+    got = [f.name for f in ms.for_process([NGTCP2, GNUTLS], [])]
+    assert got == ["zzz", "aaa", "u1", "u2", "ngtcp2", "crypto", "common"]
+    assert all(f.kind == "user" for f in ms.files[:4])
+
+
+def test_user_file_replaces_shipped_by_name(tmp_path: Path) -> None:
+    p = write(tmp_path, "c.toml", user_map("crypto"))
+    ms = MappingSet.load([str(p)])
+    crypto = [f for f in ms.files if f.name == "crypto"]
+    assert len(crypto) == 1 and crypto[0].path == str(p)
+    got = ms.for_process([GNUTLS], [])
+    assert [f.name for f in got] == ["crypto", "common"]
+    assert got[0].path == str(p)
+
+
+def test_user_stack_file_with_detect_outranks_shipped_stack(tmp_path: Path) -> None:
+    p = write(tmp_path, "mine.toml", user_map("mystack", "stack", r"libngtcp2\.so"))
+    ms = MappingSet.load([str(p)])
+    assert [f.name for f in ms.for_process([NGTCP2], [])] == ["mystack", "ngtcp2", "common"]
+    assert [f.name for f in ms.for_process([LIBC], [])] == ["common"]
+
+
+def test_detect_by_symbol() -> None:
+    mf = parse_mapping('[mapping]\nname = "s"\nkind = "library"\n[mapping.detect]\nsymbol = ["^quiche_"]\n', "s")
+    ms = MappingSet([mf] + shipped())
+    assert "s" in [f.name for f in ms.for_process([], ["quiche_conn_send"])]
+    assert "s" not in [f.name for f in ms.for_process([], ["main"])]
+
+
+def test_bad_user_dir_file_is_an_error(_no_real_user_dir: Path) -> None:
+    write(_no_real_user_dir / "qprof" / "mappings", "bad.toml", "[mapping\n")
+    with pytest.raises(MappingError, match=r"bad\.toml:1: "):
+        MappingSet.load()
