@@ -36,7 +36,7 @@ def main() -> None:
     marks: dict[str, float] = {}
 
     def status(msg: str) -> None:
-        if msg.startswith("stopping perf"):
+        if msg.startswith("stopping ("):
             marks["stop"] = time.monotonic()
         if msg.startswith("resolving symbols"):
             marks["fold"] = time.monotonic()

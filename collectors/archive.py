@@ -7,6 +7,8 @@ A run is a directory:
   perf-<mode>.data raw perf samples, one file per unwinding mode used
   stacks.jsonl.gz  folded, symbolised stacks (collectors.stacks)
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
+  probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
+                   probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output
 Mappings are not applied here: reports apply them later, on any machine.
 """
 
@@ -20,12 +22,14 @@ from typing import Any, Iterator
 
 from qprof.collectors.stacks import StackRecord, read_stacks
 from qprof.errors import QprofError
+from qprof.probes.bpftrace import read_maps
 
 FORMAT = "qprof-run"
 VERSION = 1
 META = "meta.json"
 STACKS = "stacks.jsonl.gz"
 PROC = "proc.jsonl"
+PROBES = "probes.json"
 
 STATUS_COLLECTING = "collecting"
 STATUS_COMPLETE = "complete"
@@ -105,6 +109,22 @@ class Run:
 
     def stacks(self) -> Iterator[StackRecord]:
         return read_stacks(self.stacks_path)
+
+    def probes(self) -> dict[str, Any] | None:
+        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
+        p = self.path / PROBES
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise QprofError(f"{p}: unreadable probe record ({e})") from None
+        if not isinstance(data, dict):
+            raise QprofError(f"{p}: not a probe record")
+        for prog in (data.get("programs") or {}).values():
+            if isinstance(prog, dict) and "maps" not in prog and prog.get("output"):
+                prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
+        return data
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:
         """Per-thread /proc readings in time order; a line cut by a kill is skipped."""

@@ -27,12 +27,14 @@ from qprof import __version__
 from qprof.collectors import archive, elf, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
 from qprof.collectors.perfscript import ParseStats, parse_samples
+from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
 from qprof.collectors.stacks import fold, write_stacks
 from qprof.errors import QprofError
 from qprof.probes.features import require_perf, require_sampling_privileges
 
 DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms timers
 POLL_TICK = 0.05  # s between checks of the stop conditions
+SOCKET_INTERVAL = 1.0  # s between socket-table readings (ss: ~10 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
 
 
@@ -46,6 +48,7 @@ class AttachOptions:
     event: str = DEFAULT_EVENT
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
+    probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
 
 
 def _now() -> str:
@@ -91,6 +94,7 @@ class AttachSession:
         self.stop_when = stop_when
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
+        self.probes: ProbeCollector | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
@@ -118,6 +122,8 @@ class AttachSession:
             self._finish(out, archive.STATUS_INCOMPLETE, "interrupted again while writing: "
                          "perf data kept, run `qprof report --refold` to fold it")
         except BaseException as e:
+            if self.probes is not None:
+                self.probes.abort()
             for r in self.recorders:
                 r.stop()
             reason = str(e) if isinstance(e, QprofError) else f"{type(e).__name__}: {e}"
@@ -165,10 +171,12 @@ class AttachSession:
             "sampling": {"event": opts.event, "frequency": opts.frequency,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
                                     for m, p in groups.items()]},
-            "targets": targets, "requested_duration_s": opts.duration,
+            "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
             "start_time": None, "end_time": None,
         }
         archive.write_json_atomic(out / archive.META, self.meta)
+        self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
+        self.probes.start()  # before perf: bpftrace needs ~1 s to compile, perf is enabled at once
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
                                out / archive.perf_data_name(mode), out / f"perf-{mode}.log")
@@ -188,7 +196,8 @@ class AttachSession:
         self.meta["end_time"] = _now()
         self.meta["stop_reason"] = self._stop_reason
         self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
-        self.status(f"stopping perf ({self._stop_reason})")
+        self.status(f"stopping ({self._stop_reason})")
+        self.probes.stop()
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
         self.status("resolving symbols and folding stacks (perf script)")
         stats = fold_run(perf, out, self.meta)
@@ -199,6 +208,7 @@ class AttachSession:
     def _poll(self, out: Path, start: float) -> None:
         opts = self.opts
         next_reading = 0.0
+        next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
         with open(out / archive.PROC, "a", encoding="utf-8") as procf:
             while True:
                 now = time.monotonic()
@@ -206,6 +216,9 @@ class AttachSession:
                     procf.write(json.dumps(procfs.reading(opts.pids), separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
+                if now >= next_sockets and self.probes is not None:
+                    self.probes.poll_sockets()
+                    next_sockets = now + SOCKET_INTERVAL
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:

@@ -7,7 +7,9 @@ clear line, not a perf error deep in a log.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 
 from qprof.errors import QprofError
 
@@ -57,3 +59,15 @@ def require_perf() -> str:
     if path is None:
         raise QprofError("perf not found on PATH: install it (Debian: apt-get install linux-perf)")
     return path
+
+
+def bpftrace_version() -> str | None:
+    path = shutil.which("bpftrace")
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", out)
+    return m.group(1) if m else None

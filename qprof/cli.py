@@ -65,20 +65,23 @@ def _default_out() -> Path:
 @click.option("-F", "--frequency", type=int, default=999, show_default=True, help="Samples per second per thread.")
 @click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
               help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise.")
+@click.option("--probes", "probes", default="default", show_default=True,
+              help="eBPF probe groups beside sampling: default, none, or a comma list (packetio).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
 def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, frequency: int,
-           unwind: str, quiet: bool) -> None:
+           unwind: str, probes: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Stops at --duration, on Ctrl-C, or when every target has exited; the
     archive keeps whatever was collected. Needs root (perf sampling of other
     processes' kernel stacks).
     """
+    from qprof.collectors.probes import parse_groups
     from qprof.collectors.session import AttachOptions, AttachSession
 
     opts = AttachOptions(pids=list(pids), out=out or _default_out(), duration=duration,
-                         frequency=frequency, unwind=unwind)
+                         frequency=frequency, unwind=unwind, probes=parse_groups(probes))
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))
@@ -101,8 +104,8 @@ def report(run: Path, fmt: str, mappings: tuple[str, ...], top: int, refold: boo
 
 
 def print_report(run_path: Path, fmt: str, mappings: list[str], top: int, refold: bool = False) -> None:
+    from qprof.attribution.analysis import analyse_run
     from qprof.attribution.mapping import MappingSet
-    from qprof.attribution.profile import attribute
     from qprof.collectors.archive import Run
 
     if top < 1:
@@ -113,15 +116,15 @@ def print_report(run_path: Path, fmt: str, mappings: list[str], top: int, refold
     if not run.has_stacks():
         raise QprofError(f"{run_path} has no folded stacks (collection was cut short: {run.meta.get('status')}); "
                          f"run `qprof report --refold {run_path}` on the host that recorded it")
-    profile = attribute(run, MappingSet.load(mappings))
+    analysis = analyse_run(run, MappingSet.load(mappings))
     if fmt == "json":
         from qprof.viewer.json_report import to_dict
 
-        click.echo(json.dumps(to_dict(profile, top), indent=1))
+        click.echo(json.dumps(to_dict(analysis, top), indent=1))
     else:
         from qprof.viewer.terminal import render
 
-        render(profile, Console(highlight=False), top)
+        render(analysis, Console(highlight=False), top)
 
 
 def _refold(run: Any) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
 from qprof.attribution.mapping import MappingSet
-from qprof.attribution.profile import attribute
+from qprof.attribution.analysis import analyse_run
 from qprof.collectors import archive
 from qprof.collectors.archive import Run, create_run_dir
 from qprof.collectors.perfscript import Sample
@@ -347,7 +347,7 @@ def _fake_run(root: Path) -> Path:
 
 def test_end_to_end_json_contract(tmp_path: Path) -> None:
     run = Run.open(_fake_run(tmp_path))
-    report = to_dict(attribute(run, MappingSet.load()))
+    report = to_dict(analyse_run(run, MappingSet.load()))
     report = json.loads(json.dumps(report))  # it must be plain JSON
     assert report["categories"] == list(CATEGORIES)
     procs = {p["pid"]: p for p in report["processes"]}
@@ -404,7 +404,7 @@ def test_end_to_end_non_time_event(tmp_path: Path) -> None:
     meta = json.loads((out / archive.META).read_text())
     meta["sampling"]["event"] = "cycles"
     archive.write_json_atomic(out / archive.META, meta)
-    report = to_dict(attribute(Run.open(out), MappingSet.load()))
+    report = to_dict(analyse_run(Run.open(out), MappingSet.load()))
     total = sum(p["cpu_seconds"] for p in report["processes"])
     assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency
     for p in report["processes"]:

@@ -73,7 +73,7 @@ def test_shipped_files_load() -> None:
         assert f.path.startswith("mappings/")
         for r in f.rules:
             assert r.transparent or r.category in CATEGORIES or (r.category is None and r.subcategory)
-            assert re.fullmatch(r"mappings/\w+\.toml:\d+", r.source)
+            assert re.fullmatch(r"mappings/[\w.-]+\.toml:\d+", r.source)
         if f.kind in ("library", "stack"):
             assert f.detect_dso or f.detect_symbol
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.analysis import Analysis
 from qprof.attribution.profile import Breakdown, Profile
 
 
@@ -37,7 +38,8 @@ def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
     }
 
 
-def to_dict(profile: Profile, top: int = 10) -> dict[str, Any]:
+def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
+    profile = analysis.profile
     meta = profile.run.meta
     procs = []
     for p in profile.processes:
@@ -66,4 +68,6 @@ def to_dict(profile: Profile, top: int = 10) -> dict[str, Any]:
         "categories": list(CATEGORIES),
         "processes": procs,
         "targets_without_samples": profile.empty_targets,
+        "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
+        "recommendations": [r.to_json() for r in analysis.recommendations],
     }

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.analysis import Analysis
+from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import ProcessProfile, Profile
 
 # One colour per category, shared with the flamegraph palette's hue families.
@@ -80,7 +84,66 @@ def _threads_table(p: ProcessProfile, profile: Profile) -> Table:
     return t
 
 
-def render(profile: Profile, console: Console, top: int = 5) -> None:
+def _fmt(x: float | int | None, spec: str = ",") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _packet_io_table(p: ProcessPacketIO) -> Table:
+    t = Table(title="packet I/O (probes)", title_justify="left", show_edge=False, pad_edge=False)
+    t.add_column("")
+    t.add_column("syscalls", justify="right")
+    t.add_column("datagrams", justify="right")
+    t.add_column("per call", justify="right")
+    t.add_column("MB", justify="right")
+    t.add_column("offload")
+    gso, gro = p.gso, p.gro
+    gso_txt = (f"GSO ({gso['enabled']}): {gso['gso_sends']:,} sends x {_fmt(gso['segments_per_gso_send'], '.1f')} "
+               f"segs" if gso["gso_sends"] else f"no GSO (socket: {gso['enabled']})")
+    gro_txt = (f"GRO: {gro['coalesced_receives']:,} receives x {_fmt(gro['datagrams_per_receive'], '.1f')}"
+               if gro["coalesced_receives"] else f"no GRO (socket: {gro['enabled']})")
+    for name, d, off in (("send", p.tx, gso_txt), ("receive", p.rx, gro_txt)):
+        extra = f"; {d.mmsg_calls:,} mmsg calls" if d.mmsg_calls else ""
+        t.add_row(name, f"{d.syscalls:,}", f"{d.dgrams:,}", _fmt(d.per_syscall(), ".2f"),
+                  f"{d.bytes / 1e6:,.1f}", Text(off + extra))
+    return t
+
+
+def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
+    notes = [f"ACK ratio (datagrams received per sent) {_fmt(p.ack_ratio, '.3f')}"]
+    if p.rx.empty:
+        notes.append(f"{p.rx.empty:,} receive calls found nothing")
+    if p.drops:
+        notes.append("drops at its sockets: " + ", ".join(f"{n:,} {r}" for r, n in p.drops.items()))
+    say("  " + "; ".join(notes))
+    for sk in p.sockets:
+        first, last = sk.get("first") or {}, sk.get("last") or {}
+        d = (last.get("drops") or 0) - (first.get("drops") or 0)
+        say(f"  socket {sk.get('local')}: SO_RCVBUF {_fmt(last.get('rcvbuf'))} B, SO_SNDBUF "
+            f"{_fmt(last.get('sndbuf'))} B, drops during run {d:,}")
+
+
+def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
+    sq = pio.softirq
+    if sq.get("total_s"):
+        share = sq.get("in_target_share")
+        say(f"network softirq: {sq['total_s']:.3f} CPU s on {len(sq['per_cpu'])} CPU(s), "
+            f"{_fmt(share, '.0%')} of it in the targets' own threads")
+    for ns, mib in pio.udp_mib.items():
+        bad = {k: v for k, v in mib.items() if v and k not in ("InDatagrams", "OutDatagrams")}
+        say(f"UDP counters ({ns}): in {mib.get('InDatagrams', 0):,}, out {mib.get('OutDatagrams', 0):,}"
+            + ("; " + ", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "; no errors"))
+    if pio.sysctl:
+        say("buffers: " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in pio.sysctl.items()
+                                    if k.startswith("net.core")))
+    if pio.cost:
+        say(f"probe cost: {pio.cost['bpf_run_time_ns'] / 1e9:.3f} CPU s in BPF programs over "
+            f"{pio.cost['bpf_run_cnt']:,} probe hits")
+    for u in pio.unavailable:
+        say(f"probe {u['probe']} unavailable: {u['reason']}", "yellow")
+
+
+def render(analysis: Analysis, console: Console, top: int = 5) -> None:
+    profile, pio = analysis.profile, analysis.packet_io
     meta = profile.run.meta
     s = meta.get("sampling", {})
     host = meta.get("host", {})
@@ -104,5 +167,17 @@ def render(profile: Profile, console: Console, top: int = 5) -> None:
         console.print(_symbols_table(p, top))
         if len(p.threads) > 1:
             console.print(_threads_table(p, profile))
+        if pio is not None and p.pid in pio.processes:
+            console.print(_packet_io_table(pio.processes[p.pid]))
+            _packet_io_notes(pio.processes[p.pid], say)
     for e in profile.empty_targets:
         say(f"\npid {e['pid']} {e['comm']}: no samples (idle or exited before sampling)")
+    if pio is not None:
+        console.print()
+        _run_wide(pio, say)
+    if analysis.recommendations:
+        console.print()
+        say("recommendations", "bold")
+        for r in analysis.recommendations:
+            say(f"- {r.topic}: {r.finding}")
+            say(f"  -> {r.advice}", "green")

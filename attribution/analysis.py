@@ -1,0 +1,27 @@
+"""Everything a report shows, computed once from a run archive: the shared entry for viewers and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qprof.attribution.mapping import MappingSet
+from qprof.attribution.packetio import PacketIO, analyse
+from qprof.attribution.profile import Profile, attribute
+from qprof.attribution.recommend import Recommendation, recommend
+from qprof.collectors.archive import Run
+
+
+@dataclass
+class Analysis:
+    profile: Profile
+    packet_io: PacketIO | None
+    recommendations: list[Recommendation]
+
+
+def analyse_run(run: Run, mappings: MappingSet) -> Analysis:
+    profile = attribute(run, mappings)
+    targets = run.meta.get("targets", [])
+    pio = analyse(run.probes() or {}, [int(t["pid"]) for t in targets])
+    comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
+    recs = recommend(pio, comms) if pio is not None else []
+    return Analysis(profile, pio, recs)

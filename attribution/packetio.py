@@ -1,0 +1,218 @@
+"""Packet I/O efficiency from the probes: batching, GSO/GRO, drops, buffers, softirq.
+
+Turns the raw probe maps of a run (probes.json) into per-process figures a
+QUIC maintainer acts on: datagrams per syscall each way, whether GSO/GRO were
+enabled on the socket and what the kernel actually did, the ACK ratio
+(datagrams received per datagram sent), drops matched to the targets' ports
+with their kernel reason, socket buffer sizes against the system defaults, and
+network softirq time with the share that ran in the targets' own threads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+_MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
+             "MemErrors", "InCsumErrors")
+
+
+def _keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
+    out = []
+    for k, v in (m or {}).items():
+        try:
+            out.append(([int(x) for x in str(k).split(",")], int(v)))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _median_of_hist(h: list[dict[str, int]] | None) -> float | None:
+    """Median bucket midpoint of a bpftrace lhist (buckets of min/max/count)."""
+    if not h:
+        return None
+    total = sum(b.get("count", 0) for b in h)
+    if total == 0:
+        return None
+    acc = 0
+    for b in h:
+        acc += b.get("count", 0)
+        if acc * 2 >= total:
+            return (b.get("min", 0) + b.get("max", b.get("min", 0))) / 2
+    return None
+
+
+@dataclass
+class Direction:
+    """One direction (tx or rx) of one process or thread."""
+
+    msgs: int = 0
+    bytes: int = 0
+    dgrams: int = 0
+    skbs: int = 0
+    mmsg_calls: int = 0
+    mmsg_msgs: int = 0
+    empty: int = 0  # rx: receive calls that found nothing (EAGAIN)
+    errors: int = 0
+    offload_skbs: int = 0  # tx: GSO skbs; rx: GRO-coalesced skbs
+    offload_socket_msgs: int = 0  # tx: msgs on sockets with UDP_SEGMENT set; rx: with UDP_GRO set
+
+    @property
+    def syscalls(self) -> int:
+        """Calls that moved data: one per message, except a sendmmsg/recvmmsg counts once."""
+        return max(0, self.msgs - self.mmsg_msgs + self.mmsg_calls)
+
+    def per_syscall(self) -> float | None:
+        return self.dgrams / self.syscalls if self.syscalls else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"syscalls": self.syscalls, "messages": self.msgs, "bytes": self.bytes, "datagrams": self.dgrams,
+                "skbs": self.skbs, "mmsg_calls": self.mmsg_calls, "empty_calls": self.empty,
+                "errors": self.errors, "datagrams_per_syscall": _r(self.per_syscall())}
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+@dataclass
+class ProcessPacketIO:
+    pid: int
+    tx: Direction = field(default_factory=Direction)
+    rx: Direction = field(default_factory=Direction)
+    threads: dict[int, tuple[Direction, Direction]] = field(default_factory=dict)
+    ports: set[int] = field(default_factory=set)
+    gso_segment_size: float | None = None
+    gso_segs_median: float | None = None
+    gro_segs_median: float | None = None
+    sockets: list[dict[str, Any]] = field(default_factory=list)
+    drops: dict[str, int] = field(default_factory=dict)  # reason name -> datagrams dropped at our ports
+
+    def thread(self, tid: int) -> tuple[Direction, Direction]:
+        return self.threads.setdefault(tid, (Direction(), Direction()))
+
+    @property
+    def gso(self) -> dict[str, Any]:
+        enabled = "socket option" if self.tx.offload_socket_msgs else (
+            "per-call cmsg" if self.tx.offload_skbs else "no")
+        used = self.tx.offload_skbs
+        return {"enabled": enabled, "gso_sends": used,
+                "segments_per_gso_send": _r((self.tx.dgrams - (self.tx.skbs - used)) / used) if used else None,
+                "segment_size": self.gso_segment_size}
+
+    @property
+    def gro(self) -> dict[str, Any]:
+        return {"enabled": "socket option" if self.rx.offload_socket_msgs else "no",
+                "coalesced_receives": self.rx.offload_skbs,
+                "datagrams_per_receive": _r(self.rx.dgrams / self.rx.skbs) if self.rx.skbs else None}
+
+    @property
+    def ack_ratio(self) -> float | None:
+        """Datagrams received per datagram sent (a bulk receiver's is its ACK frequency, inverted)."""
+        return _r(self.rx.dgrams / self.tx.dgrams) if self.tx.dgrams else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
+                "ack_ratio": self.ack_ratio, "ports": sorted(self.ports), "sockets": self.sockets,
+                "drops": self.drops,
+                "threads": {str(t): {"tx": a.to_json(), "rx": b.to_json()} for t, (a, b) in sorted(self.threads.items())}}
+
+
+@dataclass
+class PacketIO:
+    """The whole run's packet I/O picture."""
+
+    processes: dict[int, ProcessPacketIO]
+    softirq: dict[str, Any]
+    udp_mib: dict[str, dict[str, int]]
+    sysctl: dict[str, str]
+    host_drops: dict[str, int]
+    cost: dict[str, Any] | None
+    unavailable: list[dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
+                "softirq": self.softirq, "udp_mib_delta": self.udp_mib, "sysctl": self.sysctl,
+                "host_drops": self.host_drops, "probe_cost": self.cost, "unavailable": self.unavailable}
+
+
+_DIR_MAPS = {
+    # map -> (direction, Direction attribute)
+    "@tx_msgs": ("tx", "msgs"), "@tx_bytes": ("tx", "bytes"), "@tx_errors": ("tx", "errors"),
+    "@tx_dgrams": ("tx", "dgrams"), "@tx_skbs": ("tx", "skbs"), "@tx_mmsg_calls": ("tx", "mmsg_calls"),
+    "@tx_mmsg_msgs": ("tx", "mmsg_msgs"), "@tx_gso_skbs": ("tx", "offload_skbs"),
+    "@tx_gso_sockopt_msgs": ("tx", "offload_socket_msgs"),
+    "@rx_msgs": ("rx", "msgs"), "@rx_bytes": ("rx", "bytes"), "@rx_empty": ("rx", "empty"),
+    "@rx_dgrams": ("rx", "dgrams"), "@rx_skbs": ("rx", "skbs"), "@rx_mmsg_calls": ("rx", "mmsg_calls"),
+    "@rx_mmsg_msgs": ("rx", "mmsg_msgs"), "@rx_gro_skbs": ("rx", "offload_skbs"),
+    "@rx_gro_socket_msgs": ("rx", "offload_socket_msgs"),
+}
+
+
+def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
+    """Build the packet I/O picture; None when the run has no probe data."""
+    prog = probes.get("programs", {}).get("packetio")
+    maps: dict[str, Any] = (prog or {}).get("maps") or {}
+    procs: dict[int, ProcessPacketIO] = {p: ProcessPacketIO(p) for p in pids}
+    for name, (direction, attr) in _DIR_MAPS.items():
+        for key, value in _keyed(maps.get(name)):
+            if len(key) < 2 or key[0] not in procs:
+                continue
+            proc = procs[key[0]]
+            for d in (getattr(proc, direction), proc.thread(key[1])[0 if direction == "tx" else 1]):
+                setattr(d, attr, getattr(d, attr) + value)
+            if len(key) >= 3 and key[2]:
+                proc.ports.add(key[2])
+    for pid, proc in procs.items():
+        proc.gso_segment_size = _median_of_hist((maps.get("@tx_gso_size") or {}).get(str(pid)))
+        proc.gso_segs_median = _median_of_hist((maps.get("@tx_gso_segs") or {}).get(str(pid)))
+        proc.gro_segs_median = _median_of_hist((maps.get("@rx_gro_segs") or {}).get(str(pid)))
+    names = probes.get("drop_reason_names", {})
+    for sk in probes.get("sockets", []):
+        for pid in sk.get("pids", []):
+            if pid in procs:
+                procs[pid].sockets.append(sk)
+                if sk.get("port"):
+                    procs[pid].ports.add(sk["port"])
+    port_owner = {port: pid for pid, p in procs.items() for port in p.ports}
+    for (reason, port), n in ((tuple(k[:2]), v) for k, v in _keyed(maps.get("@udp_drops")) if len(k) >= 2):
+        if port in port_owner:
+            label = names.get(str(reason), str(reason))
+            d = procs[port_owner[port]].drops
+            d[label] = d.get(label, 0) + n
+    host_drops: dict[str, int] = defaultdict(int)
+    for key, n in _keyed(maps.get("@drops")):
+        host_drops[names.get(str(key[0]), str(key[0]))] += n
+    if prog is None and not probes.get("sockets"):
+        return None
+    return PacketIO(procs, _softirq(maps), _mib_delta(probes), probes.get("before", {}).get("sysctl", {}),
+                    dict(host_drops), probes.get("cost"), probes.get("unavailable", []))
+
+
+def _softirq(maps: dict[str, Any]) -> dict[str, Any]:
+    per_cpu: dict[int, dict[str, float]] = defaultdict(lambda: {"net_rx_s": 0.0, "net_tx_s": 0.0,
+                                                                "in_target_s": 0.0})
+    for key, ns in _keyed(maps.get("@softirq_ns")):
+        if len(key) < 3:
+            continue
+        cpu, vec, in_target = key[:3]
+        slot = per_cpu[cpu]
+        slot["net_rx_s" if vec == 3 else "net_tx_s"] += ns / 1e9
+        if in_target:
+            slot["in_target_s"] += ns / 1e9
+    total = sum(v["net_rx_s"] + v["net_tx_s"] for v in per_cpu.values())
+    in_target = sum(v["in_target_s"] for v in per_cpu.values())
+    return {"per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
+            "total_s": round(total, 6), "in_target_s": round(in_target, 6),
+            "in_target_share": _r(in_target / total) if total else None}
+
+
+def _mib_delta(probes: dict[str, Any]) -> dict[str, dict[str, int]]:
+    before = probes.get("before", {}).get("udp_mib", {})
+    after = probes.get("after", {}).get("udp_mib", {})
+    out = {}
+    for ns, a in after.items():
+        b = before.get(ns, {}).get("udp", {})
+        out[ns] = {k: a["udp"].get(k, 0) - b.get(k, 0) for k in _MIB_KEYS if k in a.get("udp", {})}
+    return out

@@ -1,0 +1,139 @@
+"""Network facts read without probes: UDP MIB counters, socket buffers, sysctls, softirq counts.
+
+Read at the start and the end of a run; differences are the run's. Counters
+are read in each target's own network namespace (/proc/PID/net, nsenter),
+so targets in other namespaces are measured where they live.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any
+
+SYSCTLS = ("net/core/rmem_default", "net/core/rmem_max", "net/core/wmem_default", "net/core/wmem_max",
+           "net/ipv4/udp_mem", "net/ipv4/udp_rmem_min", "net/ipv4/udp_wmem_min")
+_SKMEM = re.compile(r"skmem:\(([^)]*)\)")
+_USER = re.compile(r'\("((?:[^"\\]|\\.)*)",pid=(\d+),fd=(\d+)\)')
+_SKMEM_KEYS = {"r": "rmem_alloc", "rb": "rcvbuf", "t": "wmem_alloc", "tb": "sndbuf", "d": "drops"}
+
+
+def netns_id(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def udp_mib(pid: int) -> dict[str, int]:
+    """Udp and Udp6 counters of the target's network namespace."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/net/snmp", encoding="ascii") as f:
+            lines = [ln.split() for ln in f if ln.startswith("Udp:")]
+        if len(lines) == 2:
+            out.update({k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])})
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/net/snmp6", encoding="ascii") as f:
+            for ln in f:
+                k, _, v = ln.partition(" ")
+                if k.startswith("Udp6"):
+                    out[k] = int(v)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def sysctls() -> dict[str, str]:
+    out = {}
+    for name in SYSCTLS:
+        try:
+            with open(f"/proc/sys/{name}", encoding="ascii") as f:
+                out[name.replace("/", ".")] = " ".join(f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def parse_ss(text: str, pids: set[int]) -> list[dict[str, Any]]:
+    """Sockets of `pids` from `ss -uamnpH` output (a socket line, then its skmem line)."""
+    socks: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = _SKMEM.search(line)
+        if m and current is not None:
+            for item in m.group(1).split(","):
+                key = item.rstrip("0123456789")
+                if key in _SKMEM_KEYS and item[len(key):].isdigit():
+                    current[_SKMEM_KEYS[key]] = int(item[len(key):])
+            continue
+        if not line or line[0].isspace():
+            continue
+        parts = line.split()
+        users = [(int(p), int(fd)) for _, p, fd in _USER.findall(line)]
+        mine = [(p, fd) for p, fd in users if p in pids]
+        current = None
+        if len(parts) >= 4 and mine:
+            current = {"local": parts[3], "peer": parts[4] if len(parts) > 4 else "",
+                       "port": _port(parts[3]), "pids": sorted({p for p, _ in mine}),
+                       "fds": sorted({fd for _, fd in mine})}
+            socks.append(current)
+    return socks
+
+
+def _port(addr: str) -> int | None:
+    tail = addr.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def udp_sockets(pids: list[int]) -> tuple[list[dict[str, Any]], str | None]:
+    """UDP sockets of the targets with buffer sizes and drop counters, per network namespace."""
+    ss = shutil.which("ss")
+    if ss is None:
+        return [], "ss not found (Debian: apt-get install iproute2)"
+    by_ns: dict[str, list[int]] = {}
+    for p in pids:
+        ns = netns_id(p)
+        if ns is not None:
+            by_ns.setdefault(ns, []).append(p)
+    socks: list[dict[str, Any]] = []
+    mine = netns_id(os.getpid())
+    for ns, members in by_ns.items():
+        cmd = [ss, "-uamnpH"]
+        if ns != mine:
+            cmd = ["nsenter", f"--net=/proc/{members[0]}/ns/net", *cmd]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError) as e:
+            return socks, f"ss failed: {e}"
+        socks += parse_ss(r.stdout, set(members))
+    return socks, None
+
+
+def softirq_counts() -> dict[str, list[int]]:
+    """NET_RX/NET_TX softirq runs per CPU since boot (/proc/softirqs)."""
+    out: dict[str, list[int]] = {}
+    try:
+        with open("/proc/softirqs", encoding="ascii") as f:
+            for ln in f:
+                name, _, rest = ln.partition(":")
+                if name.strip() in ("NET_RX", "NET_TX"):
+                    out[name.strip()] = [int(x) for x in rest.split()]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def snapshot(pids: list[int]) -> dict[str, Any]:
+    """Namespace-wide counters and host settings at one moment (sockets are tracked separately)."""
+    mibs: dict[str, Any] = {}
+    for p in pids:
+        ns = netns_id(p)
+        if ns is not None and ns not in mibs:
+            mibs[ns] = {"pids": [q for q in pids if netns_id(q) == ns], "udp": udp_mib(p)}
+    return {"time": time.time(), "udp_mib": mibs, "sysctl": sysctls(), "softirqs": softirq_counts()}

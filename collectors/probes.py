@@ -1,0 +1,237 @@
+"""eBPF probes beside perf: start, stop and record them in the run archive (probes.json).
+
+Probe groups:
+  packetio  UDP messages/bytes per thread, mmsg batching, GSO segments per send,
+            GRO per receive, network softirq time per CPU, drops (default)
+The group list is what `qprof attach --probes` takes. Socket buffers, UDP MIB
+counters and sysctls are read without probes at start and end of every run.
+
+Probe cost is measured, not guessed: BPF run-time statistics are switched on
+with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
+the global setting cannot outlive qprof even after SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from qprof.collectors import archive, netstat
+from qprof.errors import QprofError
+from qprof.probes import btf
+from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
+from qprof.probes.features import bpftrace_version
+
+GROUPS = ("packetio",)
+DEFAULT_GROUPS = ("packetio",)
+_SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
+_NR_BPF = 321  # x86_64
+_BPF_ENABLE_STATS = 32
+_BPF_STATS_RUN_TIME = 0
+
+
+def parse_groups(text: str) -> tuple[str, ...]:
+    """`--probes` value: 'default', 'none', or a comma list of groups."""
+    text = text.strip()
+    if text == "default":
+        return DEFAULT_GROUPS
+    if text == "none":
+        return ()
+    groups = tuple(g.strip() for g in text.split(",") if g.strip())
+    bad = [g for g in groups if g not in GROUPS]
+    if bad or not groups:
+        raise QprofError(f"unknown probe group {', '.join(bad) or repr(text)}: use default, none, "
+                         f"or a comma list of {', '.join(GROUPS)}")
+    return groups
+
+
+def enable_bpf_stats() -> tuple[int | None, str | None]:
+    """(fd, None) while run-time stats are on; (None, reason) when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0)
+    fd = libc.syscall(_NR_BPF, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+    if fd < 0:
+        return None, f"BPF_ENABLE_STATS refused: {os.strerror(ctypes.get_errno())}"
+    return fd, None
+
+
+def owned_prog_ids(pids: set[int]) -> set[int]:
+    """Ids of the BPF programs these processes hold open (fdinfo `prog_id:`); no bpftool pid support needed."""
+    ids: set[int] = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fdinfo")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("prog_id:"):
+                            ids.add(int(line.split()[1]))
+            except (OSError, ValueError):
+                continue
+    return ids
+
+
+def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:
+    """run_time_ns/run_cnt of the BPF programs the given processes hold (bpftool prog show)."""
+    bpftool = shutil.which("bpftool")
+    ids = owned_prog_ids(owner_pids)
+    if bpftool is None or not ids:
+        return []
+    try:
+        r = subprocess.run([bpftool, "prog", "show", "-j"], capture_output=True, text=True, timeout=20)
+        progs = json.loads(r.stdout or "[]")
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
+        return []
+    return [{"id": p.get("id"), "type": p.get("type"), "name": p.get("name"),
+             "run_time_ns": p.get("run_time_ns", 0), "run_cnt": p.get("run_cnt", 0)}
+            for p in progs if p.get("id") in ids]
+
+
+def _descendants(pid: int) -> set[int]:
+    """pid and its children (unshare -> sh -> bpftrace keeps one pid through exec)."""
+    found = {pid}
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                for c in f.read().split():
+                    found |= _descendants(int(c))
+    except OSError:
+        pass
+    return found
+
+
+class ProbeCollector:
+    """Runs the selected probe groups for one attach session."""
+
+    def __init__(self, out: Path, pids: list[int], groups: tuple[str, ...],
+                 status: Callable[[str], None]) -> None:
+        self.out, self.pids, self.groups, self.status = out, pids, groups, status
+        self.record: dict[str, Any] = {"groups": list(groups), "unavailable": [], "programs": {}}
+        self.procs: list[BpftraceProcess] = []
+        self._stats_fd: int | None = None
+        self._sockets: dict[str, dict[str, Any]] = {}
+
+    def poll_sockets(self) -> None:
+        """Track the targets' UDP sockets over the run: buffers and drop counters when first
+        and last seen, so sockets opened after the start or closed before the end count too."""
+        socks, err = netstat.udp_sockets(self.pids)
+        if err:
+            self.record["sockets_error"] = err
+        now = round(time.time(), 3)
+        for sk in socks:
+            key = f"{sk['local']} {sk['peer']} {sk['pids']} {sk['fds']}"
+            seen = self._sockets.get(key)
+            if seen is None:
+                self._sockets[key] = {**{k: v for k, v in sk.items() if k not in _SOCKET_COUNTERS},
+                                      "first": {k: sk.get(k) for k in _SOCKET_COUNTERS}, "first_time": now,
+                                      "last": {k: sk.get(k) for k in _SOCKET_COUNTERS}, "last_time": now}
+            else:
+                seen["last"] = {k: sk.get(k) for k in _SOCKET_COUNTERS}
+                seen["last_time"] = now
+        self.record["sockets"] = list(self._sockets.values())
+
+    def _save(self) -> None:
+        archive.write_json_atomic(self.out / archive.PROBES, self.record)
+
+    def _template_values(self) -> dict[str, str]:
+        gro_bit = btf.enumerator("UDP_FLAGS_GRO_ENABLED")
+        fail_fields = btf.tracepoint_fields("udp_fail_queue_rcv_skb")
+        missing = [tp for tp in ("sock_send_length", "sock_recv_length", "net_dev_start_xmit",
+                                 "skb_copy_datagram_iovec", "kfree_skb")
+                   if not btf.tracepoint_exists(tp)]
+        if missing:
+            raise QprofError(f"this kernel lacks tracepoint(s) {', '.join(missing)} "
+                             "(sock_*_length need Linux 6.3+): run with --probes none")
+        if gro_bit is None:
+            raise QprofError("this kernel's udp_sock has no UDP_FLAGS_GRO_ENABLED (Linux 6.5+ layout): "
+                             "run with --probes none")
+        return {"TARGET": pid_predicate(self.pids), "GRO_BIT": str(gro_bit),
+                "UDP_FAIL_PORT": "args->dport" if "dport" in fail_fields else "args->lport"}
+
+    def start(self) -> None:
+        """Snapshot counters, then start every probe group; a group that cannot run is recorded and skipped."""
+        self.record["before"] = netstat.snapshot(self.pids)
+        self.poll_sockets()
+        self._save()
+        if not self.groups:
+            return
+        bpftrace = shutil.which("bpftrace")
+        if bpftrace is None:
+            self._unavailable("all", "bpftrace not found (Debian: apt-get install bpftrace)")
+            return
+        self.record["bpftrace_version"] = bpftrace_version()
+        self._stats_fd, why = enable_bpf_stats()
+        if why:
+            self._unavailable("cost", why)
+        try:
+            values = self._template_values()
+        except (QprofError, btf.BTFUnavailable) as e:
+            self._unavailable("packetio", str(e))
+            return
+        for group in self.groups:
+            program = self.out / f"probe-{group}.bt"
+            program.write_text(render(script_text(group), values), encoding="utf-8")
+            proc = BpftraceProcess(group, program, self.out / f"probe-{group}.jsonl",
+                                   self.out / f"probe-{group}.log")
+            self.status(f"starting probes: {group} (bpftrace compiles for ~1 s)")
+            t0 = time.monotonic()
+            try:
+                proc.start(bpftrace)
+            except QprofError as e:
+                self._unavailable(group, str(e))
+                continue
+            self.procs.append(proc)
+            self.record["programs"][group] = {"script": program.name, "output": proc.output.name,
+                                              "attach_seconds": round(time.monotonic() - t0, 3)}
+        self._save()
+
+    def _unavailable(self, probe: str, reason: str) -> None:
+        self.record["unavailable"].append({"probe": probe, "reason": reason})
+        self.status(f"warning: probe {probe} unavailable: {reason}")
+
+    def stop(self) -> None:
+        """Read program costs while they are loaded, stop bpftrace, snapshot counters again."""
+        owners: set[int] = set()
+        for p in self.procs:
+            if p.proc is not None:
+                owners |= _descendants(p.proc.pid)
+        if self._stats_fd is not None:
+            progs = program_stats(owners)
+            self.record["cost"] = {
+                "programs": progs,
+                "bpf_run_time_ns": sum(int(p["run_time_ns"] or 0) for p in progs),
+                "bpf_run_cnt": sum(int(p["run_cnt"] or 0) for p in progs),
+            }
+            os.close(self._stats_fd)
+            self._stats_fd = None
+        for p in self.procs:
+            rc = p.stop()
+            self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
+                                                   maps=read_maps(p.output))
+        self.poll_sockets()
+        self.record["after"] = netstat.snapshot(self.pids)
+        if self.procs:
+            try:
+                reasons = btf.enum("skb_drop_reason")
+                self.record["drop_reason_names"] = {str(v): k.removeprefix("SKB_DROP_REASON_")
+                                                    for k, v in reasons.items()}
+            except btf.BTFUnavailable as e:
+                self._unavailable("drop reason names", str(e))
+        self._save()
+
+    def abort(self) -> None:
+        """On failure: stop what runs, keep whatever was written."""
+        for p in self.procs:
+            p.stop()
+        if self._stats_fd is not None:
+            os.close(self._stats_fd)
+            self._stats_fd = None
