@@ -157,8 +157,8 @@ class ProbeCollector:
         return {"TARGET": pid_predicate(self.pids), "GRO_BIT": str(gro_bit),
                 "UDP_FAIL_PORT": "args->dport" if "dport" in fail_fields else "args->lport"}
 
-    def start(self) -> None:
-        """Snapshot counters, then start every probe group; a group that cannot run is recorded and skipped."""
+    def launch(self) -> None:
+        """Snapshot counters and spawn every probe group (they compile while perf starts)."""
         self.record["before"] = netstat.snapshot(self.pids)
         self.poll_sockets()
         self._save()
@@ -182,16 +182,24 @@ class ProbeCollector:
             program.write_text(render(script_text(group), values), encoding="utf-8")
             proc = BpftraceProcess(group, program, self.out / f"probe-{group}.jsonl",
                                    self.out / f"probe-{group}.log")
-            self.status(f"starting probes: {group} (bpftrace compiles for ~1 s)")
-            t0 = time.monotonic()
-            try:
-                proc.start(bpftrace)
-            except QprofError as e:
-                self._unavailable(group, str(e))
-                continue
+            self.status(f"starting probes: {group}")
+            proc.spawn(bpftrace)
             self.procs.append(proc)
-            self.record["programs"][group] = {"script": program.name, "output": proc.output.name,
-                                              "attach_seconds": round(time.monotonic() - t0, 3)}
+            self.record["programs"][group] = {"script": program.name, "output": proc.output.name}
+
+    def wait_ready(self) -> None:
+        """Wait for every launched group to attach; a group that fails is recorded and dropped."""
+        t0 = time.monotonic()
+        for proc in list(self.procs):
+            try:
+                proc.wait_attached()
+            except QprofError as e:
+                self.procs.remove(proc)
+                del self.record["programs"][proc.name]
+                self._unavailable(proc.name, str(e))
+                continue
+            self.record["programs"][proc.name].update(attach_seconds=round(time.monotonic() - t0, 3),
+                                                      started=time.time())
         self._save()
 
     def _unavailable(self, probe: str, reason: str) -> None:

@@ -175,8 +175,9 @@ class AttachSession:
             "start_time": None, "end_time": None,
         }
         archive.write_json_atomic(out / archive.META, self.meta)
+        # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
-        self.probes.start()  # before perf: bpftrace needs ~1 s to compile, perf is enabled at once
+        self.probes.launch()
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
                                out / archive.perf_data_name(mode), out / f"perf-{mode}.log")
@@ -184,10 +185,11 @@ class AttachSession:
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
         start = time.monotonic()
-        self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
-                                                          else " until every target exits; Ctrl-C stops"))
         self.meta["start_time"] = _now()
         archive.write_json_atomic(out / archive.META, self.meta)
+        self.probes.wait_ready()
+        self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
+                                                          else " until every target exits; Ctrl-C stops"))
         if self.on_ready is not None:
             self.on_ready()
         self._poll(out, start)

@@ -76,8 +76,8 @@ class BpftraceProcess:
     proc: subprocess.Popen[bytes] | None = None
     started_at: float | None = None
 
-    def start(self, bpftrace: str, timeout: float = 60.0) -> None:
-        """Start and wait until bpftrace has attached every probe (its 'attached_probes' line)."""
+    def spawn(self, bpftrace: str) -> None:
+        """Start bpftrace; it compiles for about a second before its probes are live."""
         out = open(self.output, "wb")
         log = open(self.log, "wb")
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
@@ -87,6 +87,10 @@ class BpftraceProcess:
                                      preexec_fn=_child_setup, env=env)
         out.close()
         log.close()
+
+    def wait_attached(self, timeout: float = 60.0) -> None:
+        """Return once bpftrace has attached every probe (its 'attached_probes' line)."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -97,6 +101,10 @@ class BpftraceProcess:
             time.sleep(0.02)
         self.stop()
         raise QprofError(f"bpftrace ({self.name}) did not attach within {timeout:.0f}s: {self.log_tail()}")
+
+    def start(self, bpftrace: str, timeout: float = 60.0) -> None:
+        self.spawn(bpftrace)
+        self.wait_attached(timeout)
 
     def _attached(self) -> bool:
         try:
