@@ -57,6 +57,12 @@ class Direction:
     errors: int = 0
     offload_skbs: int = 0  # tx: GSO skbs; rx: GRO-coalesced skbs
     offload_socket_msgs: int = 0  # tx: msgs on sockets with UDP_SEGMENT set; rx: with UDP_GRO set
+    gro_dgrams: int = 0  # rx: datagrams inside GRO-coalesced skbs
+
+    def finish_rx(self) -> None:
+        """Receive side: one skb per message; a GRO skb holds gro_dgrams / offload_skbs datagrams."""
+        self.skbs = self.msgs
+        self.dgrams = self.msgs - self.offload_skbs + self.gro_dgrams
 
     @property
     def syscalls(self) -> int:
@@ -144,7 +150,7 @@ _DIR_MAPS = {
     "@tx_mmsg_msgs": ("tx", "mmsg_msgs"), "@tx_gso_skbs": ("tx", "offload_skbs"),
     "@tx_gso_sockopt_msgs": ("tx", "offload_socket_msgs"),
     "@rx_msgs": ("rx", "msgs"), "@rx_bytes": ("rx", "bytes"), "@rx_empty": ("rx", "empty"),
-    "@rx_dgrams": ("rx", "dgrams"), "@rx_skbs": ("rx", "skbs"), "@rx_mmsg_calls": ("rx", "mmsg_calls"),
+    "@rx_gro_dgrams": ("rx", "gro_dgrams"), "@rx_mmsg_calls": ("rx", "mmsg_calls"),
     "@rx_mmsg_msgs": ("rx", "mmsg_msgs"), "@rx_gro_skbs": ("rx", "offload_skbs"),
     "@rx_gro_socket_msgs": ("rx", "offload_socket_msgs"),
 }
@@ -165,6 +171,8 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
             if len(key) >= 3 and key[2]:
                 proc.ports.add(key[2])
     for pid, proc in procs.items():
+        for rx in [proc.rx] + [t[1] for t in proc.threads.values()]:
+            rx.finish_rx()
         proc.gso_segment_size = _median_of_hist((maps.get("@tx_gso_size") or {}).get(str(pid)))
         proc.gso_segs_median = _median_of_hist((maps.get("@tx_gso_segs") or {}).get(str(pid)))
         proc.gro_segs_median = _median_of_hist((maps.get("@rx_gro_segs") or {}).get(str(pid)))

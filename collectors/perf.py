@@ -50,6 +50,9 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
            "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
            "-a", "-o", str(output),
            "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself
+           # qprof's own bpftrace loads programs meanwhile; perf 6.1 then recorded BPF ksymbol
+           # events that its `perf script` refused ("failed to process type: 17")
+           "--no-bpf-event",
            "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
