@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from qprof import __version__
 from qprof.collectors import archive, elf, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
+from qprof.collectors.perfdata import neutralize_ksymbols
 from qprof.collectors.perfscript import ParseStats, parse_samples
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
 from qprof.collectors.stacks import fold, write_stacks
@@ -248,6 +249,7 @@ def _samples(perf: str, out: Path, meta: dict[str, Any], stats: ParseStats) -> I
     for g in meta["sampling"]["groups"]:
         data = out / g["perf_data"]
         if data.is_file() and data.stat().st_size > 0:
+            neutralize_ksymbols(data)
             yield parse_samples(script_lines(perf, data, out / f"perf-{g['unwind']}.log", g["pids"]), stats)
 
 

@@ -37,6 +37,15 @@ _MOUNT_AND_EXEC = (
 )
 
 
+# Appended to every program. bpftrace prints "attached_probes" before it attaches them, and
+# attaches in script order: once this last probe fires for qprof's own getppid(), every
+# probe above it is live.
+READY_PROBE = """
+// qprof readiness marker (added by qprof): attached last
+tracepoint:syscalls:sys_enter_getppid /pid == {pid}/ {{ printf("qprof-ready\\n"); }}
+"""
+
+
 def script_text(name: str) -> str:
     """A shipped probe script (probes/<name>.bt)."""
     return resources.files("qprof.probes").joinpath(f"{name}.bt").read_text(encoding="utf-8")
@@ -78,6 +87,8 @@ class BpftraceProcess:
 
     def spawn(self, bpftrace: str) -> None:
         """Start bpftrace; it compiles for about a second before its probes are live."""
+        with open(self.program, "a", encoding="utf-8") as f:
+            f.write(READY_PROBE.format(pid=os.getpid()))
         out = open(self.output, "wb")
         log = open(self.log, "wb")
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
@@ -89,16 +100,17 @@ class BpftraceProcess:
         log.close()
 
     def wait_attached(self, timeout: float = 60.0) -> None:
-        """Return once bpftrace has attached every probe (its 'attached_probes' line)."""
+        """Return once every probe is attached (the readiness probe has fired)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise QprofError(f"bpftrace ({self.name}) failed to start: {self.log_tail()}")
+            os.getppid()  # fires the readiness probe once it is attached
             if self._attached():
                 self.started_at = time.monotonic()
                 return
-            time.sleep(0.02)
+            time.sleep(0.01)
         self.stop()
         raise QprofError(f"bpftrace ({self.name}) did not attach within {timeout:.0f}s: {self.log_tail()}")
 
@@ -109,10 +121,10 @@ class BpftraceProcess:
     def _attached(self) -> bool:
         try:
             with open(self.output, "rb") as f:
-                head = f.read(4096)
+                head = f.read(8192)
         except OSError:
             return False
-        return b'"attached_probes"' in head
+        return b"qprof-ready" in head
 
     def log_tail(self) -> str:
         lines: list[str] = []
