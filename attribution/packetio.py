@@ -28,8 +28,8 @@ def _keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
     return out
 
 
-def _median_of_hist(h: list[dict[str, int]] | None) -> float | None:
-    """Median bucket midpoint of a bpftrace lhist (buckets of min/max/count)."""
+def _quantile_of_hist(h: list[dict[str, int]] | None, q: float) -> float | None:
+    """Bucket midpoint at quantile q of a bpftrace hist/lhist (buckets of min/max/count)."""
     if not h:
         return None
     total = sum(b.get("count", 0) for b in h)
@@ -38,9 +38,30 @@ def _median_of_hist(h: list[dict[str, int]] | None) -> float | None:
     acc = 0
     for b in h:
         acc += b.get("count", 0)
-        if acc * 2 >= total:
+        if acc >= q * total:
             return (b.get("min", 0) + b.get("max", b.get("min", 0))) / 2
     return None
+
+
+def _median_of_hist(h: list[dict[str, int]] | None) -> float | None:
+    return _quantile_of_hist(h, 0.5)
+
+
+def _syscall_time(maps: dict[str, Any], procs: dict[int, "ProcessPacketIO"]) -> None:
+    """Per process and syscall: calls, total time, and p50/p99 from the `syscalls` probe group."""
+    calls = maps.get("@syscall_calls") or {}
+    totals = maps.get("@syscall_total_ns") or {}
+    hists = maps.get("@syscall_ns") or {}
+    for key, n in calls.items():
+        pid_s, _, probe = str(key).partition(",")
+        if not pid_s.isdigit() or int(pid_s) not in procs or not n:
+            continue
+        name = probe.rsplit("sys_exit_", 1)[-1]
+        total = int(totals.get(key, 0))
+        procs[int(pid_s)].syscall_time[name] = {
+            "calls": int(n), "total_s": round(total / 1e9, 6), "mean_us": round(total / n / 1e3, 3),
+            "p50_us": _r((_quantile_of_hist(hists.get(key), 0.5) or 0) / 1e3),
+            "p99_us": _r((_quantile_of_hist(hists.get(key), 0.99) or 0) / 1e3)}
 
 
 @dataclass
@@ -94,6 +115,7 @@ class ProcessPacketIO:
     gro_segs_median: float | None = None
     sockets: list[dict[str, Any]] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)  # reason name -> datagrams dropped at our ports
+    syscall_time: dict[str, dict[str, Any]] = field(default_factory=dict)  # opt-in `syscalls` probes
 
     def thread(self, tid: int) -> tuple[Direction, Direction]:
         return self.threads.setdefault(tid, (Direction(), Direction()))
@@ -121,7 +143,7 @@ class ProcessPacketIO:
     def to_json(self) -> dict[str, Any]:
         return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
                 "ack_ratio": self.ack_ratio, "ports": sorted(self.ports), "sockets": self.sockets,
-                "drops": self.drops,
+                "drops": self.drops, "syscall_time": self.syscall_time,
                 "threads": {str(t): {"tx": a.to_json(), "rx": b.to_json()} for t, (a, b) in sorted(self.threads.items())}}
 
 
@@ -176,6 +198,7 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
         proc.gso_segment_size = _median_of_hist((maps.get("@tx_gso_size") or {}).get(str(pid)))
         proc.gso_segs_median = _median_of_hist((maps.get("@tx_gso_segs") or {}).get(str(pid)))
         proc.gro_segs_median = _median_of_hist((maps.get("@rx_gro_segs") or {}).get(str(pid)))
+    _syscall_time((probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}, procs)
     names = probes.get("drop_reason_names", {})
     for sk in probes.get("sockets", []):
         for pid in sk.get("pids", []):

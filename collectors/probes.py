@@ -3,6 +3,8 @@
 Probe groups:
   packetio  UDP messages/bytes per thread, mmsg batching, GSO segments per send,
             GRO per receive, network softirq time per CPU, drops (default)
+  syscalls  duration distribution of the UDP send/receive system calls (opt-in:
+            two events and a map update per call)
 The group list is what `qprof attach --probes` takes. Socket buffers, UDP MIB
 counters and sysctls are read without probes at start and end of every run.
 
@@ -28,8 +30,8 @@ from qprof.probes import btf
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
 from qprof.probes.features import bpftrace_version
 
-GROUPS = ("packetio",)
-DEFAULT_GROUPS = ("packetio",)
+GROUPS = ("packetio", "syscalls")
+DEFAULT_GROUPS = ("packetio", "syscalls")
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 _NR_BPF = 321  # x86_64
 _BPF_ENABLE_STATS = 32

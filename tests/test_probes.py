@@ -85,7 +85,7 @@ def test_plain_sender_exactly_one_datagram_per_send_and_drops_counted_exactly(
             return True
 
         run = tmp_path / "run"
-        AttachSession(AttachOptions(pids=[sink.pid, sender.pid], out=run),
+        AttachSession(AttachOptions(pids=[sink.pid, sender.pid], out=run, probes=("packetio", "syscalls")),
                       on_ready=sender.release, stop_when=drained).run()
     finally:
         if sink.stdin is not None:
@@ -101,6 +101,7 @@ def test_plain_sender_exactly_one_datagram_per_send_and_drops_counted_exactly(
     assert snd["tx"]["messages"] == n and snd["tx"]["datagrams"] == n and snd["tx"]["syscalls"] == n
     assert snd["tx"]["datagrams_per_syscall"] == 1.0
     assert snd["gso"]["enabled"] == "no" and snd["gso"]["gso_sends"] == 0
+    assert snd["syscall_time"]["sendto"]["calls"] == n and snd["syscall_time"]["sendto"]["total_s"] > 0
     assert rcv["rx"]["datagrams"] == received[0] and rcv["rx"]["messages"] == received[0]
     assert rcv["drops"] == {"SOCKET_RCVBUFF": dropped}
     (sock,) = rcv["sockets"]

@@ -115,6 +115,9 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
     if p.drops:
         notes.append("drops at its sockets: " + ", ".join(f"{n:,} {r}" for r, n in p.drops.items()))
     say("  " + "; ".join(notes))
+    for name, st in sorted(p.syscall_time.items()):
+        say(f"  {name}: {st['calls']:,} calls, {st['total_s']:.3f} s, mean {st['mean_us']:.2f} us, "
+            f"p50 ~{_fmt(st['p50_us'], '.2f')} us, p99 ~{_fmt(st['p99_us'], '.2f')} us")
     for sk in p.sockets:
         first, last = sk.get("first") or {}, sk.get("last") or {}
         d = (last.get("drops") or 0) - (first.get("drops") or 0)
