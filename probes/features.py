@@ -71,3 +71,41 @@ def bpftrace_version() -> str | None:
         return None
     m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", out)
     return m.group(1) if m else None
+
+
+_PMU_DIR = "/sys/bus/event_source/devices"
+_NR_PERF_EVENT_OPEN = 298  # x86_64
+
+
+def _hardware_cycles() -> bool:
+    """Can this host count CPU cycles? (VMs often expose no PMU: perf then falls back to cpu-clock.)"""
+    import ctypes
+
+    attr = (ctypes.c_uint8 * 128)()
+    ctypes.c_uint32.from_buffer(attr, 0).value = 0  # PERF_TYPE_HARDWARE
+    ctypes.c_uint32.from_buffer(attr, 4).value = 128  # size
+    ctypes.c_uint64.from_buffer(attr, 8).value = 0  # PERF_COUNT_HW_CPU_CYCLES
+    ctypes.c_uint64.from_buffer(attr, 40).value = 1 | 1 << 5  # disabled, exclude_kernel
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(_NR_PERF_EVENT_OPEN, ctypes.byref(attr), 0, -1, -1, 0)
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return False
+
+
+def kernel_features() -> dict[str, object]:
+    """What this kernel offers qprof, detected now (recorded in every run archive).
+
+    kprobes and fentry are not used by the shipped probes (tracepoints are the
+    portable floor); they are reported so users know what their own probes can use.
+    """
+    return {
+        "kernel_btf": os.path.exists("/sys/kernel/btf/vmlinux"),
+        "tracefs_mounted": os.path.exists("/sys/kernel/tracing/events"),
+        "kprobes": os.path.isdir(f"{_PMU_DIR}/kprobe"),
+        "uprobes": os.path.isdir(f"{_PMU_DIR}/uprobe"),
+        "hardware_cycles": _hardware_cycles(),
+        "perf_event_paranoid": perf_event_paranoid(),
+        "bpftrace": bpftrace_version(),
+    }
