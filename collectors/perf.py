@@ -16,7 +16,6 @@ SIGINT if qprof dies, so it still finishes its data file.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -28,18 +27,11 @@ from typing import IO, Iterator
 
 from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
 from qprof.errors import QprofError
+from qprof.probes.children import die_with_parent, interrupt_and_wait
 
-PR_SET_PDEATHSIG = 1
 UNWIND_MODES = ("fp", "dwarf")
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGINT on parent death lets perf close its file cleanly."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGINT, 0, 0, 0)
-    os.setsid()
 
 
 def record_command(perf: str, unwind: str, frequency: int, event: str,
@@ -83,7 +75,9 @@ class PerfRecorder:
         self._ack = os.open(self._ack_path, os.O_RDWR | os.O_NONBLOCK)
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._logf,
-                                     stderr=self._logf, preexec_fn=_die_with_parent)
+                                     stderr=self._logf,
+                                     # SIGINT on qprof's death lets perf close its file cleanly
+                                     preexec_fn=lambda: die_with_parent(signal.SIGINT))
         self._command("enable", timeout)
 
     def _command(self, word: str, timeout: float) -> None:
@@ -118,15 +112,9 @@ class PerfRecorder:
         """SIGINT perf and wait for it to write its file; escalate if it hangs."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        rc = interrupt_and_wait(self.proc, timeout)
         self.close()
-        return self.proc.returncode
+        return rc
 
     def close(self) -> None:
         for fd in (self._ctl, self._ack):

@@ -31,7 +31,7 @@ from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, ren
 from qprof.probes.features import bpftrace_version
 
 GROUPS = ("packetio", "syscalls")
-DEFAULT_GROUPS = ("packetio", "syscalls")
+DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 _NR_BPF = 321  # x86_64
 _BPF_ENABLE_STATS = 32

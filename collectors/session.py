@@ -31,7 +31,7 @@ from qprof.collectors.perfscript import ParseStats, parse_samples
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
 from qprof.collectors.stacks import fold, write_stacks
 from qprof.errors import QprofError
-from qprof.probes.features import kernel_features, require_perf, require_sampling_privileges
+from qprof.probes.features import kernel_features, require_perf, require_sampling_privileges, tool_version
 
 DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms timers
 POLL_TICK = 0.05  # s between checks of the stop conditions
@@ -168,7 +168,7 @@ class AttachSession:
         self.meta = {
             "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COLLECTING,
             "qprof_version": __version__, "host": sysinfo.host_info(),
-            "tools": {"perf": sysinfo.tool_version("perf"), "bpftrace": sysinfo.tool_version("bpftrace")},
+            "tools": {"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
             "kernel_features": kernel_features(),
             "sampling": {"event": opts.event, "frequency": opts.frequency,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}

@@ -16,7 +16,6 @@ How it runs, and why:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -28,8 +27,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qprof.errors import QprofError
+from qprof.probes.children import die_with_parent, interrupt_and_wait
 
-PR_SET_PDEATHSIG = 1
 TRACEFS = "/sys/kernel/tracing"
 # The shell step mounts tracefs only inside the new mount namespace (unshare -m).
 _MOUNT_AND_EXEC = (
@@ -68,12 +67,6 @@ def pid_predicate(pids: Iterable[int], var: str = "pid") -> str:
     return "(" + " || ".join(parts) + ")" if parts else "0"
 
 
-def _child_setup() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    os.setsid()
-
-
 @dataclass
 class BpftraceProcess:
     """One running bpftrace program writing JSON lines to `output`."""
@@ -95,7 +88,7 @@ class BpftraceProcess:
                bpftrace, "-f", "json", str(self.program)]
         env = {**os.environ, "BPFTRACE_STRLEN": "64", "BPFTRACE_NO_USER_SYMBOLS": "1"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                     preexec_fn=_child_setup, env=env)
+                                     preexec_fn=lambda: die_with_parent(signal.SIGTERM), env=env)
         out.close()
         log.close()
 
@@ -145,14 +138,7 @@ class BpftraceProcess:
         """SIGINT: bpftrace prints its maps a last time and detaches."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return interrupt_and_wait(self.proc, timeout)
 
 
 def read_maps(output: Path) -> dict[str, Any]:

@@ -61,8 +61,9 @@ def require_perf() -> str:
     return path
 
 
-def bpftrace_version() -> str | None:
-    path = shutil.which("bpftrace")
+def tool_version(tool: str) -> str | None:
+    """`tool --version`'s version number, or None when the tool is absent or broken."""
+    path = shutil.which(tool)
     if path is None:
         return None
     try:
@@ -71,6 +72,10 @@ def bpftrace_version() -> str | None:
         return None
     m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", out)
     return m.group(1) if m else None
+
+
+def bpftrace_version() -> str | None:
+    return tool_version("bpftrace")
 
 
 _PMU_DIR = "/sys/bus/event_source/devices"
