@@ -18,8 +18,9 @@ class Analysis:
     recommendations: list[Recommendation]
 
 
-def analyse_run(run: Run, mappings: MappingSet) -> Analysis:
-    profile = attribute(run, mappings)
+def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Analysis:
+    """`stack` forces one stack mapping file instead of auto-detection (`--stack`)."""
+    profile = attribute(run, mappings, stack)
     targets = run.meta.get("targets", [])
     pio = analyse(run.probes() or {}, [int(t["pid"]) for t in targets])
     comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}

@@ -80,16 +80,24 @@ class MappingFile:
     detect_symbol: list[re.Pattern[str]] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
 
-    def matches(self, dsos: Iterable[str], symbols: Iterable[str]) -> bool:
-        """Should this file load for a process with these objects and symbols?"""
+    def evidence(self, dsos: Iterable[str], symbols: Iterable[str]) -> str | None:
+        """Why this file applies to a process: the first object or symbol its detect patterns match."""
         if self.kind in ("common", "user"):
-            return True
-        return any(p.search(d) for p in self.detect_dso for d in dsos) or \
-            any(p.search(s) for p in self.detect_symbol for s in symbols)
+            return self.kind
+        for d in dsos:
+            if any(p.search(d) for p in self.detect_dso):
+                return f"object {d}"
+        for sym in symbols:
+            if any(p.search(sym) for p in self.detect_symbol):
+                return f"symbol {sym}"
+        return None
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "kind": self.kind,
-                "path": self.path, "verified": self.verified}
+    def describe(self, evidence: str | None = None) -> dict[str, Any]:
+        d = {"name": self.name, "version": self.version, "kind": self.kind,
+             "path": self.path, "verified": self.verified}
+        if evidence is not None:
+            d["detected_by"] = evidence
+        return d
 
 
 def _rule_lines(text: str) -> list[int]:
@@ -264,8 +272,25 @@ class MappingSet:
         replaced = {f.name for f in users}
         return cls(users + [f for f in shipped() if f.name not in replaced])
 
-    def for_process(self, dsos: Iterable[str], symbols: Iterable[str]) -> list[MappingFile]:
+    def names(self, kind: str) -> list[str]:
+        return sorted(f.name for f in self.files if f.kind == kind)
+
+    def for_process(self, dsos: Iterable[str], symbols: Iterable[str],
+                    stack: str | None = None) -> list[tuple[MappingFile, str]]:
+        """The files that apply, highest precedence first, each with the evidence that chose it.
+
+        `stack` forces one stack file (and no other) whatever the detection says.
+        """
+        if stack is not None and stack not in self.names("stack"):
+            raise QprofError(f"unknown stack {stack!r} for --stack: choose one of {', '.join(self.names('stack'))}")
         dsos, symbols = list(dsos), list(symbols)
-        chosen = [f for f in self.files if f.matches(dsos, symbols)]
+        chosen = []
+        for f in self.files:
+            if f.kind == "stack" and stack is not None:
+                why = "--stack" if f.name == stack else None
+            else:
+                why = f.evidence(dsos, symbols)
+            if why is not None:
+                chosen.append((f, why))
         # stable: user files keep their command-line order
-        return sorted(chosen, key=lambda f: _KIND_ORDER[f.kind])
+        return sorted(chosen, key=lambda fw: _KIND_ORDER[fw[0].kind])

@@ -95,7 +95,7 @@ def _proc_cpu(run: Run, pid: int) -> float | None:
     return sum(last[t] - first[t] for t in last)
 
 
-def attribute(run: Run, mappings: MappingSet) -> Profile:
+def attribute(run: Run, mappings: MappingSet, stack: str | None = None) -> Profile:
     """Classify every folded stack of the run and aggregate per process and thread."""
     meta = run.meta
     targets = {int(t["pid"]): t for t in meta.get("targets", [])}
@@ -112,13 +112,14 @@ def attribute(run: Run, mappings: MappingSet) -> Profile:
     procs: dict[int, ProcessProfile] = {}
     per_pid_classifier: dict[int, Classifier] = {}
     for pid in sorted(set(dsos) | set(targets)):
-        files = mappings.for_process(dsos[pid], syms[pid])
+        chosen = mappings.for_process(dsos[pid], syms[pid], stack)
+        files = [f for f, _ in chosen]
         key = tuple(f.path for f in files)
         clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files))
         per_pid_classifier[pid] = clf
         t = targets.get(pid, {})
         procs[pid] = ProcessProfile(pid, t.get("comm", "?"), t.get("role"),
-                                    mappings=[f.describe() for f in files])
+                                    mappings=[f.describe(why) for f, why in chosen])
     # Pass 2: classify and aggregate.
     for rec in run.stacks():
         proc = procs[rec.pid]

@@ -96,28 +96,37 @@ def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, freq
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--top", type=int, default=5, show_default=True, help="Top symbols shown per category.")
+@click.option("--stack", default=None,
+              help="Use this stack's mapping file instead of auto-detection (see `qprof mappings`).")
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
 @_guard
-def report(run: Path, fmt: str, mappings: tuple[str, ...], top: int, refold: bool) -> None:
+def report(run: Path, fmt: str, mappings: tuple[str, ...], top: int, stack: str | None, refold: bool) -> None:
     """Attribute a run's samples to categories and print them."""
-    print_report(run, fmt, list(mappings), top, refold)
+    print_report(run, fmt, list(mappings), top, refold, stack)
 
 
-def print_report(run_path: Path, fmt: str, mappings: list[str], top: int, refold: bool = False) -> None:
-    from qprof.attribution.analysis import analyse_run
-    from qprof.attribution.mapping import MappingSet
+def _open_run(run_path: Path, refold: bool = False) -> Any:
     from qprof.collectors.archive import Run
 
-    if top < 1:
-        raise QprofError("--top must be at least 1")
     run = Run.open(run_path)
     if refold:
         _refold(run)
     if not run.has_stacks():
         raise QprofError(f"{run_path} has no folded stacks (collection was cut short: {run.meta.get('status')}); "
                          f"run `qprof report --refold {run_path}` on the host that recorded it")
-    analysis = analyse_run(run, MappingSet.load(mappings))
+    return run
+
+
+def print_report(run_path: Path, fmt: str, mappings: list[str], top: int, refold: bool = False,
+                 stack: str | None = None) -> None:
+    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.mapping import MappingSet
+
+    if top < 1:
+        raise QprofError("--top must be at least 1")
+    run = _open_run(run_path, refold)
+    analysis = analyse_run(run, MappingSet.load(mappings), stack)
     if fmt == "json":
         from qprof.viewer.json_report import to_dict
 
@@ -138,6 +147,63 @@ def _refold(run: Any) -> None:
                          "bad_examples": stats.bad_examples}
     archive.write_json_atomic(run.path / archive.META, run.meta)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
+
+
+@main.group(invoke_without_command=True)
+@click.option("-m", "--mapping", "extra", multiple=True, type=click.Path(), help="Also list this file.")
+@click.pass_context
+@_guard
+def mappings(ctx: click.Context, extra: tuple[str, ...]) -> None:
+    """List the mapping files: shipped, per-user (~/.config/qprof/mappings) and --mapping ones."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.table import Table
+
+    from qprof.attribution.mapping import MappingSet, user_dir
+
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("name", "kind", "version", "verified", "rules", "detected by", "path"):
+        t.add_column(col)
+    for f in MappingSet.load(extra).files:
+        detect = ", ".join(p.pattern for p in f.detect_dso + f.detect_symbol) or "always"
+        t.add_row(f.name, f.kind, f.version, "yes" if f.verified else "no (unverified)", str(len(f.rules)),
+                  detect, f.path)
+    out = Console(highlight=False)
+    out.print(t)
+    out.print(f"user folder: {user_dir()}", markup=False)
+
+
+@mappings.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@_guard
+def mappings_check(files: tuple[str, ...]) -> None:
+    """Validate mapping files; errors name file:line and the reason."""
+    from qprof.attribution.mapping import load_file
+
+    for path in files:
+        f = load_file(path)
+        click.echo(f"{path}: ok ({f.name} {f.version}, {f.kind}, {len(f.rules)} rules)")
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("-m", "--mapping", "extra", multiple=True, type=click.Path(), help="Extra mapping file; repeatable.")
+@click.option("--stack", default=None, help="Force this stack's mapping file.")
+@click.option("--top", type=int, default=15, show_default=True, help="Symbols per process.")
+@_guard
+def coverage(run: Path, extra: tuple[str, ...], stack: str | None, top: int) -> None:
+    """The hottest symbols that fell into Uncategorized, with a rule to start from."""
+    from qprof.attribution.coverage import gaps
+    from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.profile import attribute
+
+    profile = attribute(_open_run(run), MappingSet.load(extra), stack)
+    found = gaps(profile, top)
+    if not found:
+        click.echo("nothing fell into Uncategorized")
+    for g in found:
+        click.echo(f"\n# pid {g.pid} {g.comm}: {g.share:.2%} ({g.cpu_seconds:.3f} CPU s) in {g.symbol} [{g.dso}]")
+        click.echo(g.suggestion)
 
 
 @main.command()

@@ -190,7 +190,7 @@ def _shipped_set() -> MappingSet:
 
 @pytest.fixture(scope="module")
 def shipped_clf() -> Classifier:
-    files = _shipped_set().for_process([LIBC, NGTCP2, NGTCP2_GNUTLS, GNUTLS, NETTLE, APP], [])
+    files = [f for f, _ in _shipped_set().for_process([LIBC, NGTCP2, NGTCP2_GNUTLS, GNUTLS, NETTLE, APP], [])]
     assert [f.name for f in files] == ["ngtcp2", "crypto", "common"]
     return Classifier(files)
 
@@ -292,7 +292,7 @@ POOL = (
 )
 
 
-_PROP_CLF = Classifier(_shipped_set().for_process([d for _, d in POOL], [s for s, _ in POOL]))
+_PROP_CLF = Classifier([f for f, _ in _shipped_set().for_process([d for _, d in POOL], [s for s, _ in POOL])])
 
 
 @settings(max_examples=200, deadline=None)

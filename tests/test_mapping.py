@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from qprof.errors import QprofError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -264,10 +266,10 @@ def user_map(name: str, kind: str | None = None, detect: str | None = None) -> s
 
 def test_for_process_selects_by_detect() -> None:
     ms = MappingSet.load()
-    assert [f.name for f in ms.for_process([LIBC], ["main"])] == ["common"]
-    assert [f.name for f in ms.for_process([LIBC, GNUTLS], [])] == ["crypto", "common"]
-    assert [f.name for f in ms.for_process([NGTCP2, GNUTLS, LIBC], [])] == ["ngtcp2", "crypto", "common"]
-    assert [f.name for f in ms.for_process(["/usr/lib/libuv.so.1"], [])] == ["eventloop", "common"]
+    assert [f.name for f, _ in ms.for_process([LIBC], ["main"])] == ["common"]
+    assert [f.name for f, _ in ms.for_process([LIBC, GNUTLS], [])] == ["crypto", "common"]
+    assert [f.name for f, _ in ms.for_process([NGTCP2, GNUTLS, LIBC], [])] == ["ngtcp2", "crypto", "common"]
+    assert [f.name for f, _ in ms.for_process(["/usr/lib/libuv.so.1"], [])] == ["eventloop", "common"]
 
 
 def test_user_files_first_in_given_order(tmp_path: Path, _no_real_user_dir: Path) -> None:
@@ -278,7 +280,7 @@ def test_user_files_first_in_given_order(tmp_path: Path, _no_real_user_dir: Path
     write(udir, "1.toml", user_map("u1"))
     write(udir, "notes.txt", "ignored")
     ms = MappingSet.load([str(a), str(b)])
-    got = [f.name for f in ms.for_process([NGTCP2, GNUTLS], [])]
+    got = [f.name for f, _ in ms.for_process([NGTCP2, GNUTLS], [])]
     assert got == ["zzz", "aaa", "u1", "u2", "ngtcp2", "crypto", "common"]
     assert all(f.kind == "user" for f in ms.files[:4])
 
@@ -288,23 +290,33 @@ def test_user_file_replaces_shipped_by_name(tmp_path: Path) -> None:
     ms = MappingSet.load([str(p)])
     crypto = [f for f in ms.files if f.name == "crypto"]
     assert len(crypto) == 1 and crypto[0].path == str(p)
-    got = ms.for_process([GNUTLS], [])
+    got = [f for f, _ in ms.for_process([GNUTLS], [])]
     assert [f.name for f in got] == ["crypto", "common"]
     assert got[0].path == str(p)
+
+
+def test_forced_stack_and_detection_evidence() -> None:
+    ms = MappingSet.load()
+    chosen = dict((f.name, why) for f, why in ms.for_process([NGTCP2, GNUTLS, LIBC], []))
+    assert chosen["ngtcp2"] == f"object {NGTCP2}" and chosen["common"] == "common"
+    forced = dict((f.name, why) for f, why in ms.for_process([LIBC], [], stack="ngtcp2"))
+    assert forced["ngtcp2"] == "--stack"
+    with pytest.raises(QprofError, match="unknown stack 'nope'"):
+        ms.for_process([NGTCP2], [], stack="nope")
 
 
 def test_user_stack_file_with_detect_outranks_shipped_stack(tmp_path: Path) -> None:
     p = write(tmp_path, "mine.toml", user_map("mystack", "stack", r"libngtcp2\.so"))
     ms = MappingSet.load([str(p)])
-    assert [f.name for f in ms.for_process([NGTCP2], [])] == ["mystack", "ngtcp2", "common"]
-    assert [f.name for f in ms.for_process([LIBC], [])] == ["common"]
+    assert [f.name for f, _ in ms.for_process([NGTCP2], [])] == ["mystack", "ngtcp2", "common"]
+    assert [f.name for f, _ in ms.for_process([LIBC], [])] == ["common"]
 
 
 def test_detect_by_symbol() -> None:
     mf = parse_mapping('[mapping]\nname = "s"\nkind = "library"\n[mapping.detect]\nsymbol = ["^quiche_"]\n', "s")
     ms = MappingSet([mf] + shipped())
-    assert "s" in [f.name for f in ms.for_process([], ["quiche_conn_send"])]
-    assert "s" not in [f.name for f in ms.for_process([], ["main"])]
+    assert "s" in [f.name for f, _ in ms.for_process([], ["quiche_conn_send"])]
+    assert "s" not in [f.name for f, _ in ms.for_process([], ["main"])]
 
 
 def test_bad_user_dir_file_is_an_error(_no_real_user_dir: Path) -> None:
