@@ -52,3 +52,23 @@ def build_c(source: Path, name: str, libs: list[str]) -> Path:
         subprocess.run([cc, "-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror",
                         "-o", str(out), str(source), *libs], check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def endpoint_build():
+    """Build a tests/endpoints stack by name, once per session (cached across runs); skip without its toolchain."""
+    from endpoints.build import BuildUnavailable, build
+
+    done: dict = {}
+
+    def get(name: str):  # -> endpoints.build.Built
+        if name not in done:
+            try:
+                done[name] = build(name)
+            except BuildUnavailable as e:
+                done[name] = e
+        if isinstance(done[name], BuildUnavailable):
+            pytest.skip(f"{name} endpoint: {done[name]}")
+        return done[name]
+
+    return get
