@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qprof.attribution.crypto import Crypto, analyse as analyse_crypto
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, attribute
@@ -16,6 +17,7 @@ class Analysis:
     profile: Profile
     packet_io: PacketIO | None
     recommendations: list[Recommendation]
+    crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
 
 
 def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Analysis:
@@ -25,4 +27,5 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Ana
     pio = analyse(run.probes() or {}, [int(t["pid"]) for t in targets])
     comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
     recs = recommend(pio, comms) if pio is not None else []
-    return Analysis(profile, pio, recs)
+    crypto = analyse_crypto(run.probes() or {}, [int(t["pid"]) for t in targets], pio)
+    return Analysis(profile, pio, recs, crypto)

@@ -5,6 +5,9 @@ Probe groups:
             GRO per receive, network softirq time per CPU, drops (default)
   syscalls  duration distribution of the UDP send/receive system calls (opt-in:
             two events and a map update per call)
+  crypto    AEAD seal/open and header-protection calls and bytes, through uprobes
+            on the entry points found in the targets' objects (opt-in: a trap per
+            call, several per packet; see probes/crypto.py)
 The group list is what `qprof attach --probes` takes. Socket buffers, UDP MIB
 counters and sysctls are read without probes at start and end of every run.
 
@@ -27,10 +30,11 @@ from typing import Any, Callable
 from qprof.collectors import archive, netstat
 from qprof.errors import QprofError
 from qprof.probes import btf
+from qprof.probes import crypto as crypto_probes
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
 from qprof.probes.features import bpftrace_version
 
-GROUPS = ("packetio", "syscalls")
+GROUPS = ("packetio", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 _NR_BPF = 321  # x86_64
@@ -174,20 +178,46 @@ class ProbeCollector:
         self._stats_fd, why = enable_bpf_stats()
         if why:
             self._unavailable("cost", why)
-        try:
-            values = self._template_values()
-        except (QprofError, btf.BTFUnavailable) as e:
-            self._unavailable("packetio", str(e))
-            return
+        values: dict[str, str] | None = None
+        if any(g != "crypto" for g in self.groups):  # crypto's program needs no kernel types
+            try:
+                values = self._template_values()
+            except (QprofError, btf.BTFUnavailable) as e:
+                self._unavailable("packetio", str(e))
+                if "crypto" not in self.groups:
+                    return
         for group in self.groups:
             program = self.out / f"probe-{group}.bt"
-            program.write_text(render(script_text(group), values), encoding="utf-8")
+            if group == "crypto":
+                text = self._crypto_program()
+                if text is None:
+                    continue
+                program.write_text(text, encoding="utf-8")
+            elif values is None:
+                continue
+            else:
+                program.write_text(render(script_text(group), values), encoding="utf-8")
             proc = BpftraceProcess(group, program, self.out / f"probe-{group}.jsonl",
                                    self.out / f"probe-{group}.log")
             self.status(f"starting probes: {group}")
             proc.spawn(bpftrace)
             self.procs.append(proc)
             self.record["programs"][group] = {"script": program.name, "output": proc.output.name}
+
+    def _crypto_program(self) -> str | None:
+        """Find the targets' crypto entry points, record them, print the cost estimate; the program
+        or None when there is nothing to probe."""
+        from qprof.collectors import cryptosyms  # pyelftools work only when the group is asked for
+        found = cryptosyms.discover(self.pids)
+        text, slots = crypto_probes.build(found)
+        self.record["crypto"] = {**found, "slots": slots}
+        for line in cryptosyms.describe(found):
+            self.status(f"crypto: {line}")
+        if text is None:
+            self._unavailable("crypto", "no crypto entry point found in the targets' objects")
+            return None
+        self.status(crypto_probes.estimate_text(slots, found))
+        return text
 
     def wait_ready(self) -> None:
         """Wait for every launched group to attach; a group that fails is recorded and dropped."""
@@ -221,12 +251,24 @@ class ProbeCollector:
                 "bpf_run_time_ns": sum(int(p["run_time_ns"] or 0) for p in progs),
                 "bpf_run_cnt": sum(int(p["run_cnt"] or 0) for p in progs),
             }
+            by_group = {p.name: program_stats(_descendants(p.proc.pid)) for p in self.procs
+                        if p.proc is not None}
+            self.record["cost"]["by_group"] = {
+                g: {"bpf_run_time_ns": sum(int(x["run_time_ns"] or 0) for x in progs),
+                    "bpf_run_cnt": sum(int(x["run_cnt"] or 0) for x in progs)} for g, progs in by_group.items()}
             os.close(self._stats_fd)
             self._stats_fd = None
+        else:
+            by_group = {}
         for p in self.procs:
             rc = p.stop()
             self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
                                                    maps=read_maps(p.output))
+        if "crypto" in self.record.get("programs", {}):
+            c = crypto_probes.cost(self.record["crypto"]["slots"],
+                                   self.record["programs"]["crypto"].get("maps") or {}, by_group.get("crypto", []))
+            self.record["crypto"]["cost"] = c
+            self.status(crypto_probes.cost_text(c))
         self.poll_sockets()
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:

@@ -67,7 +67,8 @@ def _default_out() -> Path:
               help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise.")
 @click.option("--probes", "probes", default="default", show_default=True,
               help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
-                   "packetio, syscalls (opt-in: per-call syscall durations).")
+                   "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
+                   "uprobes on AEAD and header-protection calls).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
 def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, frequency: int,

@@ -70,4 +70,5 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "targets_without_samples": profile.empty_targets,
         "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],
+        "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
     }

@@ -10,6 +10,8 @@ from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
+from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
+from qprof.probes.crypto import cost_text
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import ProcessProfile, Profile
 
@@ -145,6 +147,36 @@ def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
         say(f"probe {u['probe']} unavailable: {u['reason']}", "yellow")
 
 
+def _crypto_section(c: ProcessCrypto, say: "Callable[..., None]", console: Console) -> None:
+    """Crypto calls from the opt-in uprobes: per operation, bytes, per datagram, cipher, AES path."""
+    t = Table(title="crypto (uprobes)", title_justify="left", show_edge=False, pad_edge=False)
+    t.add_column("")
+    t.add_column("calls", justify="right")
+    t.add_column("MB", justify="right")
+    t.add_column("per datagram", justify="right")
+    per = c.per_datagram()
+    per_kind = {"aead_seal": per["seal_per_datagram_sent"], "aead_open": per["open_per_datagram_received"],
+                "header_protection": per["header_protection_per_datagram"]}
+    for kind in (*CRYPTO_KINDS, "aad_update"):
+        n = c.calls.get(kind, 0)
+        if kind == "aad_update" and not n:
+            continue
+        b = c.bytes.get(kind)
+        mb = "–" if b is None else f"{b / 1e6:,.1f}" + ("" if c.bytes_complete.get(kind, True) else "+")
+        t.add_row(kind.replace("_", " "), f"{n:,}", mb, _fmt(per_kind.get(kind), ".2f"))
+    console.print(t)
+    per_dgram = (f"{per['calls_per_datagram']:.2f} crypto calls per datagram (sent + received)"
+                 if per["calls_per_datagram"] is not None else "per-datagram figures need the packetio probes")
+    say(f"  {per_dgram}; cipher: {c.cipher}; AES: {c.aes_path}")
+    for line in c.basis + c.notes:
+        say(f"  {line}", "dim")
+
+
+def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
+    if cr.cost:
+        say(cost_text(cr.cost) + f" [{cr.cost.get('basis')}]")
+
+
 def render(analysis: Analysis, console: Console, top: int = 5) -> None:
     profile, pio = analysis.profile, analysis.packet_io
     meta = profile.run.meta
@@ -173,11 +205,16 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         if pio is not None and p.pid in pio.processes:
             console.print(_packet_io_table(pio.processes[p.pid]))
             _packet_io_notes(pio.processes[p.pid], say)
+        cr = getattr(analysis, "crypto", None)
+        if cr is not None and p.pid in cr.processes:
+            _crypto_section(cr.processes[p.pid], say, console)
     for e in profile.empty_targets:
         say(f"\npid {e['pid']} {e['comm']}: no samples (idle or exited before sampling)")
     if pio is not None:
         console.print()
         _run_wide(pio, say)
+    if getattr(analysis, "crypto", None) is not None:
+        _crypto_cost(analysis.crypto, say)
     if analysis.recommendations:
         console.print()
         say("recommendations", "bold")

@@ -26,7 +26,10 @@
  * spent, or at the end of the current round after SIGTERM/SIGINT.  Then
  * OUT.json is written atomically (temp file + rename):
  *   {"Packet I/O": s, "Crypto": s, "Connection Mgmt": s, "I/O": s,
- *    "total": s, "rounds": n}
+ *    "total": s, "rounds": n, "evp_encrypt_update_calls": n,
+ *    "evp_encrypt_update_bytes": n}
+ * The last two count this program's own EVP_EncryptUpdate calls and their
+ * input bytes (ground truth for qprof's crypto uprobes).
  *
  * Build: gcc -O2 -g -fno-omit-frame-pointer -Wall -Wextra \
  *            -o accuracy accuracy.c -lcrypto
@@ -110,6 +113,7 @@ static unsigned char file_buf[FILE_CHUNK] __attribute__((aligned(4096)));
 static off_t file_off;
 
 static unsigned long long units_done[NPHASES];
+static unsigned long long evp_update_calls, evp_update_bytes;
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -241,9 +245,12 @@ static void crypto_unit(void)
             break;
     if (EVP_EncryptInit_ex(gcm_ctx, NULL, NULL, NULL, gcm_iv) != 1)
         die_ssl("EVP_EncryptInit_ex");
-    for (int i = 0; i < GCM_CHUNKS; i++)
+    for (int i = 0; i < GCM_CHUNKS; i++) {
         if (EVP_EncryptUpdate(gcm_ctx, gcm_out, &outl, gcm_in, GCM_CHUNK) != 1)
             die_ssl("EVP_EncryptUpdate");
+        evp_update_calls++;
+        evp_update_bytes += GCM_CHUNK;
+    }
     if (EVP_EncryptFinal_ex(gcm_ctx, gcm_out, &outl) != 1)
         die_ssl("EVP_EncryptFinal_ex");
     if (EVP_CIPHER_CTX_ctrl(gcm_ctx, EVP_CTRL_GCM_GET_TAG,
@@ -440,7 +447,9 @@ static void write_json(const char *out, const long long ns[NPHASES],
     fprintf(f, "{");
     for (int i = 0; i < NPHASES; i++)
         fprintf(f, "\"%s\": %.6f, ", phase_name[i], ns[i] / 1e9);
-    fprintf(f, "\"total\": %.6f, \"rounds\": %llu}\n", total_ns / 1e9, rounds);
+    fprintf(f, "\"total\": %.6f, \"rounds\": %llu, \"evp_encrypt_update_calls\": %llu, "
+            "\"evp_encrypt_update_bytes\": %llu}\n", total_ns / 1e9, rounds,
+            evp_update_calls, evp_update_bytes);
     if (fflush(f) != 0 || fsync(fileno(f)) != 0)
         die("write %s", json_tmp);
     if (fclose(f) != 0)

@@ -1,0 +1,516 @@
+"""Find the crypto entry points in a target's objects: which library, which symbols, what to probe.
+
+For every object a target maps (or will map: a target held right after exec
+has mapped nothing but itself, so its DT_NEEDED libraries are resolved the way
+the loader would), the symbol tables are read with pyelftools and matched
+against a table of per-packet QUIC crypto entry points:
+
+  library      seal / open (AEAD)                          header protection (HP)
+  OpenSSL,     EVP_EncryptUpdate / EVP_DecryptUpdate        inside EVP_EncryptUpdate (split by size)
+  quictls
+  BoringSSL,   EVP_AEAD_CTX_seal[_scatter] /                AES_ecb_encrypt, CRYPTO_chacha_20
+  aws-lc       EVP_AEAD_CTX_open_gather
+  ring         ring::aead::algorithm::*_seal / *_open       ring::aead::quic::*_new_mask
+  GnuTLS       gnutls_aead_cipher_encrypt / _decrypt        gnutls_cipher_encrypt2
+  nettle       nettle_gcm_aes*_encrypt / _decrypt, ...      -
+  Go           gcmAesEnc / gcmAesDec (asm), *Generic        crypto/internal/fips140/aes.(*Block).Encrypt
+
+One level only: a wrapper and the function it calls are never both probed
+(EVP_CipherUpdate tail-calls EVP_EncryptUpdate/EVP_DecryptUpdate;
+EVP_AEAD_CTX_open calls EVP_AEAD_CTX_open_gather; GnuTLS calls nettle), so
+every call is counted once. Byte counts come from a length argument read on
+entry (registers, or stack slots `sargN` for the 7th argument on and for Go's
+ABI0 assembly); never from return probes, and never with uretprobes on Go.
+
+Whether AES runs with hardware instructions is told from the object (symbols
+of AES-NI/VAES code, or, when stripped, the CRYPTOGAMS banners the assembly
+carries in .rodata) and from the CPU flags; a stripped object's missing
+internals are reported as missing, not guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from qprof.collectors import procfs
+
+CPU_FLAGS = ("aes", "vaes", "pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "sse4_1", "ssse3")
+SEAL, OPEN, HP = "aead_seal", "aead_open", "header_protection"
+AES_GCM, CHACHA = "aes-gcm", "chacha20-poly1305"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One probe-able entry point: a symbol pattern and what a call to it means."""
+
+    library: str
+    pattern: str  # regex, full match on the symbol (demangled for Rust legacy names)
+    kind: str  # aead_seal | aead_open | header_protection
+    cipher: str | None  # None: cipher-agnostic API (the cipher is not visible at this symbol)
+    length: str | None = None  # bpftrace expression of the byte count on entry; None: calls only
+    path: str | None = None  # "hw" or "sw" when only that implementation enters here
+    split: str | None = None  # "evp": count AAD-only / <=16 B / payload calls apart
+    note: str = ""
+
+
+_AWS = r"(?:aws_lc_\d+_\d+_\d+_)?"
+_XGO = r"(?:vendor/)?golang\.org/x/crypto/chacha20poly1305\."
+_GCM_GO = r"(?:crypto/internal/fips140/aes/gcm|crypto/aes)\."
+
+RULES: tuple[Rule, ...] = (
+    # OpenSSL 3 / quictls. EVP_CipherUpdate tail-calls these two (jmp via PLT), so it is not probed.
+    Rule("openssl", "EVP_EncryptUpdate", SEAL, None, "(arg4 & 0xffffffff)", split="evp",
+         note="payload, AAD (out == NULL) and header-protection calls (16-byte AES-ECB or 5-byte ChaCha20 "
+              "mask) all enter here; counted apart by out == NULL and by length <= 16 B"),
+    Rule("openssl", "EVP_DecryptUpdate", OPEN, None, "(arg4 & 0xffffffff)", split="evp",
+         note="payload and AAD (out == NULL) calls; bytes are ciphertext bytes without the tag"),
+    # BoringSSL / aws-lc (aws-lc-rs prefixes its symbols aws_lc_X_Y_Z_)
+    Rule("boringssl", _AWS + "EVP_AEAD_CTX_seal", SEAL, None, "sarg1",
+         note="calls the AEAD's seal_scatter through a function pointer, not EVP_AEAD_CTX_seal_scatter"),
+    Rule("boringssl", _AWS + "EVP_AEAD_CTX_seal_scatter", SEAL, None, "sarg2"),
+    Rule("boringssl", _AWS + "EVP_AEAD_CTX_open_gather", OPEN, None, "arg5",
+         note="EVP_AEAD_CTX_open calls it for every QUIC AEAD (AES-GCM, ChaCha20-Poly1305), so "
+              "EVP_AEAD_CTX_open itself is not probed; an AEAD with its own open() is not counted"),
+    Rule("boringssl", _AWS + "AES_ecb_encrypt", HP, "aes", path=None,
+         note="one 16-byte block per call: the QUIC AES header-protection mask"),
+    Rule("boringssl", _AWS + "CRYPTO_chacha_20", HP, "chacha20", "arg2",
+         note="QUIC ChaCha20 header-protection mask; the generic (non-assembly) ChaCha20-Poly1305 "
+              "path also calls it"),
+    # ring (Rust): AEAD and HP functions reached through ring's Algorithm function pointers,
+    # so not inlined into their callers. Rust has no stable ABI: calls only, no bytes.
+    Rule("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_seal", SEAL, AES_GCM),
+    Rule("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_open", OPEN, AES_GCM),
+    Rule("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_seal", SEAL, CHACHA),
+    Rule("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_open", OPEN, CHACHA),
+    Rule("ring", r"ring::aead::quic::aes_new_mask", HP, "aes"),
+    Rule("ring", r"ring::aead::quic::chacha20_new_mask", HP, "chacha20"),
+    # GnuTLS: ptext_len / ctext_len are the 8th argument (second stack slot on x86-64)
+    Rule("gnutls", "gnutls_aead_cipher_encrypt", SEAL, None, "sarg1"),
+    Rule("gnutls", "gnutls_aead_cipher_decrypt", OPEN, None, "(sarg1 - arg5)",
+         note="bytes: ctext_len minus the tag size (6th argument)"),
+    Rule("gnutls", "gnutls_cipher_encrypt2", HP, None, "arg2",
+         note="QUIC stacks on GnuTLS (ngtcp2) compute the header-protection mask with it; any other "
+              "gnutls_cipher_encrypt2 use in the process is counted too"),
+    # nettle (probed only when GnuTLS is not: GnuTLS calls into nettle)
+    Rule("nettle", r"nettle_gcm_aes(?:128|192|256)?_encrypt", SEAL, AES_GCM, "arg1"),
+    Rule("nettle", r"nettle_gcm_aes(?:128|192|256)?_decrypt", OPEN, AES_GCM, "arg1"),
+    Rule("nettle", "nettle_chacha_poly1305_encrypt", SEAL, CHACHA, "arg1"),
+    Rule("nettle", "nettle_chacha_poly1305_decrypt", OPEN, CHACHA, "arg1"),
+    # Go: the assembly takes ABI0 stack arguments: gcmAesEnc(productTable, dst, src []byte, ...)
+    # has len(src) in the 6th stack word, chacha20Poly1305Seal(dst, key, src, ad) in the 8th.
+    # The generic fallbacks (CPU without AES/PCLMULQDQ or SSSE3) are exclusive with them.
+    Rule("go", _GCM_GO + r"gcmAesEnc(?:\.abi0)?", SEAL, AES_GCM, "sarg5", path="hw"),
+    Rule("go", _GCM_GO + r"gcmAesDec(?:\.abi0)?", OPEN, AES_GCM, "sarg5", path="hw",
+         note="bytes: ciphertext without the tag"),
+    Rule("go", r"crypto/internal/fips140/aes/gcm\.sealGeneric", SEAL, AES_GCM, path="sw"),
+    Rule("go", r"crypto/internal/fips140/aes/gcm\.openGeneric", OPEN, AES_GCM, path="sw"),
+    Rule("go", r"crypto/cipher\.\(\*gcm\)\.Seal", SEAL, AES_GCM, path="sw"),
+    Rule("go", r"crypto/cipher\.\(\*gcm\)\.Open", OPEN, AES_GCM, path="sw"),
+    Rule("go", _XGO + r"chacha20Poly1305Seal(?:\.abi0)?", SEAL, CHACHA, "sarg7", path="hw"),
+    Rule("go", _XGO + r"chacha20Poly1305Open(?:\.abi0)?", OPEN, CHACHA, "sarg7", path="hw",
+         note="bytes: ciphertext without the tag"),
+    Rule("go", _XGO + r"\(\*chacha20poly1305\)\.sealGeneric", SEAL, CHACHA, path="sw"),
+    Rule("go", _XGO + r"\(\*chacha20poly1305\)\.openGeneric", OPEN, CHACHA, path="sw"),
+    Rule("go", r"crypto/internal/fips140/aes\.\(\*Block\)\.Encrypt", HP, "aes",
+         note="cipher.Block.Encrypt: QUIC AES header protection (GCM's own block encryptions use "
+              "EncryptBlockInternal); any other single-block AES use is counted too"),
+    Rule("go", r"crypto/aes\.\(\*aesCipher(?:Asm)?\)\.Encrypt", HP, "aes",
+         note="cipher.Block.Encrypt (Go < 1.24): QUIC AES header protection"),
+    Rule("go", r"github\.com/quic-go/quic-go/internal/handshake\.\(\*chachaHeaderProtector\)\.apply", HP,
+         "chacha20"),
+)
+
+# Symbols that tell hardware AES code is in the object (not probed: they run inside the entry points).
+_HW = {
+    "openssl": r"aesni_\w+|\w*vaes\w*|gcm_ghash_(?:clmul|avx)|ossl_aes\w*_aesni\w*|aes_gcm_\w*avx512\w*",
+    "boringssl": _AWS + r"(?:aes_hw_\w+|aesni_gcm_\w+|\w*vaes\w*|aes_gcm_\w*avx512|gcm_(?:ghash|init)_(?:clmul|avx)\w*)",
+    "ring": r"ring_core_\w+?_(?:aes_hw_\w+|aesni_gcm_\w+|\w*vaes\w*|gcm_ghash_(?:clmul|avx|vpclmulqdq)\w*)",
+    "gnutls": r"_gnutls_aesni\w*|aesni_gcm_\w+|\w*aes_gcm_\w*pclmul\w*",
+    "nettle": r"_nettle_\w*aesni|_nettle_ghash_\w*pclmul",
+    "go": _GCM_GO + r"gcmAesEnc(?:\.abi0)?|crypto/(?:internal/fips140/)?aes\.encryptBlockAsm(?:\.abi0)?",
+}
+_SW = {
+    "openssl": r"vpaes_\w+|AES_encrypt|gcm_ghash_4bit",
+    "boringssl": _AWS + r"(?:aes_nohw_\w+|vpaes_\w+)",
+    "ring": r"ring_core_\w+?_(?:aes_nohw_\w+|vpaes_\w+)",
+    "nettle": r"_nettle_aes\d*_encrypt_c|_nettle_aes_encrypt",
+    "go": r"crypto/internal/fips140/aes\.encryptBlockGeneric|crypto/aes\.encryptBlockGo",
+}
+# Which cipher families the object implements (symbols present, used or not).
+_CIPHERS = {
+    AES_GCM: r"(?:\w+_)?(?:EVP_aes_\d+_gcm|EVP_aead_aes_\d+_gcm\w*|nettle_gcm_aes\w*)|"
+             r"ring::aead::\w+::aes_gcm_\w+|ring_core_\w+_gcm_\w+|" + _GCM_GO + r"\w+",
+    CHACHA: r"(?:\w+_)?(?:EVP_chacha20_poly1305|EVP_aead_chacha20_poly1305|nettle_chacha_poly1305\w*)|"
+            r"ring::aead::\w+::chacha20_poly1305_\w+|" + _XGO + r".+",
+}
+# CRYPTOGAMS assembly carries these banners in .rodata: evidence of AES-NI code in a stripped object.
+_HW_BANNERS = (b"AES for Intel AES-NI", b"AES-NI GCM module", b"aes-gcm-x86-aesni", b"aes-gcm-x86-pclmul")
+
+# GnuTLS names its ciphers in .rodata; its per-cipher code is stripped.
+_CIPHER_NAMES = (b"AES-128-GCM", b"AES-256-GCM", b"CHACHA20-POLY1305")
+
+# Cheap prefilter before the rule regexes (most symbols of a large binary are not crypto).
+_INTEREST = re.compile(r"(?i)aes|gcm|chacha|aead|cipher|EVP_|ghash|HeaderProtector")
+_RULES_RE = [(r, re.compile(r.pattern)) for r in RULES]
+_LIBS = ("openssl", "boringssl", "ring", "gnutls", "nettle", "go")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One uprobe qprof would place: an entry point found in an object."""
+
+    library: str
+    symbol: str
+    address: int  # virtual address in the object (bpftrace converts it to a file offset)
+    table: str  # "dynsym" (exported) or "symtab" (full table)
+    kind: str
+    cipher: str | None
+    length: str | None
+    path: str | None
+    split: str | None
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["address"] = hex(self.address)
+        return d
+
+
+@dataclass
+class ObjectCrypto:
+    """What one object offers: library kinds, crypto symbols, probes, AES hardware paths."""
+
+    path: str
+    symbols: str  # "symtab", "dynsym", "none" or "unreadable"
+    libraries: list[str] = field(default_factory=list)
+    found: dict[str, list[str]] = field(default_factory=dict)  # table -> matching crypto symbols
+    probes: list[Probe] = field(default_factory=list)
+    ciphers: list[str] = field(default_factory=list)
+    aes_hw: dict[str, Any] = field(default_factory=dict)  # present: bool|None, evidence, software_only
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "symbols": self.symbols, "libraries": self.libraries, "found": self.found,
+                "probes": [p.to_json() for p in self.probes], "ciphers": self.ciphers, "aes_hw": self.aes_hw,
+                "notes": self.notes}
+
+
+def cpu_flags() -> dict[str, bool]:
+    """The CPU features that decide AES/GHASH/ChaCha20 code paths (from /proc/cpuinfo)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {f: f in flags for f in CPU_FLAGS}
+
+
+def rust_legacy_demangle(name: str) -> str | None:
+    """`_ZN4ring4aead9algorithm12aes_gcm_seal17h0123456789abcdefE` -> `ring::aead::algorithm::aes_gcm_seal`
+    (Rust's legacy mangling, still the stable default; escapes like $LT$ are left as they are)."""
+    if not name.startswith("_ZN") or not name.endswith("E"):
+        return None
+    parts: list[str] = []
+    i, end = 3, len(name) - 1
+    while i < end:
+        j = i
+        while j < end and name[j].isdigit():
+            j += 1
+        if j == i:
+            return None
+        n = int(name[i:j])
+        parts.append(name[j:j + n])
+        i = j + n
+    if i != end or not parts:
+        return None
+    if re.fullmatch(r"h[0-9a-f]{16}", parts[-1]):
+        parts.pop()
+    return "::".join(parts)
+
+
+def _function_symbols(elf: ELFFile, table: str) -> Iterable[tuple[str, int]]:
+    """(name, address) of the defined functions in one symbol table whose names look crypto-related.
+    Entries are unpacked in bulk: large static binaries hold 10^5 symbols."""
+    sec = elf.get_section_by_name(table)
+    if not isinstance(sec, SymbolTableSection):
+        return
+    strtab = elf.get_section(sec["sh_link"]).data()
+    data = sec.data()
+    if elf.elfclass == 64 and elf.little_endian:
+        entries: Iterable[tuple[int, int, int, int]] = (
+            (n, info, shndx, value) for n, info, _o, shndx, value, _s in struct.iter_unpack("<IBBHQQ", data))
+    else:
+        entries = ((s["st_name"], (2 if s["st_info"]["type"] == "STT_FUNC" else 0),
+                    1 if s["st_shndx"] != "SHN_UNDEF" else 0, s["st_value"]) for s in sec.iter_symbols())
+    for n, info, shndx, value in entries:
+        if info & 0xF != 2 or shndx == 0 or value == 0:
+            continue
+        raw = strtab[n:strtab.find(b"\0", n)]
+        if not _INTEREST.search(raw.decode("ascii", "replace")):
+            continue
+        name = raw.decode("utf-8", "replace")
+        if name.startswith("_ZN"):
+            name = rust_legacy_demangle(name) or name
+        yield name, value
+
+
+def _sections_have(elf: ELFFile, needles: tuple[bytes, ...]) -> list[str]:
+    """Which needles occur in .rodata or .text (CRYPTOGAMS assembly keeps its banner after its code)."""
+    found: list[str] = []
+    for name in (".rodata", ".text"):
+        sec = elf.get_section_by_name(name)
+        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            continue
+        data = sec.data()
+        found += [n.decode() for n in needles if n in data and n.decode() not in found]
+    return found
+
+
+def _libraries(names: set[str], path: str, is_go: bool) -> list[str]:
+    base = os.path.basename(path)
+    libs = []
+    aws = any(re.match(r"aws_lc_\d+_\d+_\d+_", n) for n in names) or "awslc_api_version_num" in names
+    boring = aws or any(re.fullmatch(_AWS + r"EVP_AEAD_CTX_seal\w*", n) for n in names)
+    if boring:
+        libs.append("aws-lc" if aws else "boringssl")
+    elif "EVP_EncryptUpdate" in names:
+        libs.append("openssl")
+    if any(n.startswith("ring::aead") or n.startswith("ring_core_") for n in names):
+        libs.append("ring")
+    if "gnutls_aead_cipher_encrypt" in names or base.startswith("libgnutls."):
+        libs.append("gnutls")
+    if any(n.startswith("nettle_") for n in names) or base.startswith("libnettle."):
+        libs.append("nettle")
+    if is_go:
+        libs.append("go")
+    return libs
+
+
+def _rule_library(lib: str) -> str:
+    return "boringssl" if lib == "aws-lc" else lib
+
+
+@lru_cache(maxsize=256)
+def object_crypto(path: str) -> ObjectCrypto:
+    """Read one object's crypto symbols; never raises (an unreadable object says so)."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            tables = {t: list(_function_symbols(elf, t)) for t in (".symtab", ".dynsym")}
+            symtab_n = elf.get_section_by_name(".symtab")
+            kind = "symtab" if isinstance(symtab_n, SymbolTableSection) and symtab_n.num_symbols() > 1 else (
+                "dynsym" if tables[".dynsym"] or elf.get_section_by_name(".dynsym") is not None else "none")
+            is_go = elf.get_section_by_name(".gopclntab") is not None or \
+                elf.get_section_by_name(".go.buildinfo") is not None
+            banners = _sections_have(elf, _HW_BANNERS)
+            cipher_names = _sections_have(elf, _CIPHER_NAMES) if \
+                os.path.basename(path).startswith("libgnutls.") else []
+    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+        return ObjectCrypto(path, "unreadable", notes=[f"unreadable: {e}"])
+    names = {n for t in tables.values() for n, _ in t}
+    obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go))
+    if not obj.libraries:
+        return obj
+    rule_libs = {_rule_library(lib) for lib in obj.libraries}
+    seen: dict[int, Probe] = {}
+    found: dict[str, set[str]] = {}
+    for table, syms in tables.items():
+        tname = table.lstrip(".")
+        for name, addr in syms:
+            for rule, rx in _RULES_RE:
+                if rule.library in rule_libs and rx.fullmatch(name):
+                    found.setdefault(tname, set()).add(name)
+                    if addr not in seen:  # aliases and a symbol in both tables: one probe per address
+                        seen[addr] = Probe(rule.library, name, addr, tname, rule.kind, rule.cipher, rule.length,
+                                           rule.path, rule.split, rule.note)
+                    break
+    obj.probes = sorted(seen.values(), key=lambda p: (p.kind, p.symbol))
+    hw_ev: list[str] = []
+    sw_ev: list[str] = []
+    for lib in rule_libs:
+        if lib in _HW:
+            hw_ev += sorted(n for n in names if re.fullmatch(_HW[lib], n))
+        if lib in _SW:
+            sw_ev += sorted(n for n in names if re.fullmatch(_SW[lib], n))
+    for cipher, rx in _CIPHERS.items():
+        if any(re.fullmatch(rx, n) for n in names) or \
+                any(c.lower().startswith(cipher.split("-")[0]) for c in cipher_names):
+            obj.ciphers.append(cipher)
+    for tname, hw in (("hw", hw_ev), ("sw", sw_ev)):
+        if hw:
+            found.setdefault(tname + "_paths", set()).update(hw[:20])
+    obj.found = {k: sorted(v) for k, v in found.items()}
+    if hw_ev:
+        obj.aes_hw = {"present": True, "evidence": f"symbols: {', '.join(hw_ev[:4])}" +
+                      (f" (+{len(hw_ev) - 4})" if len(hw_ev) > 4 else "")}
+    elif banners:
+        obj.aes_hw = {"present": True, "evidence": "symbols stripped; the object carries the AES-NI code's banners: "
+                      + "; ".join(banners)}
+    elif kind == "symtab" or "go" in obj.libraries:
+        obj.aes_hw = {"present": False, "evidence": "full symbol table has no AES-NI/VAES/aes_hw code"
+                      + (f"; software AES: {', '.join(sw_ev[:3])}" if sw_ev else "")}
+    else:
+        obj.aes_hw = {"present": None, "evidence": "unknown: symbols stripped and no AES-NI banner found"}
+    obj.notes += _stripped_notes(obj, names)
+    return obj
+
+
+def _stripped_notes(obj: ObjectCrypto, names: set[str]) -> list[str]:
+    """Say what is missing from a stripped object and where calls are counted instead."""
+    if obj.symbols != "dynsym":
+        return []
+    base = os.path.basename(obj.path)
+    notes = []
+    if "gnutls" in obj.libraries:
+        notes.append(f"symbols absent: {base} stripped to .dynsym; AEAD calls counted at the exported "
+                     "gnutls_aead_cipher_* API only (cipher and AES-NI/software path not visible per call)")
+    if "openssl" in obj.libraries:
+        notes.append(f"symbols absent: {base} stripped to .dynsym (no aesni_*/gcm_*/ossl_* internals); "
+                     "AEAD and header-protection calls counted at the exported EVP_EncryptUpdate/"
+                     "EVP_DecryptUpdate API only, told apart by length")
+    if obj.libraries and not obj.probes:
+        notes.append(f"symbols absent: {base} ({', '.join(obj.libraries)}) exports none of the per-packet "
+                     "entry points qprof probes: not counted")
+    return notes
+
+
+# ---- objects of a process, including libraries not mapped yet
+
+@lru_cache(maxsize=1)
+def _ld_cache() -> dict[str, str]:
+    """soname -> path for this architecture, from the loader's cache (ldconfig -p)."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s+(\S+) \(([^)]*)\) => (\S+)", line)
+        if m and "x86-64" in m.group(2):
+            found.setdefault(m.group(1), m.group(3))
+    return found
+
+
+def _dynamic(path: str) -> tuple[list[str], list[str]]:
+    """(DT_NEEDED, search dirs from DT_RUNPATH or DT_RPATH with $ORIGIN expanded)."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            needed, dirs = [], []
+            for sec in elf.iter_sections():
+                if isinstance(sec, DynamicSection):
+                    for tag in sec.iter_tags():
+                        if tag.entry.d_tag == "DT_NEEDED":
+                            needed.append(tag.needed)
+                        elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
+                            val = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+                            origin = os.path.dirname(os.path.realpath(path))
+                            dirs += [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+                                     for d in val.split(":") if d]
+            return needed, dirs
+    except (OSError, ELFError, ValueError, KeyError):
+        return [], []
+
+
+def needed_objects(exe: str) -> list[str]:
+    """The shared libraries `exe` will load (DT_NEEDED, recursively), resolved like the loader:
+    RUNPATH/RPATH, then ld.so.cache, then the default directories. LD_LIBRARY_PATH is not read
+    (qprof reads no target environment), nor are dlopen()ed libraries known in advance."""
+    cache = _ld_cache()
+    out: dict[str, None] = {}
+    todo = [exe]
+    while todo:
+        obj = todo.pop()
+        needed, dirs = _dynamic(obj)
+        for name in needed:
+            cands = [os.path.join(d, name) for d in dirs] + ([cache[name]] if name in cache else []) + \
+                [os.path.join(d, name) for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+                                                 "/lib64", "/usr/lib64", "/lib", "/usr/lib")]
+            for c in cands:
+                if os.path.isfile(c):
+                    real = os.path.realpath(c)
+                    if real not in out:
+                        out[real] = None
+                        todo.append(real)
+                    break
+    return list(out)
+
+
+def process_objects(pid: int) -> tuple[list[str], list[str]]:
+    """(mapped objects, objects the executable needs but has not mapped yet) of a live target."""
+    mapped = procfs.mapped_objects(pid)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return mapped, []
+    real_mapped = {os.path.realpath(p) for p in mapped}
+    pending = [p for p in needed_objects(exe) if p not in real_mapped]
+    return mapped, pending
+
+
+def discover(pids: Iterable[int]) -> dict[str, Any]:
+    """The crypto picture of the targets: per object what is there, per process what to probe.
+
+    The result is JSON-ready and is what probes.json records under "crypto"."""
+    flags = cpu_flags()
+    objects: dict[str, ObjectCrypto] = {}
+    processes: dict[str, Any] = {}
+    for pid in pids:
+        mapped, pending = process_objects(pid)
+        entry: dict[str, Any] = {"objects": [], "pending_objects": [], "probes": [], "notes": []}
+        for path, is_pending in [(p, False) for p in mapped] + [(p, True) for p in pending]:
+            obj = object_crypto(os.path.realpath(path))
+            if not obj.libraries:
+                continue
+            objects[obj.path] = obj
+            entry["pending_objects" if is_pending else "objects"].append(obj.path)
+        libs_here = {lib for p in entry["objects"] + entry["pending_objects"] for lib in objects[p].libraries}
+        for p in entry["objects"] + entry["pending_objects"]:
+            for probe in objects[p].probes:
+                if probe.library == "nettle" and "gnutls" in libs_here:
+                    continue
+                entry["probes"].append({"object": p, "address": hex(probe.address), "symbol": probe.symbol,
+                                        "kind": probe.kind})
+        if "gnutls" in libs_here and "nettle" in libs_here:
+            entry["notes"].append("nettle is GnuTLS's back end here: calls are counted at GnuTLS's API, "
+                                  "not again in nettle")
+        if entry["pending_objects"]:
+            entry["notes"].append("libraries not mapped yet at attach (target held at exec) were found "
+                                  "through DT_NEEDED; dlopen()ed ones are not known in advance")
+        if not entry["probes"]:
+            entry["notes"].append("no crypto entry point found in this process's objects: nothing to count")
+        processes[str(pid)] = entry
+    return {"cpu_flags": flags,
+            "aes_hw_usable_by_cpu": bool(flags.get("aes") and flags.get("pclmulqdq")),
+            "objects": {p: o.to_json() for p, o in objects.items()},
+            "processes": processes}
+
+
+def describe(result: dict[str, Any]) -> list[str]:
+    """Human lines for `qprof attach` status output (what was found and what will be probed)."""
+    lines = []
+    for path, o in result["objects"].items():
+        n = len(o["probes"])
+        lines.append(f"{Path(path).name}: {'/'.join(o['libraries'])}, {o['symbols']} symbols, "
+                     f"{n} entry point(s), AES hardware code "
+                     f"{ {True: 'present', False: 'absent', None: 'unknown'}[o['aes_hw'].get('present')] }")
+        lines += [f"  {note}" for note in o["notes"]]
+    return lines

@@ -1,0 +1,3 @@
+module qprof.test/gcmgo
+
+go 1.21
