@@ -131,45 +131,64 @@ class StoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
                 raise QprofError(f"could not release pid {self.pid} (ptrace detach: errno {ctypes.get_errno()})")
 
 
+def _tmpdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="qprof-xfer-", dir=_tmpfs()))
+
+
 @dataclass
-class Ngtcp2Transfer:
-    """A gtlsserver serving one file and a gtlsclient downloading it, on 127.0.0.1."""
+class Transfer:
+    """A server on 127.0.0.1 and a client held right after exec: one bulk transfer to profile.
+
+    Subclasses say how to run their server and client (`server_command`,
+    `client_command`); this class owns the life cycle: certificate, server
+    start until its UDP port is bound, the held client, release, completion,
+    goodput, and clean-up of both processes and the work directory.
+    """
 
     size: int
-    requests: int = 1  # the client fetches the file this many times (streams of one connection)
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="qprof-ngtcp2-", dir=_tmpfs())))
+    workdir: Path = field(default_factory=_tmpdir)
     port: int = field(default_factory=free_udp_port)
     server: subprocess.Popen[bytes] | None = None
-    client: StoppedProcess | None = None
+    client: Any = None  # a held process with .release() (StoppedProcess or alike)
     released_at: float | None = None
     finished_at: float | None = None
 
-    def start_server(self, timeout: float = 10.0) -> int:
-        srv = which_or_fail(NGTCP2_SERVER, "ngtcp2-server")
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def server_command(self, key: Path, cert: Path) -> list[str]:
+        raise NotImplementedError
+
+    def client_command(self) -> list[str]:
+        raise NotImplementedError
+
+    def transferred_bytes(self) -> int:
+        return self.size
+
+    def hold_client(self, cmd: list[str], **kw: Any) -> Any:
+        """Start the client held before its first packet (override for other ways of holding)."""
+        return StoppedProcess(cmd, **kw)
+
+    def start_server(self, timeout: float = 30.0) -> int:
         key, cert = make_certificate(self.workdir)
-        make_payload(self.workdir, self.size)
-        self.server = subprocess.Popen(
-            [srv, "-q", "--no-quic-dump", "--no-http-dump", "-d", str(self.workdir), "127.0.0.1",
-             str(self.port), str(key), str(cert)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.workdir / "server.err", "wb") as err:
+            self.server = subprocess.Popen(self.server_command(key, cert), stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + timeout
         while not udp_port_bound(self.port):
             if self.server.poll() is not None:
-                raise QprofError(f"{NGTCP2_SERVER} exited at start (exit {self.server.returncode})")
+                raise QprofError(f"{self.name} server exited at start (exit {self.server.returncode}): "
+                                 f"{self.tail('server.err')}")
             if time.monotonic() > deadline:
-                raise QprofError(f"{NGTCP2_SERVER} did not bind UDP port {self.port}")
+                raise QprofError(f"{self.name} server did not bind UDP port {self.port}")
             time.sleep(0.02)
         return self.server.pid
 
     def start_client_stopped(self) -> int:
-        cli = which_or_fail(NGTCP2_CLIENT, "ngtcp2-client")
-        url = f"https://127.0.0.1:{self.port}/payload"
-        cmd = [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
-               "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
-               "--max-stream-window=128M", "-n", str(self.requests), "127.0.0.1", str(self.port), url]
-        self.client = StoppedProcess(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        return self.client.pid
+        with open(self.workdir / "client.out", "wb") as out, open(self.workdir / "client.err", "wb") as err:
+            self.client = self.hold_client(self.client_command(), stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        return int(self.client.pid)
 
     def release_client(self) -> None:
         assert self.client is not None
@@ -186,7 +205,13 @@ class Ngtcp2Transfer:
     def goodput_gbps(self) -> float | None:
         if self.released_at is None or self.finished_at is None or self.client is None or self.client.returncode:
             return None
-        return self.size * self.requests * 8 / (self.finished_at - self.released_at) / 1e9
+        return self.transferred_bytes() * 8 / (self.finished_at - self.released_at) / 1e9
+
+    def tail(self, name: str) -> str:
+        try:
+            return " | ".join((self.workdir / name).read_text(errors="replace").strip().splitlines()[-3:])
+        except OSError:
+            return ""
 
     def close(self) -> None:
         if self.client is not None:
@@ -201,11 +226,34 @@ class Ngtcp2Transfer:
                     p.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "Ngtcp2Transfer":
+    def __enter__(self) -> "Transfer":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class Ngtcp2Transfer(Transfer):
+    """A gtlsserver serving one file from tmpfs and a gtlsclient downloading it."""
+
+    requests: int = 1  # the client fetches the file this many times (streams of one connection)
+
+    def server_command(self, key: Path, cert: Path) -> list[str]:
+        srv = which_or_fail(NGTCP2_SERVER, "ngtcp2-server")
+        make_payload(self.workdir, self.size)
+        return [srv, "-q", "--no-quic-dump", "--no-http-dump", "-d", str(self.workdir), "127.0.0.1",
+                str(self.port), str(key), str(cert)]
+
+    def client_command(self) -> list[str]:
+        cli = which_or_fail(NGTCP2_CLIENT, "ngtcp2-client")
+        url = f"https://127.0.0.1:{self.port}/payload"
+        return [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
+                "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
+                "--max-stream-window=128M", "-n", str(self.requests), "127.0.0.1", str(self.port), url]
+
+    def transferred_bytes(self) -> int:
+        return self.size * self.requests
 
 
 def _tmpfs() -> str | None:

@@ -13,17 +13,16 @@ the client once sampling runs and stops when the client exits.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof.endpoints import StoppedProcess, free_udp_port, make_certificate, udp_port_bound
+from qprof.endpoints import Transfer
 from qprof.errors import QprofError
 
 from .build import Built, build
@@ -61,103 +60,59 @@ class SelfStoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
             os.kill(self.pid, signal.SIGCONT)
 
 
-def _tmpfs() -> str | None:
-    return "/dev/shm" if Path("/dev/shm").is_dir() else None
-
-
 @dataclass
-class BulkTransfer:
-    built: Built
-    nbytes: int
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="qprof-bulk-", dir=_tmpfs())))
-    port: int = field(default_factory=free_udp_port)
-    server: subprocess.Popen[bytes] | None = None
-    client: StoppedProcess | SelfStoppedProcess | None = None
-    released_at: float | None = None
-    finished_at: float | None = None
+class BulkTransfer(Transfer):
+    """A built endpoint's server and client (tests/endpoints), moving `size` bytes on one stream."""
+
+    built: Built | None = None
     client_output: str = ""
+
+    @property
+    def name(self) -> str:
+        assert self.built is not None
+        return self.built.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.size
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start_server(self, timeout: float = 30.0) -> int:
-        key, cert = make_certificate(self.workdir)
-        with open(self.workdir / "server.err", "wb") as err:
-            self.server = subprocess.Popen(self.built.server(self.addr, cert, key), stdin=subprocess.DEVNULL,
-                                           stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + timeout
-        while not udp_port_bound(self.port):
-            if self.server.poll() is not None:
-                raise QprofError(f"{self.built.name} server exited at start (exit {self.server.returncode}): "
-                                 f"{self._tail('server.err')}")
-            if time.monotonic() > deadline:
-                raise QprofError(f"{self.built.name} server did not bind UDP port {self.port}")
-            time.sleep(0.02)
-        return self.server.pid
+    def server_command(self, key: Path, cert: Path) -> list[str]:
+        assert self.built is not None
+        return self.built.server(self.addr, cert, key)
 
-    def start_client_stopped(self) -> int:
-        cmd = self.built.client(self.addr, self.nbytes)
-        with open(self.workdir / "client.out", "wb") as out, open(self.workdir / "client.err", "wb") as err:
-            if self.built.client_stop_env:
-                self.client = SelfStoppedProcess(cmd, self.built.client_stop_env, stdin=subprocess.DEVNULL,
-                                                 stdout=out, stderr=err)
-            else:
-                self.client = StoppedProcess(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        return self.client.pid
+    def client_command(self) -> list[str]:
+        assert self.built is not None
+        return self.built.client(self.addr, self.size)
 
-    def release_client(self) -> None:
-        assert self.client is not None
-        self.released_at = time.monotonic()
-        self.client.release()
+    def hold_client(self, cmd: list[str], **kw: Any) -> Any:
+        assert self.built is not None
+        if self.built.client_stop_env:
+            return SelfStoppedProcess(cmd, self.built.client_stop_env, **kw)
+        return super().hold_client(cmd, **kw)
 
     def client_done(self) -> bool:
-        if self.client is None or self.client.poll() is None:
-            return False
-        if self.finished_at is None:
-            self.finished_at = time.monotonic()
+        done = super().client_done()
+        if done and not self.client_output:
             self.client_output = (self.workdir / "client.out").read_text(errors="replace").strip()
-        return True
+        return done
 
     def check_client(self) -> None:
         """Raise unless the client exited 0 having received every byte."""
         assert self.client is not None
-        if self.client.returncode != 0 or f"bytes={self.nbytes} " not in self.client_output + " ":
-            raise QprofError(f"{self.built.name} client failed (exit {self.client.returncode}): "
-                             f"{self.client_output!r} {self._tail('client.err')}")
-
-    def goodput_gbps(self) -> float | None:
-        if self.released_at is None or self.finished_at is None:
-            return None
-        return self.nbytes * 8 / (self.finished_at - self.released_at) / 1e9
-
-    def _tail(self, name: str) -> str:
-        try:
-            return " | ".join((self.workdir / name).read_text(errors="replace").strip().splitlines()[-3:])
-        except OSError:
-            return ""
+        if self.client.returncode != 0 or f"bytes={self.size} " not in self.client_output + " ":
+            raise QprofError(f"{self.name} client failed (exit {self.client.returncode}): "
+                             f"{self.client_output!r} {self.tail('client.err')}")
 
     def close(self) -> None:
-        if self.client is not None:
-            self.client.release()  # a traced child cannot be terminated while held
-        for p in (self.client, self.server):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        for p in (self.client, self.server):
-            if p is not None:
-                self.built.cleanup(p.pid)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "BulkTransfer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        pids = [p.pid for p in (self.client, self.server) if p is not None]
+        super().close()
+        assert self.built is not None
+        for pid in pids:
+            self.built.cleanup(pid)
 
 
 def profile(built: Built, nbytes: int | None = None, out: Path | None = None,
@@ -171,7 +126,7 @@ def profile(built: Built, nbytes: int | None = None, out: Path | None = None,
 
     n = nbytes or built.spec.test_bytes
     out = out or Path(tempfile.mkdtemp(prefix=f"qprof-run-{built.name}-")) / "run"
-    with BulkTransfer(built, n) as xfer:
+    with BulkTransfer(n, built=built) as xfer:
         server = xfer.start_server()
         client = xfer.start_client_stopped()
         opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"}, **attach)
