@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qprof.attribution.crypto import Crypto, analyse as analyse_crypto
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, attribute
 from qprof.attribution.recommend import Recommendation, recommend
+from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
 
 
@@ -18,6 +19,17 @@ class Analysis:
     packet_io: PacketIO | None
     recommendations: list[Recommendation]
     crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
+    sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return verdict_of([self])
+
+
+def verdict_of(analyses: list[Analysis]) -> Verdict | None:
+    """One verdict over one run, or over runs recorded on different hosts (one side each)."""
+    sides = [s for a in analyses for s in a.sides]
+    return judge(sides) if sides else None
 
 
 def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Analysis:
@@ -28,4 +40,9 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Ana
     comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
     recs = recommend(pio, comms) if pio is not None else []
     crypto = analyse_crypto(run.probes() or {}, [int(t["pid"]) for t in targets], pio)
-    return Analysis(profile, pio, recs, crypto)
+    readings = list(run.proc_readings())
+    host_cpus = int(run.meta.get("host", {}).get("cpus") or 1)
+    sides = [ev for t in targets if t.get("role") in ("server", "client")
+             for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio)]
+             if ev is not None]
+    return Analysis(profile, pio, recs, crypto, sides)

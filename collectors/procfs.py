@@ -118,22 +118,77 @@ def thread_times(pid: int) -> list[dict[str, Any]]:
             continue
         comm, f = _stat_fields(stat)
         sched = (_read(f"/proc/{pid}/task/{t}/schedstat") or "").split()
+        sc = (_read(f"/proc/{pid}/task/{t}/syscall") or "").split()
         out.append({
             "tid": int(t),
             "comm": comm,
             "state": f[0],
             "utime_s": int(f[11]) / CLK_TCK,
             "stime_s": int(f[12]) / CLK_TCK,
+            # schedstat: ns on a CPU, ns runnable but waiting for one (precise, unlike ticks)
+            "on_cpu_s": int(sched[0]) / 1e9 if len(sched) >= 2 else None,
             "run_delay_s": int(sched[1]) / 1e9 if len(sched) >= 2 else None,
+            # the system call it sits in when blocked (a number), or "running"
+            "syscall": sc[0] if sc else None,
             "cpu": int(f[36]) if len(f) > 36 else -1,
         })
     return out
 
 
+def _cgroup_path(pid: int) -> tuple[str, str] | None:
+    """(version, path) of the cgroup that governs the process's CPU time."""
+    text = _read(f"/proc/{pid}/cgroup") or ""
+    v2 = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "cpu" in parts[1].split(","):
+            return "v1", parts[2]
+        if parts[0] == "0":
+            v2 = parts[2]
+    return ("v2", v2) if v2 is not None else None
+
+
+def _kv(text: str | None) -> dict[str, int]:
+    out = {}
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if v.strip().lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
+def cgroup_cpu(pid: int) -> dict[str, Any] | None:
+    """CPU quota and throttling of the target's cgroup (v1 cpu controller or v2 cpu.max)."""
+    found = _cgroup_path(pid)
+    if found is None:
+        return None
+    version, path = found
+    if version == "v1":
+        base = f"/sys/fs/cgroup/cpu{path}"
+        quota = int((_read(f"{base}/cpu.cfs_quota_us") or "-1").strip() or -1)
+        period = int((_read(f"{base}/cpu.cfs_period_us") or "100000").strip() or 100000)
+        stat = _kv(_read(f"{base}/cpu.stat"))
+        throttled = stat.get("throttled_time", 0) / 1e9
+    else:
+        base = next((f"{root}{path}" for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+                     if os.path.exists(f"{root}{path}/cpu.stat")), f"/sys/fs/cgroup{path}")
+        q, _, per = (_read(f"{base}/cpu.max") or "max 100000").strip().partition(" ")
+        quota, period = (-1 if q == "max" else int(q)), int(per or 100000)
+        stat = _kv(_read(f"{base}/cpu.stat"))
+        throttled = stat.get("throttled_usec", 0) / 1e6
+    return {"version": version, "path": path,
+            "quota_cores": quota / period if quota > 0 and period > 0 else None,
+            "nr_periods": stat.get("nr_periods", 0), "nr_throttled": stat.get("nr_throttled", 0),
+            "throttled_s": throttled}
+
+
 def reading(pids: list[int]) -> dict[str, Any]:
     """One timestamped /proc reading for all targets (a line of proc.jsonl)."""
     return {"t": time.time(), "mono": time.monotonic(),
-            "threads": {str(p): thread_times(p) for p in pids}}
+            "threads": {str(p): thread_times(p) for p in pids},
+            "cgroups": {str(p): cgroup_cpu(p) for p in pids}}
 
 
 def is_alive(pid: int) -> bool:

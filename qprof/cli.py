@@ -57,7 +57,9 @@ def _default_out() -> Path:
 
 
 @main.command()
-@click.argument("pids", nargs=-1, required=True, type=int)
+@click.argument("pids", nargs=-1, type=int)
+@click.option("--server", "servers", multiple=True, type=int, help="A server endpoint's pid (for the verdict).")
+@click.option("--client", "clients", multiple=True, type=int, help="A client endpoint's pid (for the verdict).")
 @click.option("-d", "--duration", type=float, default=None,
               help="Seconds to sample; default: until Ctrl-C or every target exits.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
@@ -71,9 +73,12 @@ def _default_out() -> Path:
                    "uprobes on AEAD and header-protection calls).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
-def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, frequency: int,
-           unwind: str, probes: str, quiet: bool) -> None:
+def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
+           out: Path | None, frequency: int, unwind: str, probes: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
+
+    Give endpoints as PIDs, or as --server PID / --client PID so the report can
+    judge which side limits the run.
 
     Stops at --duration, on Ctrl-C, or when every target has exited; the
     archive keeps whatever was collected. Needs root (perf sampling of other
@@ -82,8 +87,9 @@ def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, freq
     from qprof.collectors.probes import parse_groups
     from qprof.collectors.session import AttachOptions, AttachSession
 
-    opts = AttachOptions(pids=list(pids), out=out or _default_out(), duration=duration,
-                         frequency=frequency, unwind=unwind, probes=parse_groups(probes))
+    roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
+    opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
+                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles)
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))
@@ -92,7 +98,7 @@ def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, freq
 
 
 @main.command()
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
@@ -102,9 +108,11 @@ def attach(pids: tuple[int, ...], duration: float | None, out: Path | None, freq
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
 @_guard
-def report(run: Path, fmt: str, mappings: tuple[str, ...], top: int, stack: str | None, refold: bool) -> None:
-    """Attribute a run's samples to categories and print them."""
-    print_report(run, fmt, list(mappings), top, refold, stack)
+def report(runs: tuple[Path, ...], fmt: str, mappings: tuple[str, ...], top: int, stack: str | None,
+           refold: bool) -> None:
+    """Attribute runs' samples to categories and print them, with the verdict when the
+    targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
+    print_report(list(runs), fmt, list(mappings), top, refold, stack)
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
@@ -119,23 +127,29 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     return run
 
 
-def print_report(run_path: Path, fmt: str, mappings: list[str], top: int, refold: bool = False,
+def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
                  stack: str | None = None) -> None:
-    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
 
     if top < 1:
         raise QprofError("--top must be at least 1")
-    run = _open_run(run_path, refold)
-    analysis = analyse_run(run, MappingSet.load(mappings), stack)
+    ms = MappingSet.load(mappings)
+    analyses = [analyse_run(_open_run(p, refold), ms, stack) for p in run_paths]
     if fmt == "json":
-        from qprof.viewer.json_report import to_dict
+        from qprof.viewer.json_report import merged_dict, to_dict
 
-        click.echo(json.dumps(to_dict(analysis, top), indent=1))
+        doc = to_dict(analyses[0], top) if len(analyses) == 1 else merged_dict(analyses, top)
+        click.echo(json.dumps(doc, indent=1))
     else:
-        from qprof.viewer.terminal import render
+        from qprof.viewer.terminal import render, render_verdict
 
-        render(analysis, Console(highlight=False), top)
+        console = Console(highlight=False)
+        for a in analyses:
+            render(a, console, top)
+        v = verdict_of(analyses)
+        if v is not None:
+            render_verdict(v, console)
 
 
 def _refold(run: Any) -> None:
@@ -218,7 +232,7 @@ def demo(size: str, out: Path | None, fmt: str) -> None:
     from qprof.demo import run_demo
 
     path = run_demo(size, out or _default_out(), status=lambda m: _stderr.print(f"[dim]qprof demo: {m}[/dim]"))
-    print_report(path, fmt, [], 5)
+    print_report([path], fmt, [], 5)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from qprof.attribution.categories import CATEGORIES
-from qprof.attribution.analysis import Analysis
+from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import Breakdown, Profile
 
 
@@ -70,5 +70,15 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "targets_without_samples": profile.empty_targets,
         "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],
+        "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
     }
+
+
+def merged_dict(analyses: list[Analysis], top: int = 10) -> dict[str, Any]:
+    """Several runs (e.g. server and client recorded on two hosts): every run, all processes, one verdict."""
+    runs = [to_dict(a, top) for a in analyses]
+    v = verdict_of(analyses)
+    return {"runs": runs, "categories": list(CATEGORIES),
+            "processes": [p for r in runs for p in r["processes"]],
+            "verdict": None if v is None else v.to_json()}

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
+from qprof.attribution.verdict import Verdict
 from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.probes.crypto import cost_text
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
@@ -221,3 +222,18 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         for r in analysis.recommendations:
             say(f"- {r.topic}: {r.finding}")
             say(f"  -> {r.advice}", "green")
+
+
+def render_verdict(v: Verdict, console: Console) -> None:
+    colour = {"neither": "cyan", "both": "red"}.get(v.limited_by, "yellow")
+    console.print()
+    console.print(Text(f"verdict: {v.limited_by}", style=f"bold {colour}"))
+    console.print(Text(f"  {v.summary}"))
+    for n in v.notes:
+        console.print(Text(f"  - {n}", style="dim"))
+    for s in v.sides:
+        if s.cpus:
+            console.print(Text(f"  - {s.role} busiest thread ran on CPU {' and '.join(map(str, s.cpus))} "
+                               f"({s.cpu_changes} change(s) between readings)", style="dim"))
+    console.print(Text("  thresholds: " + ", ".join(f"{k} {v_:.0%}" for k, v_ in v.thresholds.items()),
+                       style="dim"))
