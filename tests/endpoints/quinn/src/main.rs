@@ -1,0 +1,159 @@
+//! quinn-bulk: one-stream bulk transfer over quinn (rustls + ring), for qprof's tests.
+//!
+//!   quinn-bulk server ADDR CERT KEY   serve until killed
+//!   quinn-bulk client ADDR BYTES      download BYTES on one bidirectional stream
+//!
+//! The client sends an 8-byte big-endian count; the server answers with that
+//! many bytes written from one reused buffer and finishes the stream. The
+//! client reads to the end, checks the count and prints `bytes=N seconds=S`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Endpoint, TransportConfig, VarInt};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+const ALPN: &[u8] = b"qprof-bulk";
+const CHUNK: usize = 1 << 20;
+const STREAM_WINDOW: u32 = 64 << 20;
+const CONN_WINDOW: u32 = 128 << 20;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn transport() -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    t.stream_receive_window(VarInt::from_u32(STREAM_WINDOW));
+    t.receive_window(VarInt::from_u32(CONN_WINDOW));
+    t.send_window(CONN_WINDOW as u64);
+    t.max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
+    Arc::new(t)
+}
+
+fn usage() -> ! {
+    eprintln!("usage: quinn-bulk server ADDR CERT KEY | quinn-bulk client ADDR BYTES");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let res = match args.get(1).map(String::as_str) {
+        Some("server") if args.len() == 5 => rt.block_on(server(&args[2], &args[3], &args[4])),
+        Some("client") if args.len() == 4 => rt.block_on(client(&args[2], &args[3])),
+        _ => usage(),
+    };
+    if let Err(e) = res {
+        eprintln!("quinn-bulk: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
+    let addr: SocketAddr = addr.parse()?;
+    let certs = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(key)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls)?));
+    cfg.transport_config(transport());
+    let endpoint = Endpoint::server(cfg, addr)?;
+    while let Some(incoming) = endpoint.accept().await {
+        tokio::spawn(async move {
+            if let Err(e) = serve(incoming).await {
+                eprintln!("quinn-bulk server: connection: {e}");
+            }
+        });
+    }
+    Ok(())
+}
+
+async fn serve(incoming: quinn::Incoming) -> Res<()> {
+    let conn = incoming.await?;
+    let buf = vec![0x5au8; CHUNK];
+    loop {
+        let (mut send, mut recv) = match conn.accept_bi().await {
+            Ok(s) => s,
+            Err(quinn::ConnectionError::ApplicationClosed(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut hdr = [0u8; 8];
+        recv.read_exact(&mut hdr).await?;
+        let mut left = u64::from_be_bytes(hdr);
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            send.write_all(&buf[..n]).await?;
+            left -= n as u64;
+        }
+        send.finish()?;
+        // keep the stream alive until the peer has everything (or closes)
+        let _ = send.stopped().await;
+    }
+}
+
+async fn client(addr: &str, bytes: &str) -> Res<()> {
+    let addr: SocketAddr = addr.parse()?;
+    let want: u64 = bytes.parse()?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let mut cfg = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
+    cfg.transport_config(transport());
+    let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse()?;
+    let mut endpoint = Endpoint::client(bind)?;
+    endpoint.set_default_client_config(cfg);
+
+    let start = Instant::now();
+    let conn = endpoint.connect(addr, "localhost")?.await?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(&want.to_be_bytes()).await?;
+    send.finish()?;
+    let mut got: u64 = 0;
+    while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
+        got += chunk.bytes.len() as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    conn.close(0u32.into(), b"done");
+    endpoint.wait_idle().await;
+    if got != want {
+        return Err(format!("received {got} bytes, expected {want}").into());
+    }
+    println!("bytes={got} seconds={secs:.3}");
+    Ok(())
+}
+
+/// Test-only verifier: accepts any server certificate, still checks handshake signatures.
+#[derive(Debug)]
+struct AnyCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyCert {
+    fn verify_server_cert(&self, _: &CertificateDer<'_>, _: &[CertificateDer<'_>], _: &ServerName<'_>,
+                          _: &[u8], _: UnixTime) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(&self, msg: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct)
+                              -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(msg, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(&self, msg: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct)
+                              -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(msg, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

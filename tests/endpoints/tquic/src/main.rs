@@ -1,0 +1,290 @@
+//! tquic-bulk: one-stream bulk transfer over tquic (BoringSSL), for qprof's tests.
+//!
+//!   tquic-bulk server ADDR CERT KEY   serve until killed
+//!   tquic-bulk client ADDR BYTES      download BYTES on one bidirectional stream
+//!
+//! tquic is driven through its Endpoint (callbacks for connection and stream
+//! events, a send handler for outgoing packets); this program owns a plain
+//! non-blocking std::net::UdpSocket, waits with poll(2) until a datagram
+//! arrives or the endpoint's next timeout, and sends one datagram per sendto.
+//! The client sends an 8-byte big-endian count; the server answers with that
+//! many bytes (slices of one reused buffer) and the stream's FIN. The client
+//! reads to the end, checks the count, prints `bytes=N seconds=S` and closes.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tquic::{Config, Connection, Endpoint, PacketInfo, PacketSendHandler, TlsConfig, TransportHandler};
+
+const ALPN: &[u8] = b"qprof-bulk";
+const CHUNK: usize = 1 << 20;
+const STREAM_WINDOW: u64 = 64 << 20;
+const CONN_WINDOW: u64 = 128 << 20;
+const MAX_DATAGRAM: usize = 1472; // an Ethernet MTU's worth of UDP payload
+const RCVBUF: libc::c_int = 4 << 20;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn usage() -> ! {
+    eprintln!("usage: tquic-bulk server ADDR CERT KEY | tquic-bulk client ADDR BYTES");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let res = match args.get(1).map(String::as_str) {
+        Some("server") if args.len() == 5 => server(&args[2], &args[3], &args[4]),
+        Some("client") if args.len() == 4 => client(&args[2], &args[3]),
+        _ => usage(),
+    };
+    if let Err(e) = res {
+        eprintln!("tquic-bulk: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn config(tls: TlsConfig) -> Res<Config> {
+    let mut c = Config::new()?;
+    c.set_max_idle_timeout(30_000);
+    c.set_recv_udp_payload_size(MAX_DATAGRAM as u16);
+    c.set_send_udp_payload_size(MAX_DATAGRAM);
+    c.set_initial_max_data(CONN_WINDOW);
+    c.set_initial_max_stream_data_bidi_local(STREAM_WINDOW);
+    c.set_initial_max_stream_data_bidi_remote(STREAM_WINDOW);
+    c.set_initial_max_streams_bidi(16);
+    c.set_max_connection_window(CONN_WINDOW);
+    c.set_max_stream_window(STREAM_WINDOW);
+    c.set_tls_config(tls);
+    Ok(c)
+}
+
+fn socket(addr: SocketAddr) -> Res<Rc<UdpSocket>> {
+    let s = UdpSocket::bind(addr)?;
+    s.set_nonblocking(true)?;
+    // a larger receive buffer (capped by net.core.rmem_max) keeps bursts from being dropped
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF as *const _ as *const libc::c_void,
+                         std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+    }
+    Ok(Rc::new(s))
+}
+
+/// Sends the endpoint's packets, one datagram per sendto.
+struct Sender(Rc<UdpSocket>);
+
+impl PacketSendHandler for Sender {
+    fn on_packets_send(&self, pkts: &[(Vec<u8>, PacketInfo)]) -> tquic::Result<usize> {
+        for (i, (buf, info)) in pkts.iter().enumerate() {
+            match self.0.send_to(buf, info.dst) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(i),
+                Err(e) => return Err(tquic::Error::IoError(e.to_string())),
+            }
+        }
+        Ok(pkts.len())
+    }
+}
+
+/// Run the endpoint until `stop()` says so: receive, time out, process, send.
+fn run(ep: &mut Endpoint, sock: &UdpSocket, stop: impl Fn() -> bool) -> Res<()> {
+    let local = sock.local_addr()?;
+    let mut buf = vec![0u8; 65535];
+    loop {
+        ep.process_connections()?;
+        if stop() {
+            return Ok(());
+        }
+        let ms = match ep.timeout() {
+            None => -1,
+            Some(t) => t.as_millis().min(60_000) as libc::c_int,
+        };
+        let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        let mut got_any = false;
+        // one clock reading per batch of datagrams drained after a wake-up
+        let now = Instant::now();
+        loop {
+            let (len, from) = match sock.recv_from(&mut buf) {
+                Ok(v) => v,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.into()),
+            };
+            got_any = true;
+            let info = PacketInfo { src: from, dst: local, time: now };
+            // packets the endpoint cannot use (old connections) are dropped by it
+            let _ = ep.recv(&mut buf[..len], &info);
+        }
+        if !got_any {
+            ep.on_timeout(Instant::now());
+        }
+    }
+}
+
+/// The server's side of one stream: the requested count, then bytes still to send.
+#[derive(Default)]
+struct Job {
+    header: Vec<u8>,
+    left: Option<u64>,
+    done: bool,
+}
+
+struct ServerHandler {
+    data: Bytes,
+    jobs: HashMap<(u64, u64), Job>,
+}
+
+impl ServerHandler {
+    fn write(&mut self, conn: &mut Connection, sid: u64) {
+        let key = (conn.index().unwrap_or(0), sid);
+        let Some(job) = self.jobs.get_mut(&key) else { return };
+        let Some(mut left) = job.left else { return };
+        if job.done {
+            return;
+        }
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            match conn.stream_write(sid, self.data.slice(..n), false) {
+                Ok(0) | Err(_) => break,
+                Ok(w) => left -= w as u64,
+            }
+        }
+        job.left = Some(left);
+        if left == 0 && conn.stream_write(sid, Bytes::new(), true).is_ok() {
+            job.done = true;
+            let _ = conn.stream_want_write(sid, false);
+        }
+    }
+}
+
+impl TransportHandler for ServerHandler {
+    fn on_conn_created(&mut self, _conn: &mut Connection) {}
+    fn on_conn_established(&mut self, _conn: &mut Connection) {}
+    fn on_conn_closed(&mut self, conn: &mut Connection) {
+        let idx = conn.index().unwrap_or(0);
+        self.jobs.retain(|k, _| k.0 != idx);
+    }
+    fn on_stream_created(&mut self, _conn: &mut Connection, _sid: u64) {}
+    fn on_stream_readable(&mut self, conn: &mut Connection, sid: u64) {
+        let key = (conn.index().unwrap_or(0), sid);
+        let mut tmp = [0u8; 64];
+        while let Ok((n, _fin)) = conn.stream_read(sid, &mut tmp) {
+            if n == 0 {
+                break;
+            }
+            let job = self.jobs.entry(key).or_default();
+            if job.left.is_none() {
+                job.header.extend_from_slice(&tmp[..n]);
+                if job.header.len() >= 8 {
+                    job.left = Some(u64::from_be_bytes(job.header[..8].try_into().expect("8 bytes")));
+                }
+            }
+        }
+        if self.jobs.get(&key).is_some_and(|j| j.left.is_some() && !j.done) {
+            let _ = conn.stream_want_write(sid, true);
+            self.write(conn, sid);
+        }
+    }
+    fn on_stream_writable(&mut self, conn: &mut Connection, sid: u64) {
+        self.write(conn, sid);
+    }
+    fn on_stream_closed(&mut self, conn: &mut Connection, sid: u64) {
+        self.jobs.remove(&(conn.index().unwrap_or(0), sid));
+    }
+    fn on_new_token(&mut self, _conn: &mut Connection, _token: Vec<u8>) {}
+}
+
+fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
+    let addr: SocketAddr = addr.parse()?;
+    let tls = TlsConfig::new_server_config(cert, key, vec![ALPN.to_vec()], false)?;
+    let sock = socket(addr)?;
+    let handler = ServerHandler { data: Bytes::from(vec![0x5au8; CHUNK]), jobs: HashMap::new() };
+    let mut ep = Endpoint::new(Box::new(config(tls)?), true, Box::new(handler), Rc::new(Sender(sock.clone())));
+    run(&mut ep, &sock, || false)
+}
+
+#[derive(Default)]
+struct ClientState {
+    want: u64,
+    got: u64,
+    start: Option<Instant>,
+    seconds: Option<f64>,
+    closed: bool,
+    error: Option<String>,
+}
+
+struct ClientHandler {
+    state: Rc<RefCell<ClientState>>,
+    buf: Vec<u8>, // reused for every read
+}
+
+impl TransportHandler for ClientHandler {
+    fn on_conn_created(&mut self, _conn: &mut Connection) {}
+    fn on_conn_established(&mut self, conn: &mut Connection) {
+        let want = self.state.borrow().want;
+        let res = conn.stream_bidi_new(0, false)
+            .and_then(|sid| conn.stream_write(sid, Bytes::copy_from_slice(&want.to_be_bytes()), true));
+        if let Err(e) = res {
+            self.state.borrow_mut().error = Some(format!("cannot send the request: {e:?}"));
+        }
+    }
+    fn on_conn_closed(&mut self, _conn: &mut Connection) {
+        self.state.borrow_mut().closed = true;
+    }
+    fn on_stream_created(&mut self, _conn: &mut Connection, _sid: u64) {}
+    fn on_stream_readable(&mut self, conn: &mut Connection, sid: u64) {
+        let mut st = self.state.borrow_mut();
+        while let Ok((n, fin)) = conn.stream_read(sid, &mut self.buf) {
+            st.got += n as u64;
+            if fin {
+                st.seconds = st.start.map(|s| s.elapsed().as_secs_f64());
+                let _ = conn.close(true, 0, b"done");
+                break;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    fn on_stream_writable(&mut self, _conn: &mut Connection, _sid: u64) {}
+    fn on_stream_closed(&mut self, _conn: &mut Connection, _sid: u64) {}
+    fn on_new_token(&mut self, _conn: &mut Connection, _token: Vec<u8>) {}
+}
+
+fn client(addr: &str, bytes: &str) -> Res<()> {
+    let peer: SocketAddr = addr.parse()?;
+    let want: u64 = bytes.parse()?;
+    let mut tls = TlsConfig::new_client_config(vec![ALPN.to_vec()], false)?;
+    tls.set_verify(false); // test-only: the server's certificate is self-signed
+    let bind: SocketAddr = if peer.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse()?;
+    let sock = socket(bind)?;
+    let local = sock.local_addr()?;
+    let state = Rc::new(RefCell::new(ClientState { want, start: Some(Instant::now()), ..Default::default() }));
+    let mut ep = Endpoint::new(Box::new(config(tls)?), false, Box::new(ClientHandler { state: state.clone(), buf: vec![0u8; CHUNK] }),
+                               Rc::new(Sender(sock.clone())));
+    ep.connect(local, peer, Some("localhost"), None, None, None)?;
+    // stop once the last byte arrived (the close frame went out with it) or the connection ended
+    let st = state.clone();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    run(&mut ep, &sock, move || {
+        let s = st.borrow();
+        s.seconds.is_some() || s.closed || s.error.is_some() || Instant::now() > deadline
+    })?;
+    let s = state.borrow();
+    if let Some(e) = &s.error {
+        return Err(e.clone().into());
+    }
+    let Some(secs) = s.seconds else {
+        return Err(format!("connection ended after {} of {want} bytes", s.got).into());
+    };
+    if s.got != want {
+        return Err(format!("received {} bytes, expected {want}", s.got).into());
+    }
+    println!("bytes={} seconds={secs:.3}", s.got);
+    Ok(())
+}
