@@ -29,6 +29,7 @@ class ObjectInfo:
     symbols: str  # "symtab" (full), "dynsym" (exported only), "none", or "unreadable"
     go: bool
     frame_pointers: bool | None  # None: no function symbols to judge by
+    dynamic: bool = False  # has a program interpreter: runs shared libraries (glibc) at run time
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +92,7 @@ def object_info(path: str) -> ObjectInfo:
             elf = ELFFile(f)
             is_go = elf.get_section_by_name(".go.buildinfo") is not None or \
                 elf.get_section_by_name(".gopclntab") is not None
-            return ObjectInfo(path, _build_id(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go))
+            dynamic = any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments())
+            return ObjectInfo(path, _build_id(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go), dynamic)
     except (OSError, ELFError, ValueError, KeyError):
         return ObjectInfo(path, None, "unreadable", False, None)

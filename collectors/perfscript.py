@@ -31,6 +31,9 @@ _HEADER = re.compile(
     r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+(?P<period>\d+)(?:\s+\S+:)?\s*$"
 )
 _SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
+# ELF symbol versions perf sometimes prints (cfree@GLIBC_2.2.5, clock_gettime@@GLIBC_2.17):
+# mapping rules match the plain name. `@plt` stubs are lower case and stay.
+_SYMVER = re.compile(r"@@?[A-Z][A-Z0-9_]*_[0-9][0-9.]*$")
 
 Frame = tuple[str, str]  # (symbol, dso); leaf first in a stack
 
@@ -87,7 +90,9 @@ def split_symbol_dso(rest: str) -> Frame:
 
 
 def _strip_symoff(sym: str) -> str:
-    return _SYMOFF.sub("", sym) if "+0x" in sym else sym
+    if "+0x" in sym:
+        sym = _SYMOFF.sub("", sym)
+    return _SYMVER.sub("", sym) if "@" in sym else sym
 
 
 def parse_frame(line: str) -> Frame | None:

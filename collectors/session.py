@@ -57,7 +57,13 @@ def _now() -> str:
 
 
 def choose_unwind(requested: str, exe: elf.ObjectInfo | None) -> tuple[str, str]:
-    """Frame pointers when the binary keeps them (cheap, exact); DWARF otherwise (recovers callers)."""
+    """Frame pointers when every frame will have them (cheap, exact); DWARF otherwise.
+
+    A binary built with frame pointers still runs distribution libraries built
+    without (glibc's malloc and memcpy, libcrypto): samples there lose their
+    callers with frame-pointer unwinding, so a dynamically linked binary gets
+    DWARF. Go keeps frame pointers in all its code and rarely leaves it.
+    """
     if requested in UNWIND_MODES:
         return requested, "requested with --unwind"
     if requested != "auto":
@@ -67,8 +73,11 @@ def choose_unwind(requested: str, exe: elf.ObjectInfo | None) -> tuple[str, str]
     name = Path(exe.path).name
     if exe.go:
         return "fp", f"{name} is a Go binary: Go keeps frame pointers"
+    if exe.frame_pointers and not exe.dynamic:
+        return "fp", f"{name} is static and keeps frame pointers"
     if exe.frame_pointers:
-        return "fp", f"{name} keeps frame pointers"
+        return "dwarf", (f"{name} keeps frame pointers but loads shared libraries (glibc, crypto) that "
+                         "may not: DWARF unwinding recovers their callers")
     return "dwarf", (f"{name} has no frame pointers ({exe.symbols} symbols): DWARF unwinding "
                      "recovers callers that frame-pointer stacks lose")
 

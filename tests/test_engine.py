@@ -307,3 +307,12 @@ def test_classify_total_and_deterministic(frames: list[tuple[str, str]]) -> None
     if d.frame is not None:
         assert 0 <= d.frame < len(frames) and d.rule is not None and d.rule.category == d.category
 
+
+
+def test_probe_handlers_are_kept_apart(shipped_clf: Classifier) -> None:
+    """eBPF programs running inside a send are probe cost, not Packet I/O."""
+    d = shipped_clf.classify(k("bpf_prog_6deef7357e7b4530_sock_send_length", "trace_call_bpf",
+                               "perf_trace_sock_msg_length", "sock_sendmsg", "__sys_sendto"))
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, "eBPF probes")
+    d = shipped_clf.classify(k("handle_swbp", "exc_int3", "asm_exc_int3") + u("EVP_EncryptUpdate", dso="/usr/lib/libcrypto.so.3"))
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, "eBPF probes")

@@ -277,3 +277,9 @@ def test_round_trip(samples: list, trailing_blank: bool) -> None:
     ]
     assert got == expected
     assert stats.bad_lines == 0 and stats.samples == len(samples)
+
+
+def test_symbol_versions_are_dropped_but_plt_kept() -> None:
+    assert parse_frame("\t 12 cfree@GLIBC_2.2.5 (/lib/libc.so.6)") == ("cfree", "/lib/libc.so.6")
+    assert parse_frame("\t 12 clock_gettime@@GLIBC_2.17 (/lib/libc.so.6)") == ("clock_gettime", "/lib/libc.so.6")
+    assert parse_frame("\t 12 memcpy@plt (/bin/x)") == ("memcpy@plt", "/bin/x")
