@@ -217,26 +217,46 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
         host_drops[names.get(str(key[0]), str(key[0]))] += n
     if prog is None and not probes.get("sockets"):
         return None
-    return PacketIO(procs, _softirq(maps), _mib_delta(probes), probes.get("before", {}).get("sysctl", {}),
+    sirq_maps = (probes.get("programs", {}).get("softirq") or {}).get("maps") or maps
+    return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), probes.get("before", {}).get("sysctl", {}),
                     dict(host_drops), probes.get("cost"), probes.get("unavailable", []))
 
 
-def _softirq(maps: dict[str, Any]) -> dict[str, Any]:
-    per_cpu: dict[int, dict[str, float]] = defaultdict(lambda: {"net_rx_s": 0.0, "net_tx_s": 0.0,
-                                                                "in_target_s": 0.0})
-    for key, ns in _keyed(maps.get("@softirq_ns")):
-        if len(key) < 3:
-            continue
-        cpu, vec, in_target = key[:3]
-        slot = per_cpu[cpu]
-        slot["net_rx_s" if vec == 3 else "net_tx_s"] += ns / 1e9
-        if in_target:
-            slot["in_target_s"] += ns / 1e9
-    total = sum(v["net_rx_s"] + v["net_tx_s"] for v in per_cpu.values())
-    in_target = sum(v["in_target_s"] for v in per_cpu.values())
-    return {"per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
-            "total_s": round(total, 6), "in_target_s": round(in_target, 6),
-            "in_target_share": _r(in_target / total) if total else None}
+def _softirq(maps: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
+    """Network softirq time per CPU from the opt-in softirq probes; otherwise all softirq time per
+    CPU from /proc/stat (tick-sampled) and the NET_RX/NET_TX run counts."""
+    if maps.get("@softirq_ns"):
+        per_cpu: dict[int, dict[str, float]] = defaultdict(lambda: {"net_rx_s": 0.0, "net_tx_s": 0.0,
+                                                                    "in_target_s": 0.0})
+        for key, ns in _keyed(maps.get("@softirq_ns")):
+            if len(key) < 3:
+                continue
+            cpu, vec, in_target = key[:3]
+            slot = per_cpu[cpu]
+            slot["net_rx_s" if vec == 3 else "net_tx_s"] += ns / 1e9
+            if in_target:
+                slot["in_target_s"] += ns / 1e9
+        total = sum(v["net_rx_s"] + v["net_tx_s"] for v in per_cpu.values())
+        in_target = sum(v["in_target_s"] for v in per_cpu.values())
+        return {"source": "softirq probes (network softirqs)",
+                "per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
+                "total_s": round(total, 6), "in_target_s": round(in_target, 6),
+                "in_target_share": _r(in_target / total) if total else None}
+    before, after = probes.get("before", {}), probes.get("after", {})
+    s0, s1 = before.get("softirq_seconds") or {}, after.get("softirq_seconds") or {}
+    c0, c1 = before.get("softirqs") or {}, after.get("softirqs") or {}
+    per_cpu2 = {}
+    for cpu, t in s1.items():
+        i = int(cpu)
+        per_cpu2[cpu] = {"softirq_s": round(t - s0.get(cpu, t), 6),
+                         "net_rx_runs": (c1.get("NET_RX") or [0] * (i + 1))[i] - (c0.get("NET_RX") or [0] * (i + 1))[i]
+                         if i < len(c1.get("NET_RX") or []) and i < len(c0.get("NET_RX") or []) else None,
+                         "net_tx_runs": (c1.get("NET_TX") or [0] * (i + 1))[i] - (c0.get("NET_TX") or [0] * (i + 1))[i]
+                         if i < len(c1.get("NET_TX") or []) and i < len(c0.get("NET_TX") or []) else None}
+    total2 = sum(v["softirq_s"] for v in per_cpu2.values())
+    return {"source": "/proc/stat (all softirqs, tick-sampled); the targets' own share is the Packet I/O "
+                      "softirq subcategory of their samples",
+            "per_cpu": per_cpu2, "total_s": round(total2, 6), "in_target_s": None, "in_target_share": None}
 
 
 def _mib_delta(probes: dict[str, Any]) -> dict[str, dict[str, int]]:

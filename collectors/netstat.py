@@ -129,6 +129,22 @@ def softirq_counts() -> dict[str, list[int]]:
     return out
 
 
+def softirq_seconds() -> dict[str, float]:
+    """Per-CPU time spent in softirqs since boot (/proc/stat; tick-sampled unless the kernel
+    has IRQ_TIME_ACCOUNTING): the probe-free measure of softirq load."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for ln in f:
+                parts = ln.split()
+                if parts and parts[0].startswith("cpu") and parts[0] != "cpu" and len(parts) > 7:
+                    out[parts[0][3:]] = int(parts[7]) / hz
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def snapshot(pids: list[int]) -> dict[str, Any]:
     """Namespace-wide counters and host settings at one moment (sockets are tracked separately)."""
     mibs: dict[str, Any] = {}
@@ -136,4 +152,5 @@ def snapshot(pids: list[int]) -> dict[str, Any]:
         ns = netns_id(p)
         if ns is not None and ns not in mibs:
             mibs[ns] = {"pids": [q for q in pids if netns_id(q) == ns], "udp": udp_mib(p)}
-    return {"time": time.time(), "udp_mib": mibs, "sysctl": sysctls(), "softirqs": softirq_counts()}
+    return {"time": time.time(), "udp_mib": mibs, "sysctl": sysctls(), "softirqs": softirq_counts(),
+            "softirq_seconds": softirq_seconds()}

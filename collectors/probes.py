@@ -2,7 +2,10 @@
 
 Probe groups:
   packetio  UDP messages/bytes per thread, mmsg batching, GSO segments per send,
-            GRO per receive, network softirq time per CPU, drops (default)
+            GRO per receive, drops (default)
+  softirq   network softirq time per CPU, split by whether a target was interrupted
+            (opt-in: two events and clock reads per softirq run; by default softirq
+            time comes from /proc/stat and the samples)
   syscalls  duration distribution of the UDP send/receive system calls (opt-in:
             two events and a map update per call)
   crypto    AEAD seal/open and header-protection calls and bytes, through uprobes
@@ -34,7 +37,7 @@ from qprof.probes import crypto as crypto_probes
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
 from qprof.probes.features import bpftrace_version
 
-GROUPS = ("packetio", "syscalls", "crypto")
+GROUPS = ("packetio", "softirq", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 _NR_BPF = 321  # x86_64

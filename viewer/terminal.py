@@ -132,8 +132,9 @@ def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
     sq = pio.softirq
     if sq.get("total_s"):
         share = sq.get("in_target_share")
-        say(f"network softirq: {sq['total_s']:.3f} CPU s on {len(sq['per_cpu'])} CPU(s), "
-            f"{_fmt(share, '.0%')} of it in the targets' own threads")
+        say(f"softirq: {sq['total_s']:.3f} CPU s on {len(sq['per_cpu'])} CPU(s)"
+            + (f", {share:.0%} of it in the targets' own threads" if share is not None else "")
+            + f" [{sq.get('source', '')}]")
     for ns, mib in pio.udp_mib.items():
         bad = {k: v for k, v in mib.items() if v and k not in ("InDatagrams", "OutDatagrams")}
         say(f"UDP counters ({ns}): in {mib.get('InDatagrams', 0):,}, out {mib.get('OutDatagrams', 0):,}"
