@@ -57,7 +57,8 @@ class PerfRecorder:
     def __init__(self, perf: str, pids: list[int], unwind: str, frequency: int, event: str,
                  output: Path, log: Path) -> None:
         self.pids, self.unwind, self.output, self.log = pids, unwind, output, log
-        self._fifodir = Path(tempfile.mkdtemp(prefix="qprof-perfctl-"))
+        # the control FIFOs live in the run directory: nothing is left elsewhere if qprof is killed
+        self._fifodir = Path(tempfile.mkdtemp(prefix=".perfctl-", dir=output.parent))
         self._ctl_path = str(self._fifodir / "ctl")
         self._ack_path = str(self._fifodir / "ack")
         self.command = record_command(perf, unwind, frequency, event, output,

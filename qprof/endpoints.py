@@ -4,6 +4,11 @@ ngtcp2's example server and client (Debian packages ngtcp2-server and
 ngtcp2-client, GnuTLS) serve a file from tmpfs over loopback. A client is
 started held right after exec (StoppedProcess), so a profiler can attach
 before its first packet and release it once sampling runs.
+
+A transfer runs on 127.0.0.1 unless given another server address (`host`) and
+a `Placement` per role: the network namespace and cgroup the process enters
+between fork and exec (qprof.netlab builds them), so the program itself, and
+nothing in between, is what runs there and what a profiler sees.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from qprof.errors import QprofError
 
@@ -54,9 +59,11 @@ def free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def udp_port_bound(port: int) -> bool:
+def udp_port_bound(port: int, pid: int | None = None) -> bool:
+    """Is `port` bound in this process's network namespace, or in `pid`'s?"""
     want = f":{port:04X}"
-    for table in ("/proc/net/udp", "/proc/net/udp6"):
+    net = f"/proc/{pid}/net" if pid else "/proc/net"
+    for table in (f"{net}/udp", f"{net}/udp6"):
         try:
             with open(table, encoding="ascii") as f:
                 next(f, None)
@@ -67,14 +74,15 @@ def udp_port_bound(port: int) -> bool:
     return False
 
 
-def make_certificate(directory: Path) -> tuple[Path, Path]:
-    """A leaf certificate (CA:FALSE, SAN localhost/127.0.0.1): rustls and webpki reject a CA as leaf."""
+def make_certificate(directory: Path, ips: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A leaf certificate (CA:FALSE, SAN localhost/127.0.0.1 and `ips`): rustls and webpki reject a CA as leaf."""
     openssl = which_or_fail("openssl", "openssl")
     key, cert = directory / "key.pem", directory / "cert.pem"
+    san = ",".join(["DNS:localhost"] + [f"IP:{ip}" for ip in dict.fromkeys(("127.0.0.1", *ips))])
     cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
            "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
            "-addext", "basicConstraints=critical,CA:FALSE",
-           "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"]
+           "-addext", f"subjectAltName={san}"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise QprofError(f"openssl could not make a test certificate: {r.stderr.strip().splitlines()[-1:]}")
@@ -96,6 +104,52 @@ def make_payload(directory: Path, size: int, name: str = "payload") -> Path:
 
 PTRACE_TRACEME = 0
 PTRACE_DETACH = 17
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
+    """setns(2) for the calling thread (os.setns needs Python 3.12)."""
+    if _libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one role's process runs: a network namespace and a cgroup, entered before exec.
+
+    `netns` is a namespace file (e.g. /run/netns/NAME, what `ip netns add`
+    makes); `cgroups` are cgroup directories (one per hierarchy) the process
+    joins. `preexec()` runs in the child between fork and exec, so the program
+    starts there, capped from its first instruction; `check(pid)` confirms it
+    from the parent.
+    """
+
+    netns: str | None = None
+    cgroups: tuple[str, ...] = ()
+
+    def preexec(self) -> None:
+        if self.netns:
+            fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                setns(fd, CLONE_NEWNET)
+            finally:
+                os.close(fd)
+        for cg in self.cgroups:
+            fd = os.open(os.path.join(cg, "cgroup.procs"), os.O_WRONLY)
+            try:
+                os.write(fd, b"0")  # 0: the writing process itself
+            finally:
+                os.close(fd)
+
+    def check(self, pid: int) -> None:
+        if self.netns and os.stat(f"/proc/{pid}/ns/net").st_ino != os.stat(self.netns).st_ino:
+            raise QprofError(f"pid {pid} is not in network namespace {self.netns}")
+        for cg in self.cgroups:
+            with open(os.path.join(cg, "cgroup.procs"), encoding="ascii") as f:
+                if str(pid) not in f.read().split():
+                    raise QprofError(f"pid {pid} is not in cgroup {cg}")
 
 
 def _trace_me() -> None:
@@ -113,10 +167,18 @@ class StoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
     unwind tables for the new libc (callers lost in 2 of 3 runs). Stopping
     after exec means perf only ever sees the real program. `release()` must be
     called from the thread that started the process (the ptrace tracer).
+    A `preexec_fn` (e.g. Placement.preexec) runs in the child before the trace
+    request: namespaces and cgroups are entered by the child itself, no helper
+    program is exec'd, and the stop comes at the real program.
     """
 
-    def __init__(self, cmd: list[str], **kw: Any) -> None:
-        super().__init__(cmd, preexec_fn=_trace_me, **kw)
+    def __init__(self, cmd: list[str], preexec_fn: Callable[[], None] | None = None, **kw: Any) -> None:
+        def child() -> None:
+            if preexec_fn is not None:
+                preexec_fn()
+            _trace_me()
+
+        super().__init__(cmd, preexec_fn=child, **kw)
         _, status = os.waitpid(self.pid, 0)
         if not os.WIFSTOPPED(status):
             self.returncode = os.waitstatus_to_exitcode(status)
@@ -137,17 +199,21 @@ def _tmpdir() -> Path:
 
 @dataclass
 class Transfer:
-    """A server on 127.0.0.1 and a client held right after exec: one bulk transfer to profile.
+    """A server on `host` (127.0.0.1) and a client held right after exec: one bulk transfer to profile.
 
     Subclasses say how to run their server and client (`server_command`,
-    `client_command`); this class owns the life cycle: certificate, server
-    start until its UDP port is bound, the held client, release, completion,
-    goodput, and clean-up of both processes and the work directory.
+    `client_command`, both using `host` and `port`); this class owns the life
+    cycle: certificate (its SAN names `host`), server start until its UDP port
+    is bound, the held client, release, completion, goodput, and clean-up of
+    both processes and the work directory. `placement` maps a role ("server",
+    "client") to the network namespace and cgroup its process starts in.
     """
 
     size: int
     workdir: Path = field(default_factory=_tmpdir)
     port: int = field(default_factory=free_udp_port)
+    host: str = "127.0.0.1"  # the server's address: it binds there, the client connects there
+    placement: dict[str, Placement] = field(default_factory=dict)
     server: subprocess.Popen[bytes] | None = None
     client: Any = None  # a held process with .release() (StoppedProcess or alike)
     released_at: float | None = None
@@ -170,13 +236,23 @@ class Transfer:
         """Start the client held before its first packet (override for other ways of holding)."""
         return StoppedProcess(cmd, **kw)
 
+    def _placed(self, role: str) -> dict[str, Any]:
+        where = self.placement.get(role)
+        return {"preexec_fn": where.preexec} if where is not None else {}
+
+    def _check_placed(self, role: str, pid: int) -> None:
+        where = self.placement.get(role)
+        if where is not None:
+            where.check(pid)
+
     def start_server(self, timeout: float = 30.0) -> int:
-        key, cert = make_certificate(self.workdir)
+        key, cert = make_certificate(self.workdir, (self.host,))
         with open(self.workdir / "server.err", "wb") as err:
             self.server = subprocess.Popen(self.server_command(key, cert), stdin=subprocess.DEVNULL,
-                                           stdout=subprocess.DEVNULL, stderr=err)
+                                           stdout=subprocess.DEVNULL, stderr=err, **self._placed("server"))
+        self._check_placed("server", self.server.pid)
         deadline = time.monotonic() + timeout
-        while not udp_port_bound(self.port):
+        while not udp_port_bound(self.port, self.server.pid):
             if self.server.poll() is not None:
                 raise QprofError(f"{self.name} server exited at start (exit {self.server.returncode}): "
                                  f"{self.tail('server.err')}")
@@ -187,7 +263,9 @@ class Transfer:
 
     def start_client_stopped(self) -> int:
         with open(self.workdir / "client.out", "wb") as out, open(self.workdir / "client.err", "wb") as err:
-            self.client = self.hold_client(self.client_command(), stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            self.client = self.hold_client(self.client_command(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                           **self._placed("client"))
+        self._check_placed("client", int(self.client.pid))
         return int(self.client.pid)
 
     def release_client(self) -> None:
@@ -242,15 +320,15 @@ class Ngtcp2Transfer(Transfer):
     def server_command(self, key: Path, cert: Path) -> list[str]:
         srv = which_or_fail(NGTCP2_SERVER, "ngtcp2-server")
         make_payload(self.workdir, self.size)
-        return [srv, "-q", "--no-quic-dump", "--no-http-dump", "-d", str(self.workdir), "127.0.0.1",
+        return [srv, "-q", "--no-quic-dump", "--no-http-dump", "-d", str(self.workdir), self.host,
                 str(self.port), str(key), str(cert)]
 
     def client_command(self) -> list[str]:
         cli = which_or_fail(NGTCP2_CLIENT, "ngtcp2-client")
-        url = f"https://127.0.0.1:{self.port}/payload"
+        url = f"https://{self.host}:{self.port}/payload"
         return [cli, "-q", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
                 "--max-data=64M", "--max-stream-data-bidi-local=64M", "--max-window=128M",
-                "--max-stream-window=128M", "-n", str(self.requests), "127.0.0.1", str(self.port), url]
+                "--max-stream-window=128M", "-n", str(self.requests), self.host, str(self.port), url]
 
     def transferred_bytes(self) -> int:
         return self.size * self.requests

@@ -1,4 +1,4 @@
-"""One bulk transfer between a built endpoint's server and client on 127.0.0.1, optionally profiled.
+"""One bulk transfer between a built endpoint's server and client (127.0.0.1 or `host`), optionally profiled.
 
 The server is started and waited for (its UDP port bound); the client is
 started held right after exec (qprof.endpoints.StoppedProcess), or, for stacks
@@ -78,7 +78,7 @@ class BulkTransfer(Transfer):
 
     @property
     def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def server_command(self, key: Path, cert: Path) -> list[str]:
         assert self.built is not None

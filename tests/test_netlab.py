@@ -1,0 +1,218 @@
+"""The network lab against the real kernel: reachability, the rate limit and the CPU cap as
+measured from outside, and nothing left behind however the lab ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from qprof.netlab import NETNS_DIR, PREFIX, STATE_DIR, Lab, cleanup, cpu_cgroups
+
+pytestmark = [pytest.mark.root]
+HZ = os.sysconf("SC_CLK_TCK")
+WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP headers: what tbf counts beside the payload
+
+
+@pytest.fixture(scope="module")
+def lab_tools() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the network lab needs root")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} missing (make test installs iproute2)")
+
+
+def leftovers(lab_id: str) -> list[str]:
+    """Anything of lab `lab_id` still on the host."""
+    found = [p.name for p in NETNS_DIR.glob(f"{PREFIX}{lab_id}-*")] if NETNS_DIR.is_dir() else []
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [line for line in ns.splitlines() if lab_id in line]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    found += [line for line in links.splitlines() if f"ql{lab_id}" in line]
+    cgs = cpu_cgroups()
+    if cgs is not None and (cgs.root / f"{PREFIX}{lab_id}").exists():
+        found.append(str(cgs.root / f"{PREFIX}{lab_id}"))
+    if (STATE_DIR / f"{lab_id}.json").exists():
+        found.append(str(STATE_DIR / f"{lab_id}.json"))
+    return found
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_udp_echo_between_namespaces_and_isolation(lab_tools: None) -> None:
+    with Lab() as lab:
+        srv = lab.socket("server")
+        cli = lab.socket("client")
+        with srv, cli:
+            srv.bind((lab.server_addr, 7777))
+            srv.settimeout(5)
+            cli.settimeout(5)
+            for i in range(5):
+                msg = f"ping {i}".encode()
+                cli.sendto(msg, (lab.server_addr, 7777))
+                data, peer = srv.recvfrom(100)
+                assert data == msg and peer[0] == lab.client_addr
+                srv.sendto(data.replace(b"ping", b"pong"), peer)
+                assert cli.recvfrom(100) == (f"pong {i}".encode(), (lab.server_addr, 7777))
+        for role in ("server", "client"):
+            out = subprocess.run(["ip", "-n", lab.netns(role), "-o", "link"], capture_output=True, text=True).stdout
+            assert "lo: <LOOPBACK,UP" in out
+            assert f"{lab.link(role)}@" in out and "mtu 1500" in out.split(lab.link(role))[1]
+        # the addresses exist only inside the namespaces: none on this host, no route to them here
+        assert lab.server_addr not in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+        routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+        assert f"10.77.{lab.n}." not in routes
+
+
+def test_rate_limit_observed_at_the_receiver(lab_tools: None) -> None:
+    rate_mbit = 100
+    seconds, payload = 3.0, 1400
+    with Lab(rate_mbit=rate_mbit) as lab:
+        rx = lab.socket("server")
+        with rx:
+            rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            rx.bind((lab.server_addr, 9000))
+            rx.settimeout(5)
+            # the sender offers 2.5x the shaped rate, paced per millisecond, from the client namespace
+            sender = textwrap.dedent(f"""
+                import socket, time
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                buf = b"x" * {payload}
+                per_ms = int({rate_mbit} * 2.5 * 1e6 / 8 / {payload + WIRE_OVERHEAD} / 1000) + 1
+                end = time.monotonic() + {seconds}
+                while (now := time.monotonic()) < end:
+                    for _ in range(per_ms):
+                        s.sendto(buf, ("{lab.server_addr}", 9000))
+                    time.sleep(max(0.0, 0.001 - (time.monotonic() - now)))
+            """)
+            proc = lab.popen("client", [sys.executable, "-c", sender])
+            rx.recv(65536)
+            start = time.monotonic()
+            got, window = 0, (start + 0.5, start + seconds - 0.5)  # steady state: after the bucket's burst
+            while True:
+                try:
+                    n = rx.recv(65536)
+                except socket.timeout:
+                    break
+                now = time.monotonic()
+                if window[0] <= now < window[1]:
+                    got += 1
+                elif now >= window[1]:
+                    break
+                assert len(n) == payload
+            assert proc.wait(10) == 0
+        measured = got * (payload + WIRE_OVERHEAD) * 8 / (window[1] - window[0]) / 1e6
+        print(f"\ntbf {rate_mbit} Mbit/s: receiver measured {measured:.1f} Mbit/s on the wire "
+              f"({measured * payload / (payload + WIRE_OVERHEAD):.1f} Mbit/s of payload)")
+        assert measured == pytest.approx(rate_mbit, rel=0.25)
+
+
+def test_cpu_cap_observed_from_proc(lab_tools: None) -> None:
+    if cpu_cgroups() is None:
+        pytest.skip("no cgroup hierarchy with the cpu controller")
+    with Lab(cpu={"client": 0.3}) as lab:
+        capped = lab.popen("client", [sys.executable, "-c", "while True: pass"])
+        free = lab.popen("server", [sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)
+        t0, c0, f0 = time.monotonic(), cpu_ticks(capped.pid), cpu_ticks(free.pid)
+        time.sleep(3.0)
+        took = time.monotonic() - t0
+        cores = (cpu_ticks(capped.pid) - c0) / HZ / took
+        free_cores = (cpu_ticks(free.pid) - f0) / HZ / took
+        stat = lab.throttling("client")
+        print(f"\ncapped at 0.3: busy loop got {cores:.3f} cores (uncapped one beside it: {free_cores:.2f}); "
+              f"cpu.stat {stat}")
+        assert cores == pytest.approx(0.3, abs=0.1)
+        assert stat.get("nr_throttled", 0) > 0
+        assert free_cores > 0.45, "the uncapped role is not capped"
+
+
+def test_transfer_placed_in_namespaces_and_cgroups(lab_tools: None) -> None:
+    """Transfer's placement: the real programs (not a wrapper) start in their namespace and cgroup."""
+    if shutil.which("gtlsserver") is None or shutil.which("gtlsclient") is None:
+        pytest.skip("ngtcp2 tools missing (make test installs ngtcp2-server, ngtcp2-client)")
+    from qprof.endpoints import Ngtcp2Transfer
+
+    with Lab(cpu={"server": 0.5}) as lab:
+        with Ngtcp2Transfer(8 << 20, host=lab.server_addr, placement=lab.placements()) as xfer:
+            server = xfer.start_server()
+            client = xfer.start_client_stopped()
+            for pid, role, comm in ((server, "server", "gtlsserver"), (client, "client", "gtlsclient")):
+                assert Path(f"/proc/{pid}/comm").read_text().strip() == comm  # held at the real program
+                assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(lab.netns_path(role)).st_ino
+                assert str(lab.cgroup(role)).endswith(f"{PREFIX}{lab.id}/{role}")
+                assert str(pid) in (lab.cgroup(role) / "cgroup.procs").read_text().split()  # type: ignore[operator]
+            xfer.release_client()
+            assert xfer.client is not None and xfer.client.wait(60) == 0
+
+
+def test_nothing_left_after_exit_or_exception(lab_tools: None) -> None:
+    with Lab(rate_mbit=50, cpu={"server": 0.3}) as lab:
+        lab_id = lab.id
+        assert leftovers(lab_id)
+    assert leftovers(lab_id) == []
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with Lab(rate_mbit=50, cpu={"server": 0.3, "client": 0.5}) as lab:
+            lab_id = lab.id
+            sleeper = lab.popen("server", ["sleep", "600"])
+            # a process started some other way, found through the namespace and cgroup
+            stray = subprocess.Popen(["sleep", "600"], preexec_fn=lab.placement("client").preexec)
+            raise RuntimeError("boom")
+    assert leftovers(lab_id) == []
+    assert sleeper.poll() is not None
+    stray.wait(5)
+
+
+LAB_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from qprof.netlab import Lab
+with Lab(rate_mbit=50, cpu={{"server": 0.3}}) as lab:
+    lab.popen("client", ["sleep", "600"])
+    print(lab.id, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_nothing_left_after_a_signal(lab_tools: None, sig: signal.Signals) -> None:
+    """SIGINT and SIGTERM tear the lab down; after SIGKILL the next cleanup() does."""
+    proc = subprocess.Popen([sys.executable, "-c", LAB_SCRIPT.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        lab_id = proc.stdout.readline().strip()
+        assert lab_id and leftovers(lab_id)
+        proc.send_signal(sig)
+        proc.wait(30)
+        if sig == signal.SIGKILL:
+            assert leftovers(lab_id), "a killed owner cannot clean up: its lab is left over"
+            removed = cleanup()
+            assert any(lab_id in r for r in removed), removed
+        assert leftovers(lab_id) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cleanup_leaves_a_live_lab_alone(lab_tools: None) -> None:
+    with Lab() as lab:
+        cleanup()
+        assert len(leftovers(lab.id)) >= 3  # two namespaces, the cgroup, the state file
+        with lab.socket("server") as s:
+            s.bind((lab.server_addr, 0))
