@@ -9,7 +9,6 @@ the verdict must only be one of the four words).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
