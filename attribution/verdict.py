@@ -129,7 +129,14 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
         cpus = [t["cpu"] for t in states if t.get("cpu", -1) >= 0]
         ev.cpus = sorted(set(cpus))
         ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
-    cg0, cg1 = first.get("cgroups", {}).get(key), last.get("cgroups", {}).get(key)
+    # An exiting process leaves its cgroup (v1 moves it to the root; a zombie shows none):
+    # judge by the cgroup it lived in for most readings, first to last reading in it.
+    cgs = [r["cgroups"][key] for r in rs if (r.get("cgroups") or {}).get(key)]
+    if cgs:
+        paths = [c.get("path") for c in cgs]
+        home = max(set(paths), key=paths.count)
+        cgs = [c for c in cgs if c.get("path") == home]
+    cg0, cg1 = (cgs[0], cgs[-1]) if cgs else (None, None)
     ev.capacity_cores = float(host_cpus)
     if cg1 and cg1.get("quota_cores"):
         ev.quota_cores = cg1["quota_cores"]

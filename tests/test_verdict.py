@@ -95,3 +95,15 @@ def test_always_one_of_four(on1: float, rq1: float, on2: float, rq2: float, quot
     v = verdict(readings(1, 5, on1, rq1, quota, thr), readings(2, 5, on2, rq2), cpus)
     assert v.limited_by in VERDICTS
     assert v.to_json()["limited_by"] in VERDICTS
+
+
+def test_cgroup_evidence_survives_the_exit_move_to_the_root() -> None:
+    """cgroup v1 moves an exiting task to the root cgroup: its last readings must not erase the quota."""
+    rs = readings(2, 10, 0.3, 0.4, quota=0.3, throttled=0.95)
+    for r in rs[-2:]:
+        r["cgroups"]["2"] = {"version": "v1", "path": "/", "quota_cores": None, "nr_periods": 0,
+                             "nr_throttled": 0, "throttled_s": 0.0}
+    rs[-1]["cgroups"]["2"] = None
+    v = verdict(readings(1, 10, 0.3, 0.0), rs)
+    assert v.limited_by == "client-limited"
+    assert v.to_json()["evidence"]["client"]["quota_cores"] == 0.3
