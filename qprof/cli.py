@@ -226,12 +226,15 @@ def coverage(run: Path, extra: tuple[str, ...], stack: str | None, top: int) -> 
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Keep the run archive here (default: ./qprof-run-DATE-TIME).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--loopback", is_flag=True, help="Run both ends on 127.0.0.1 instead of two network namespaces.")
 @_guard
-def demo(size: str, out: Path | None, fmt: str) -> None:
-    """Profile a real QUIC transfer: ngtcp2 server and client on loopback, both attached."""
+def demo(size: str, out: Path | None, fmt: str, loopback: bool) -> None:
+    """Profile a real QUIC transfer: an ngtcp2 server and client in two network namespaces
+    joined by a veth pair (made and removed by the demo), both attached; report and verdict."""
     from qprof.demo import run_demo
 
-    path = run_demo(size, out or _default_out(), status=lambda m: _stderr.print(f"[dim]qprof demo: {m}[/dim]"))
+    path = run_demo(size, out or _default_out(), status=lambda m: _stderr.print(f"qprof demo: {m}", markup=False),
+                    loopback=loopback)
     print_report([path], fmt, [], 5)
 
 
