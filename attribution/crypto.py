@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qprof.attribution.packetio import PacketIO
+from qprof.attribution.probemaps import keyed as _keyed
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
 
@@ -120,16 +121,6 @@ class Crypto:
     def to_json(self) -> dict[str, Any]:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
                 "cpu_flags": self.cpu_flags, "probe_cost": self.cost, "slots": self.slots}
-
-
-def _keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
-    out = []
-    for k, v in (m or {}).items():
-        try:
-            out.append(([int(x) for x in str(k).split(",")], int(v)))
-        except (TypeError, ValueError):
-            continue
-    return out
 
 
 def analyse(probes: dict[str, Any], pids: list[int], packet_io: PacketIO | None = None) -> Crypto | None:

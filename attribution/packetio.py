@@ -14,18 +14,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from qprof.attribution.probemaps import keyed as _keyed
+
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
-
-
-def _keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
-    out = []
-    for k, v in (m or {}).items():
-        try:
-            out.append(([int(x) for x in str(k).split(",")], int(v)))
-        except (TypeError, ValueError):
-            continue
-    return out
 
 
 def _quantile_of_hist(h: list[dict[str, int]] | None, q: float) -> float | None:
