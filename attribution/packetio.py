@@ -173,7 +173,9 @@ _DIR_MAPS = {
 def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
     """Build the packet I/O picture; None when the run has no probe data."""
     prog = probes.get("programs", {}).get("packetio")
-    maps: dict[str, Any] = (prog or {}).get("maps") or {}
+    # the opt-in syscalls group adds the sendmmsg/recvmmsg call counts
+    maps: dict[str, Any] = {**((probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}),
+                            **((prog or {}).get("maps") or {})}
     procs: dict[int, ProcessPacketIO] = {p: ProcessPacketIO(p) for p in pids}
     for name, (direction, attr) in _DIR_MAPS.items():
         for key, value in _keyed(maps.get(name)):

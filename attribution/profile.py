@@ -18,6 +18,10 @@ from qprof.attribution.mapping import MappingSet
 from qprof.collectors.archive import Run
 
 NS_EVENTS = ("cpu-clock", "task-clock")
+# Batching system calls, as their kernel entry points show in samples: evidence that a process uses
+# sendmmsg/recvmmsg even when the opt-in syscall probes (which count calls) are off.
+_MMSG_ENTRIES = {"sendmmsg": {"__x64_sys_sendmmsg", "__sys_sendmmsg", "__do_sys_sendmmsg"},
+                 "recvmmsg": {"__x64_sys_recvmmsg", "__sys_recvmmsg", "do_recvmmsg", "__do_sys_recvmmsg"}}
 
 
 @dataclass
@@ -60,6 +64,7 @@ class ProcessProfile:
     threads: dict[int, ThreadProfile] = field(default_factory=dict)
     mappings: list[dict[str, Any]] = field(default_factory=list)
     decided_by_dso_only: int = 0  # period decided by rules that name only an object
+    mmsg_seen: set[str] = field(default_factory=set)  # "sendmmsg"/"recvmmsg" kernel entry points in its stacks
     proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
 
 
@@ -119,7 +124,8 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None) -> Profi
         per_pid_classifier[pid] = clf
         t = targets.get(pid, {})
         procs[pid] = ProcessProfile(pid, t.get("comm", "?"), t.get("role"),
-                                    mappings=[f.describe(why) for f, why in chosen])
+                                    mappings=[f.describe(why) for f, why in chosen],
+                                    mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]})
     # Pass 2: classify and aggregate.
     for rec in run.stacks():
         proc = procs[rec.pid]

@@ -31,7 +31,10 @@ def _kib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024:.0f} KiB"
 
 
-def recommend(pio: PacketIO, comms: dict[int, str]) -> list[Recommendation]:
+def recommend(pio: PacketIO, comms: dict[int, str],
+              mmsg_seen: dict[int, set[str]] | None = None) -> list[Recommendation]:
+    """`mmsg_seen`: batching calls seen in each process's samples (counted only by opt-in probes)."""
+    mmsg_seen = mmsg_seen or {}
     out: list[Recommendation] = []
     rmem_default = int(pio.sysctl.get("net.core.rmem_default", "0").split()[0] or 0)
     rmem_max = int(pio.sysctl.get("net.core.rmem_max", "0").split()[0] or 0)
@@ -54,7 +57,7 @@ def recommend(pio: PacketIO, comms: dict[int, str]) -> list[Recommendation]:
         rx, tx = p.rx, p.tx
         # batching advice only for the direction that carries the data, not for ACKs
         if rx.bytes >= tx.bytes and rx.dgrams >= MIN_DATAGRAMS and (rx.per_syscall() or 0) < ONE_PER_CALL \
-                and not rx.offload_socket_msgs and not rx.mmsg_calls:
+                and not rx.offload_socket_msgs and not rx.mmsg_calls and "recvmmsg" not in mmsg_seen.get(pid, set()):
             out.append(Recommendation(
                 pid, "receive batching",
                 f"{who}: {rx.syscalls} receive calls for {rx.dgrams} datagrams "
@@ -62,7 +65,7 @@ def recommend(pio: PacketIO, comms: dict[int, str]) -> list[Recommendation]:
                 "enable UDP_GRO (setsockopt SOL_UDP, UDP_GRO) or receive with recvmmsg to move many datagrams "
                 "per system call"))
         if tx.bytes >= rx.bytes and tx.dgrams >= MIN_DATAGRAMS and (tx.per_syscall() or 0) < ONE_PER_CALL \
-                and not tx.offload_skbs and not tx.mmsg_calls:
+                and not tx.offload_skbs and not tx.mmsg_calls and "sendmmsg" not in mmsg_seen.get(pid, set()):
             out.append(Recommendation(
                 pid, "send batching",
                 f"{who}: {tx.syscalls} send calls for {tx.dgrams} datagrams ({tx.per_syscall():.2f} per call), "

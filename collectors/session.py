@@ -108,12 +108,15 @@ class AttachSession:
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
+        self._collecting = True
 
-    # -- signals: the first Ctrl-C/SIGTERM ends collection; a second one skips folding
+    # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
+    # one that comes after collection ended (while stopping or folding), or a second one, skips
+    # folding: the perf data stays and `qprof report --refold` redoes it
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._interrupts += 1
         self._stop_reason = self._stop_reason or f"interrupted ({signal.Signals(signum).name})"
-        if self._interrupts > 1:
+        if self._interrupts > 1 or not self._collecting:
             raise KeyboardInterrupt
 
     def run(self) -> Path:
@@ -204,6 +207,7 @@ class AttachSession:
         if self.on_ready is not None:
             self.on_ready()
         self._poll(out, start)
+        self._collecting = False
         self._refresh_targets(set(opts.pids))
         self.meta["duration_s"] = round(time.monotonic() - start, 3)
         self.meta["end_time"] = _now()
@@ -231,6 +235,7 @@ class AttachSession:
                     next_reading = now + opts.proc_interval
                 if now >= next_sockets and self.probes is not None:
                     self.probes.poll_sockets()
+                    self.probes.tick_stats()
                     next_sockets = now + SOCKET_INTERVAL
                 if self._stop_reason:
                     return

@@ -47,6 +47,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d.update(breakdown_dict(p.breakdown, profile, top))
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
+        d["mmsg_seen"] = sorted(p.mmsg_seen)
         d["mappings"] = p.mappings
         d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
                         for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
