@@ -129,8 +129,10 @@ def test_ngtcp2_server_sends_with_gso(probes_available: None, ngtcp2_tools: None
     print("\nserver gso:", srv["gso"], "client rx:", cli["rx"])
     assert srv["gso"]["gso_sends"] > 0 and srv["gso"]["segments_per_gso_send"] > 1
     assert srv["tx"]["datagrams_per_syscall"] > 1
-    # what the server sent is what the client received or the kernel dropped
-    assert cli["rx"]["datagrams"] + sum(cli["drops"].values()) == pytest.approx(srv["tx"]["datagrams"], rel=0.01)
+    # what the server sent is what the client received or the kernel dropped; the demo's veth can
+    # also drop whole GSO skbs (one kfree_skb for many datagrams), so the books balance from below
+    got = cli["rx"]["datagrams"] + sum(cli["drops"].values())
+    assert 0.9 * srv["tx"]["datagrams"] <= got <= srv["tx"]["datagrams"]
     assert cli["gro"]["enabled"] == "no" and cli["rx"]["datagrams_per_syscall"] == pytest.approx(1.0, abs=0.01)
     cost = rep["packet_io"]["probe_cost"]
     assert cost["bpf_run_cnt"] > 0 and cost["bpf_run_time_ns"] > 0, "probe cost is measured"
