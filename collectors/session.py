@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ class AttachSession:
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
+        _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
         stats = fold_run(perf, out, self.meta)
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
@@ -258,6 +260,16 @@ class AttachSession:
         if reason:
             self.meta["incomplete_reason"] = reason
         archive.write_json_atomic(out / archive.META, self.meta)
+
+
+def _keep_jit_maps(out: Path, pids: list[int]) -> None:
+    """Copy the targets' /tmp/perf-PID.map (JIT and Python -X perf symbols) into the archive:
+    they vanish with the process or its clean-up, and name frames perf cannot resolve otherwise."""
+    for pid in pids:
+        src = Path(f"/tmp/perf-{pid}.map")
+        if src.is_file():
+            (out / "perf-maps").mkdir(exist_ok=True)
+            shutil.copyfile(src, out / "perf-maps" / src.name)
 
 
 def _samples(perf: str, out: Path, meta: dict[str, Any], stats: ParseStats) -> Iterator[Any]:
