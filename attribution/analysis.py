@@ -41,8 +41,10 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Ana
     recs = recommend(pio, comms, {p.pid: p.mmsg_seen for p in profile.processes}) if pio is not None else []
     crypto = analyse_crypto(run.probes() or {}, [int(t["pid"]) for t in targets], pio)
     readings = list(run.proc_readings())
-    host_cpus = int(run.meta.get("host", {}).get("cpus") or 1)
+    host = run.meta.get("host", {})
+    host_cpus = int(host.get("cpus") or 1)
     sides = [ev for t in targets if t.get("role") in ("server", "client")
-             for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio)]
+             for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
+                                      host.get("cpu_nodes"))]
              if ev is not None]
     return Analysis(profile, pio, recs, crypto, sides)

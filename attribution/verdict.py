@@ -54,6 +54,7 @@ class SideEvidence:
     throttled_periods: float | None = None
     throttled_s: float | None = None
     cpus: list[int] = field(default_factory=list)
+    numa_nodes: list[int] = field(default_factory=list)  # of those CPUs
     cpu_changes: int = 0  # migrations of the busiest thread seen between readings
     drops: int = 0
     goodput_gbps: float | None = None
@@ -89,7 +90,7 @@ def _window(readings: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
 
 
 def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str, host_cpus: int,
-                  pio: PacketIO | None) -> SideEvidence | None:
+                  pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None) -> SideEvidence | None:
     rs = _window(readings, pid)
     if len(rs) < 2:
         return None
@@ -128,6 +129,7 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
             ev.blocked_in[name] = ev.blocked_in.get(name, 0.0) + 1 / len(blocked)
         cpus = [t["cpu"] for t in states if t.get("cpu", -1) >= 0]
         ev.cpus = sorted(set(cpus))
+        ev.numa_nodes = sorted({(cpu_nodes or {}).get(str(c), 0) for c in ev.cpus})
         ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
     # An exiting process leaves its cgroup (v1 moves it to the root; a zombie shows none):
     # judge by the cgroup it lived in for most readings, first to last reading in it.

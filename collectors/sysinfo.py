@@ -18,6 +18,43 @@ def cpu_model() -> str | None:
     return None
 
 
+def cpu_nodes() -> dict[str, int]:
+    """CPU -> NUMA node (from sysfs; one node when the kernel shows none)."""
+    out: dict[str, int] = {}
+    base = "/sys/devices/system/cpu"
+    try:
+        cpus = [d for d in os.listdir(base) if d.startswith("cpu") and d[3:].isdigit()]
+    except OSError:
+        return out
+    for d in cpus:
+        try:
+            nodes = [n for n in os.listdir(f"{base}/{d}") if n.startswith("node") and n[4:].isdigit()]
+        except OSError:
+            continue
+        out[d[3:]] = int(nodes[0][4:]) if nodes else 0
+    return out
+
+
+def nics() -> list[dict[str, Any]]:
+    """Network devices backed by hardware (not lo/veth/bridges) with their NUMA node."""
+    out = []
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return out
+    for n in names:
+        dev = f"/sys/class/net/{n}/device"
+        if not os.path.exists(dev):
+            continue
+        try:
+            with open(f"{dev}/numa_node", encoding="ascii") as f:
+                node = int(f.read().strip())
+        except (OSError, ValueError):
+            node = -1
+        out.append({"name": n, "numa_node": node})
+    return out
+
+
 def host_info() -> dict[str, Any]:
     u = os.uname()
     return {
@@ -27,4 +64,6 @@ def host_info() -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        "cpu_nodes": cpu_nodes(),
+        "nics": nics(),
     }

@@ -195,6 +195,8 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
             "shown is what was collected", "yellow")
     for t in meta.get("targets", []):
         say(f"  pid {t['pid']} {t.get('comm')}: {t.get('unwind')} unwinding ({t.get('unwind_reason')})")
+    if host.get("nics"):
+        say("  NICs: " + ", ".join(f"{n['name']} (NUMA node {n['numa_node']})" for n in host["nics"]))
     for p in profile.processes:
         console.print()
         console.print(_process_table(p, profile))
@@ -235,6 +237,7 @@ def render_verdict(v: Verdict, console: Console) -> None:
     for s in v.sides:
         if s.cpus:
             console.print(Text(f"  - {s.role} busiest thread ran on CPU {' and '.join(map(str, s.cpus))} "
-                               f"({s.cpu_changes} change(s) between readings)", style="dim"))
+                               f"(NUMA node {', '.join(map(str, s.numa_nodes))}; {s.cpu_changes} change(s) "
+                               "between readings)", style="dim"))
     console.print(Text("  thresholds: " + ", ".join(f"{k} {v_:.0%}" for k, v_ in v.thresholds.items()),
                        style="dim"))
