@@ -79,10 +79,7 @@ def test_attach_cli_ctrl_c_keeps_the_run(ngtcp2_tools: None, tmp_path: Path) -> 
     assert att.returncode == 0, err
     assert out.strip() == str(run)
     meta = json.loads((run / "meta.json").read_text())
-    assert meta["status"] == "complete"
-    # the demo runs across two network namespaces (a veth link), and judges the run
-    assert report["verdict"]["limited_by"] in ("server-limited", "client-limited", "both", "neither")
-    assert set(report["verdict"]["evidence"]) == {"server", "client"} and meta["stop_reason"].startswith("interrupted")
+    assert meta["status"] == "complete" and meta["stop_reason"].startswith("interrupted")
     report = json.loads(qprof("report", str(run), "--format", "json").stdout)
     check_contract(report)
     assert [p["pid"] for p in report["processes"]] == [server]

@@ -27,7 +27,9 @@ STACKS = {
     "quinn": ("ring", "rustls", "tokio", "rust-std"),
     "s2nquic": ("aws-lc", "tokio", "rust-std"),
     "quiche": ("boringssl", "rust-std"),
-    "tquic": ("boringssl", "ring", "rust-std"),  # optional stack: payload AEAD in BoringSSL, header protection in ring
+    # optional stack: payload AEAD in BoringSSL; its header protection in ring is detected only when a
+    # sample lands there (statically linked: detection reads the run's symbols), not in every short run
+    "tquic": ("boringssl", "rust-std"),
 }
 # All are built with frame pointers but link glibc dynamically, whose malloc/free
 # and memcpy have none: `auto` chooses DWARF so those samples keep their callers
@@ -68,7 +70,8 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         assert {built.spec.mapping, *STACKS[name]} <= loaded, loaded
         # ... and no other stack's or crypto library's file
         assert {m["name"] for m in p["mappings"] if m["kind"] == "stack"} == {built.spec.mapping}, loaded
-        assert loaded & CRYPTO_FILES == set(STACKS[name]) & CRYPTO_FILES, loaded
+        assert loaded & CRYPTO_FILES >= set(STACKS[name]) & CRYPTO_FILES, loaded
+        assert loaded & CRYPTO_FILES <= set(STACKS[name]) & CRYPTO_FILES | ({"ring"} if name == "tquic" else set())
         # the mappings cover the run; statically linked crypto is matched by symbols, not by the binary
         top_unknown = [(s["symbol"], s["share"]) for s in p["top_symbols"][UNCATEGORIZED][:5]]
         limit = LIMITS.get((name, role), MAX_UNCATEGORIZED)
