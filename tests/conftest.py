@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +73,22 @@ def endpoint_build():
         return done[name]
 
     return get
+
+
+def attach_held(cmd: list[str], run: Path, **options: Any) -> Any:
+    """Start `cmd` held right after exec, attach qprof (AttachOptions `**options`), release it once
+    sampling runs, stop when it exits; returns the finished process (exit status checked)."""
+    from qprof.collectors.session import AttachOptions, AttachSession
+    from qprof.endpoints import StoppedProcess
+
+    proc = StoppedProcess(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        AttachSession(AttachOptions(pids=[proc.pid], out=run, **options),
+                      on_ready=proc.release, stop_when=lambda: proc.poll() is not None).run()
+    finally:
+        proc.release()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    return proc

@@ -9,15 +9,12 @@ within 3 percentage points per category, for both unwinding modes.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, build_c, qprof
+from conftest import ROOT, attach_held, build_c, qprof
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED
-from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import StoppedProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 WORKLOAD = ROOT / "tests" / "workloads"
@@ -28,19 +25,9 @@ SECONDS = "6"
 def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path, unwind: str) -> None:
     binary = build_c(WORKLOAD / "accuracy.c", "accuracy", ["-lcrypto"])
     truth_file = tmp_path / "truth.json"
-    proc = StoppedProcess([str(binary), SECONDS, str(truth_file), str(tmp_path)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     run = tmp_path / "run"
-    try:
-        # sampling only: probe handlers would add their own cost to the phases they count
-        AttachSession(AttachOptions(pids=[proc.pid], out=run, unwind=unwind, probes=()),
-                      on_ready=proc.release, stop_when=lambda: proc.poll() is not None).run()
-    finally:
-        proc.release()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    # sampling only: probe handlers would add their own cost to the phases they count
+    attach_held([str(binary), SECONDS, str(truth_file), str(tmp_path)], run, unwind=unwind, probes=())
     truth = json.loads(truth_file.read_text())
     expected = {c: truth.get(c, 0.0) / truth["total"] for c in CATEGORIES}
     report = json.loads(qprof("report", str(run), "--format", "json",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gzip
-import zlib
 import json
-import os
 from pathlib import Path
 
 import pytest

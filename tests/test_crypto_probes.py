@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CACHE, ROOT, build_c, qprof
+from conftest import CACHE, ROOT, attach_held, build_c, qprof
 from qprof.collectors import cryptosyms
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer, StoppedProcess
+from qprof.endpoints import Ngtcp2Transfer
 
 WORKLOAD = ROOT / "tests" / "workloads"
 
@@ -89,20 +89,6 @@ def uprobes_available(kernel_facing: None) -> None:
             pytest.skip(f"{tool} missing (make test installs bpftrace, bpftool, util-linux)")
 
 
-def attach_held(cmd: list[str], run: Path, probes: tuple[str, ...]) -> StoppedProcess:
-    proc = StoppedProcess(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        AttachSession(AttachOptions(pids=[proc.pid], out=run, probes=probes),
-                      on_ready=proc.release, stop_when=lambda: proc.poll() is not None).run()
-    finally:
-        proc.release()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    return proc
-
-
 def report_crypto(run: Path) -> dict:
     report = json.loads(qprof("report", str(run), "--format", "json").stdout)
     assert report["crypto"] is not None
@@ -114,7 +100,7 @@ def report_crypto(run: Path) -> dict:
 def test_openssl_calls_and_bytes_match_the_workload(uprobes_available: None, tmp_path: Path) -> None:
     binary = build_c(WORKLOAD / "accuracy.c", "accuracy", ["-lcrypto"])
     truth_file, run = tmp_path / "truth.json", tmp_path / "run"
-    proc = attach_held([str(binary), "2", str(truth_file), str(tmp_path)], run, ("crypto",))
+    proc = attach_held([str(binary), "2", str(truth_file), str(tmp_path)], run, probes=("crypto",))
     truth = json.loads(truth_file.read_text())
     probes = json.loads((run / "probes.json").read_text())
     script = (run / "probe-crypto.bt").read_text()
@@ -158,7 +144,7 @@ def test_go_gcm_seal_open_and_block_encrypt_counted(uprobes_available: None, tmp
     if not any("gcmAesEnc" in p.symbol for p in obj.probes):
         pytest.skip("this Go toolchain has no gcmAesEnc assembly on this architecture")
     truth_file, run = tmp_path / "truth.json", tmp_path / "run"
-    proc = attach_held([str(binary), "20000", str(truth_file)], run, ("crypto",))
+    proc = attach_held([str(binary), "20000", str(truth_file)], run, probes=("crypto",))
     truth = json.loads(truth_file.read_text())
     assert not any(ln.startswith("uretprobe") for ln in (run / "probe-crypto.bt").read_text().splitlines())
     p = report_crypto(run)["processes"][str(proc.pid)]
