@@ -48,7 +48,9 @@ def main() -> None:
     \b
     qprof attach PID...      sample running endpoints, write a run archive
     qprof report RUN         attribute and print (or --format json)
-    qprof demo               profile a real ngtcp2 transfer on loopback
+    qprof demo               profile a real ngtcp2 transfer (two namespaces)
+    qprof doctor             what this host lets qprof do
+    qprof mappings, coverage mapping files and what they miss
     """
 
 
@@ -162,6 +164,34 @@ def _refold(run: Any) -> None:
                          "bad_examples": stats.bad_examples}
     archive.write_json_atomic(run.path / archive.META, run.meta)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
+
+
+@main.command()
+@click.option("--pid", type=int, default=None, help="Also check this process's binaries (symbols, unwinding).")
+def doctor(pid: int | None) -> None:
+    """Check what this host lets qprof do; changes nothing.
+
+    \b
+    Exit status: 0 attach can run fully, 1 partly (sampling works, some
+    probes do not), 2 not at all.
+    """
+    from rich.text import Text
+
+    from qprof.probes.doctor import NONE, OK, run_checks, verdict
+
+    out = Console(highlight=False)
+    checks = run_checks(pid)
+    for c in checks:
+        mark, style = ("ok", "green") if c.ok else (("--", "dim") if c.needed_for == "information" else ("NO", "red"))
+        line = Text(f"{mark:3s} {c.name}: {c.detail}", style=style)
+        if not c.ok and c.fix:
+            line.append(f"  (fix: {c.fix})", style="yellow")
+        out.print(line)
+    code = verdict(checks)
+    out.print(Text({OK: "attach can run fully", NONE: "attach cannot run"}.get(code, "attach can run partly: "
+                                                                                  "sampling works, some probes do not"),
+                   style="bold"))
+    sys.exit(code)
 
 
 @main.group(invoke_without_command=True)
