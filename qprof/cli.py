@@ -101,7 +101,8 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded"]), default="text", show_default=True,
+              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope).")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--top", type=int, default=5, show_default=True, help="Top symbols shown per category.")
@@ -136,6 +137,13 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
 
     if top < 1:
         raise QprofError("--top must be at least 1")
+    if fmt == "folded":
+        from qprof.viewer.folded import folded_lines
+
+        for p in run_paths:
+            for line in folded_lines(_open_run(p, refold)):
+                click.echo(line)
+        return
     ms = MappingSet.load(mappings)
     analyses = [analyse_run(_open_run(p, refold), ms, stack) for p in run_paths]
     if fmt == "json":

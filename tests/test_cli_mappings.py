@@ -49,3 +49,13 @@ def test_report_forced_stack(tmp_path: Path) -> None:
     rep = json.loads(qprof("report", str(run), "--format", "json", "--stack", "ngtcp2").stdout)
     for p in rep["processes"]:
         assert any(m["name"] == "ngtcp2" and m["detected_by"] == "--stack" for m in p["mappings"])
+
+
+def test_report_folded_stacks(tmp_path: Path) -> None:
+    """stackcollapse-perf's shape: root (process) first, leaf last, kernel frames `_[k]`, sample counts."""
+    run = _fake_run(tmp_path)
+    lines = qprof("report", str(run), "--format", "folded").stdout.splitlines()
+    counts = dict(line.rsplit(" ", 1) for line in lines)
+    send = "gtlsserver;ngtcp2_conn_write_pkt;__libc_sendmsg;__sys_sendmsg_[k];udp_sendmsg_[k];ip_output_[k]"
+    assert counts[send] == "4"
+    assert sum(int(v) for v in counts.values()) == 14  # every sample of the fake run, once

@@ -1,0 +1,32 @@
+"""Folded stacks for flamegraph.pl, inferno and speedscope: `root;...;leaf count` per line.
+
+Same shape as stackcollapse-perf.pl's output (process name as the root frame,
+kernel frames suffixed `_[k]`), weighted by samples, so others' flamegraph
+tools read a qprof run directly: `qprof report RUN --format folded | flamegraph.pl`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from qprof.attribution.engine import is_kernel_dso
+from qprof.collectors.archive import Run
+
+
+def _frame(sym: str, dso: str) -> str:
+    # an unnamed frame is shown by its object, as stackcollapse-perf.pl does
+    name = sym if sym != "[unknown]" or dso.startswith("[") else f"[{dso.rsplit('/', 1)[-1]}]"
+    name = name.replace(";", ":").replace("\n", " ")
+    return name + "_[k]" if is_kernel_dso(dso) else name
+
+
+def folded_lines(run: Run, pid: int | None = None) -> Iterator[str]:
+    counts: Counter[str] = Counter()
+    for rec in run.stacks():
+        if pid is not None and rec.pid != pid:
+            continue
+        frames = [rec.comm.replace(";", ":").replace(" ", "_")] + [_frame(s, d) for s, d in reversed(rec.frames)]
+        counts[";".join(frames)] += rec.samples
+    for stack, n in sorted(counts.items()):
+        yield f"{stack} {n}"
