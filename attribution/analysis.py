@@ -34,13 +34,15 @@ def verdict_of(analyses: list[Analysis]) -> Verdict | None:
 
 def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Analysis:
     """`stack` forces one stack mapping file instead of auto-detection (`--stack`)."""
-    profile = attribute(run, mappings, stack)
+    readings = list(run.proc_readings())
+    profile = attribute(run, mappings, stack, readings)
     targets = run.meta.get("targets", [])
-    pio = analyse(run.probes() or {}, [int(t["pid"]) for t in targets])
+    pids = [int(t["pid"]) for t in targets]
+    probes = run.probes() or {}
+    pio = analyse(probes, pids)
     comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
     recs = recommend(pio, comms, {p.pid: p.mmsg_seen for p in profile.processes}) if pio is not None else []
-    crypto = analyse_crypto(run.probes() or {}, [int(t["pid"]) for t in targets], pio)
-    readings = list(run.proc_readings())
+    crypto = analyse_crypto(probes, pids, pio)
     host = run.meta.get("host", {})
     host_cpus = int(host.get("cpus") or 1)
     sides = [ev for t in targets if t.get("role") in ("server", "client")

@@ -87,10 +87,10 @@ def _seconds_per_period(meta: dict[str, Any]) -> float:
     return 0.0
 
 
-def _proc_cpu(run: Run, pid: int) -> float | None:
+def _proc_cpu(readings: list[dict[str, Any]], pid: int) -> float | None:
     first: dict[int, float] = {}
     last: dict[int, float] = {}
-    for r in run.proc_readings():
+    for r in readings:
         for t in r.get("threads", {}).get(str(pid), []):
             cpu = t["utime_s"] + t["stime_s"]
             first.setdefault(t["tid"], cpu)
@@ -100,8 +100,13 @@ def _proc_cpu(run: Run, pid: int) -> float | None:
     return sum(last[t] - first[t] for t in last)
 
 
-def attribute(run: Run, mappings: MappingSet, stack: str | None = None) -> Profile:
-    """Classify every folded stack of the run and aggregate per process and thread."""
+def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
+              readings: list[dict[str, Any]] | None = None) -> Profile:
+    """Classify every folded stack of the run and aggregate per process and thread.
+
+    `readings`: the run's /proc readings when the caller has them already."""
+    if readings is None:
+        readings = list(run.proc_readings())
     meta = run.meta
     targets = {int(t["pid"]): t for t in meta.get("targets", [])}
     # Pass 1: what each process runs, to pick its mapping files.
@@ -147,7 +152,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None) -> Profi
             if p.pid in targets:
                 empty.append({"pid": p.pid, "comm": p.comm})
             continue
-        p.proc_cpu_seconds = _proc_cpu(run, p.pid)
+        p.proc_cpu_seconds = _proc_cpu(readings, p.pid)
         sampled.append(p)
     if spp == 0.0:  # non-time event: approximate CPU time by samples / frequency
         total_p = sum(p.breakdown.period for p in sampled) or 1

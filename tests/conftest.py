@@ -36,6 +36,14 @@ def kernel_facing() -> None:
 
 
 @pytest.fixture(scope="session")
+def probes_available(kernel_facing: None) -> None:
+    """What running qprof's bpftrace probes needs beside root and perf."""
+    for tool in ("bpftrace", "bpftool", "unshare"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} missing (make test installs bpftrace, bpftool, util-linux)")
+
+
+@pytest.fixture(scope="session")
 def ngtcp2_tools(kernel_facing: None) -> None:
     for tool, pkg in (("gtlsserver", "ngtcp2-server"), ("gtlsclient", "ngtcp2-client")):
         if shutil.which(tool) is None:

@@ -82,13 +82,6 @@ def test_held_target_libraries_found_through_dt_needed(tmp_path: Path) -> None:
 
 # ---- real runs (root, bpftrace)
 
-@pytest.fixture(scope="module")
-def uprobes_available(kernel_facing: None) -> None:
-    for tool in ("bpftrace", "bpftool", "unshare"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} missing (make test installs bpftrace, bpftool, util-linux)")
-
-
 def report_crypto(run: Path) -> dict:
     report = json.loads(qprof("report", str(run), "--format", "json").stdout)
     assert report["crypto"] is not None
@@ -97,7 +90,7 @@ def report_crypto(run: Path) -> dict:
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_openssl_calls_and_bytes_match_the_workload(uprobes_available: None, tmp_path: Path) -> None:
+def test_openssl_calls_and_bytes_match_the_workload(probes_available: None, tmp_path: Path) -> None:
     binary = build_c(WORKLOAD / "accuracy.c", "accuracy", ["-lcrypto"])
     truth_file, run = tmp_path / "truth.json", tmp_path / "run"
     proc = attach_held([str(binary), "2", str(truth_file), str(tmp_path)], run, probes=("crypto",))
@@ -130,7 +123,7 @@ def test_openssl_calls_and_bytes_match_the_workload(uprobes_available: None, tmp
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_go_gcm_seal_open_and_block_encrypt_counted(uprobes_available: None, tmp_path: Path) -> None:
+def test_go_gcm_seal_open_and_block_encrypt_counted(probes_available: None, tmp_path: Path) -> None:
     """Go: uprobes (never uretprobes) on the ABI0 assembly read lengths from the stack exactly."""
     go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
     if go is None:
@@ -168,7 +161,7 @@ def test_go_gcm_seal_open_and_block_encrypt_counted(uprobes_available: None, tmp
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_ngtcp2_gnutls_aead_calls_track_datagrams(uprobes_available: None, ngtcp2_tools: None,
+def test_ngtcp2_gnutls_aead_calls_track_datagrams(probes_available: None, ngtcp2_tools: None,
                                                   tmp_path: Path) -> None:
     run = tmp_path / "run"
     with Ngtcp2Transfer(32 << 20) as xfer:

@@ -20,15 +20,6 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 UDP_PAIR = ROOT / "tests" / "workloads" / "udp_pair.py"
 
 
-@pytest.fixture(scope="module")
-def probes_available(kernel_facing: None) -> None:
-    import shutil
-
-    for tool in ("bpftrace", "bpftool", "unshare"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} missing (make test installs bpftrace, bpftool, util-linux)")
-
-
 def report_json(run: Path) -> dict:
     return json.loads(qprof("report", str(run), "--format", "json").stdout)
 
