@@ -1,11 +1,11 @@
 """Drive `perf record` and `perf script`.
 
-Sampling is system-wide (-a: per-CPU events) and filtered to the targets'
-pids when folding. Per-task sampling (-p) was the first choice, but perf 6.1
-spins a whole core after any thread that existed at attach time exits (tens of
-millions of wake-ups, measured here): that steals the CPU the endpoints are
-measured on. Per-CPU events never hang up, and the founding study sampled
-system-wide too.
+Sampling uses per-CPU events (-a), filtered in the kernel to the targets'
+cgroup when one can be made (collectors.perfcgroup), and by pid when folding.
+Per-task sampling (-p) was the first choice, but perf 6.1 spins a whole core
+after any thread that existed at attach time exits (tens of millions of
+wake-ups, measured here): that steals the CPU the endpoints are measured on.
+Per-CPU events never hang up.
 
 perf is started disabled (-D -1) with a control FIFO and enabled through it,
 so qprof knows the moment sampling really runs (perf's ack), and a caller can
@@ -35,10 +35,13 @@ DWARF_STACK_BYTES = 8192
 
 
 def record_command(perf: str, unwind: str, frequency: int, event: str,
-                   output: Path, ctl: str, ack: str) -> list[str]:
+                   output: Path, ctl: str, ack: str, cgroups: list[str] | None = None) -> list[str]:
+    """`cgroups`: sample only while a task of these (perf_event) cgroups runs, one event each
+    (collectors.perfcgroup); None: every task, filtered by pid when folding."""
     if unwind not in UNWIND_MODES:
         raise ValueError(unwind)
-    cmd = [perf, "record", "-e", event, "-F", str(frequency),
+    events = [a for cg in cgroups for a in ("-e", event, "-G", cg)] if cgroups else ["-e", event]
+    cmd = [perf, "record", *events, "-F", str(frequency),
            "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
            "-a", "-o", str(output),
            "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself
@@ -55,14 +58,14 @@ class PerfRecorder:
     """One system-wide `perf record` process whose samples of `pids` are unwound one way."""
 
     def __init__(self, perf: str, pids: list[int], unwind: str, frequency: int, event: str,
-                 output: Path, log: Path) -> None:
+                 output: Path, log: Path, cgroups: list[str] | None = None) -> None:
         self.pids, self.unwind, self.output, self.log = pids, unwind, output, log
         # the control FIFOs live in the run directory: nothing is left elsewhere if qprof is killed
         self._fifodir = Path(tempfile.mkdtemp(prefix=".perfctl-", dir=output.parent))
         self._ctl_path = str(self._fifodir / "ctl")
         self._ack_path = str(self._fifodir / "ack")
         self.command = record_command(perf, unwind, frequency, event, output,
-                                      self._ctl_path, self._ack_path)
+                                      self._ctl_path, self._ack_path, cgroups)
         self.proc: subprocess.Popen[bytes] | None = None
         self._ctl = self._ack = -1
         self._logf: IO[bytes] | None = None

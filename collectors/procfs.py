@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+from qprof.collectors.perfcgroup import outer_path
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -144,9 +145,9 @@ def _cgroup_path(pid: int) -> tuple[str, str] | None:
         if len(parts) != 3:
             continue
         if "cpu" in parts[1].split(","):
-            return "v1", parts[2]
+            return "v1", outer_path(parts[2])
         if parts[0] == "0":
-            v2 = parts[2]
+            v2 = outer_path(parts[2])  # qprof's own sampling child holds no quota
     return ("v2", v2) if v2 is not None else None
 
 

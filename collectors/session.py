@@ -27,12 +27,14 @@ from typing import Any, Callable, Iterator
 from qprof import __version__
 from qprof.collectors import archive, elf, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
+from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfdata import neutralize_ksymbols
 from qprof.collectors.perfscript import ParseStats, parse_samples
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
 from qprof.collectors.stacks import fold, write_stacks
 from qprof.errors import QprofError
-from qprof.probes.features import kernel_features, require_perf, require_sampling_privileges, tool_version
+from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
+                                   tool_version)
 
 DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms timers
 POLL_TICK = 0.05  # s between checks of the stop conditions
@@ -51,6 +53,11 @@ class AttachOptions:
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
+    scope: str = "auto"  # auto | cgroup | system: how perf's samples are kept to the targets (SCOPES)
+
+
+# auto: cgroup when the host lets qprof make one, else system (with a warning)
+SCOPES = ("auto", "cgroup", "system")
 
 
 def _now() -> str:
@@ -90,6 +97,8 @@ def validate_options(opts: AttachOptions) -> None:
         raise QprofError("a pid is given twice: list each target once")
     if opts.duration is not None and not (0 < opts.duration <= 7 * 24 * 3600):
         raise QprofError(f"--duration {opts.duration:g} is out of range: give seconds > 0 (at most a week)")
+    if opts.scope not in SCOPES:
+        raise QprofError(f"unknown sampling scope {opts.scope!r}: use {', '.join(SCOPES)}")
     if not 1 <= opts.frequency <= 100_000:
         raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (999 is usual)")
 
@@ -106,6 +115,7 @@ class AttachSession:
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
+        self.cgroups: SampleCgroups | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
@@ -144,6 +154,7 @@ class AttachSession:
             self._finish(out, archive.STATUS_INCOMPLETE, reason)
             raise
         finally:
+            self._release_cgroups()
             os.umask(old_umask)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -195,7 +206,8 @@ class AttachSession:
         self.probes.launch()
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
-                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log")
+                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
+                               self._sampling_cgroups(pids))
             self.recorders.append(rec)
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
@@ -217,12 +229,46 @@ class AttachSession:
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
+        self._release_cgroups()
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
         stats = fold_run(perf, out, self.meta)
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                               "bad_examples": stats.bad_examples}
         self._finish(out, archive.STATUS_COMPLETE, None)
+
+    def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
+        """perf -G names that keep sampling to `pids` in the kernel, or None for system-wide sampling.
+
+        Recorded in meta.json's sampling.scope, with the reason when it fell back."""
+        scope = self.meta["sampling"].setdefault("scope", {"mode": self.opts.scope, "cgroups": []})
+        if self.opts.scope == "system" or scope["mode"] == "system":
+            scope.update(mode="system", reason=scope.get("reason", "requested with --scope system"))
+            return None
+        h = find_hierarchy()
+        try:
+            if h is None:
+                raise OSError("no cgroup hierarchy is mounted")
+            if self.cgroups is None:
+                for gone in cleanup_leftovers(h):
+                    self.status(f"removed a sampling cgroup left by a killed qprof: {gone}")
+                self.cgroups = SampleCgroups(h)
+            names = self.cgroups.place(pids)
+        except OSError as e:
+            if self.opts.scope == "cgroup":
+                raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
+                                 "use --scope system") from None
+            self.status(f"warning: sampling system-wide, filtered by pid afterwards (no sampling cgroup: {e})")
+            scope.update(mode="system", reason=str(e))
+            return None
+        scope.update(mode="cgroup", hierarchy=f"{h.version} {h.mount}")
+        scope["cgroups"] += names
+        return names
+
+    def _release_cgroups(self) -> None:
+        if self.cgroups is not None:
+            self.cgroups.release()
+            self.cgroups = None
 
     def _poll(self, out: Path, start: float) -> None:
         opts = self.opts
@@ -235,10 +281,11 @@ class AttachSession:
                     procf.write(json.dumps(procfs.reading(opts.pids), separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
-                if now >= next_sockets and self.probes is not None:
-                    self.probes.poll_sockets()
+                if self.probes is not None:
                     self.probes.tick_stats()
-                    next_sockets = now + SOCKET_INTERVAL
+                    if now >= next_sockets:
+                        self.probes.poll_sockets()
+                        next_sockets = now + SOCKET_INTERVAL
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:

@@ -10,6 +10,8 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 from qprof.errors import QprofError
 
@@ -114,3 +116,45 @@ def kernel_features() -> dict[str, object]:
         "perf_event_paranoid": perf_event_paranoid(),
         "bpftrace": bpftrace_version(),
     }
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """The cgroup hierarchy perf resolves `-G NAME` against (tools/perf/util/cgroup.c does the same lookup)."""
+
+    mount: Path
+    version: str  # "v1" (a hierarchy with perf_event) or "v2"
+
+    def path_of(self, pid: int) -> str | None:
+        """The pid's cgroup path in this hierarchy, or None (gone, or not in it)."""
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            if (self.version == "v1" and "perf_event" in parts[1].split(",")) or \
+                    (self.version == "v2" and parts[0] == "0" and parts[1] == ""):
+                return parts[2]
+        return None
+
+
+def find_hierarchy(mounts: str | None = None) -> Hierarchy | None:
+    """The perf_event v1 hierarchy if one is mounted, else the cgroup2 mount, else None."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    v2 = None
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        if f[2] == "cgroup" and "perf_event" in f[3].split(","):
+            return Hierarchy(Path(f[1]), "v1")
+        if f[2] == "cgroup2" and v2 is None:
+            v2 = Hierarchy(Path(f[1]), "v2")
+    return v2

@@ -69,6 +69,9 @@ def _default_out() -> Path:
 @click.option("-F", "--frequency", type=int, default=999, show_default=True, help="Samples per second per thread.")
 @click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
               help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise.")
+@click.option("--scope", type=click.Choice(["auto", "cgroup", "system"]), default="auto", show_default=True,
+              help="Keep sampling to the targets in the kernel through a perf_event cgroup (cgroup), or "
+                   "sample every CPU's tasks and keep the targets' afterwards (system); auto: cgroup if possible.")
 @click.option("--probes", "probes", default="default", show_default=True,
               help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
                    "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
@@ -76,7 +79,7 @@ def _default_out() -> Path:
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
-           out: Path | None, frequency: int, unwind: str, probes: str, quiet: bool) -> None:
+           out: Path | None, frequency: int, unwind: str, scope: str, probes: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
@@ -91,7 +94,8 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
-                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles)
+                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
+                         scope=scope)
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))

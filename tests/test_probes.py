@@ -31,8 +31,23 @@ def bpf_state() -> tuple[set[str], set[str]]:
     return {str(p["id"]) for p in progs}, {f"{p.get('pid')}:{p.get('fd')}" for p in perf}
 
 
+def _holds(pid: str, path: Path) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(path)):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def processes_using(path: Path, timeout: float = 15.0) -> list[str]:
-    """Live processes whose command line names `path` (qprof's perf and bpftrace do)."""
+    """Live processes whose command line names `path` or that hold a file under it (qprof's perf,
+    bpftrace and libbpf probe runner do)."""
     deadline = time.monotonic() + timeout
     while True:
         users = []
@@ -41,11 +56,27 @@ def processes_using(path: Path, timeout: float = 15.0) -> list[str]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(path) in cmd and "pytest" not in cmd:
+            if "pytest" not in cmd and (str(path) in cmd or _holds(pid, path)):
                 users.append(f"{pid}: {cmd[:120]}")
         if not users or time.monotonic() > deadline:
             return users
         time.sleep(0.2)
+
+
+def sampling_cgroups_of(owner: int, timeout: float = 10.0) -> list[str]:
+    """qprof's sampling cgroups (collectors.perfcgroup) that `owner` made and that still exist."""
+    from qprof.collectors.perfcgroup import PREFIX
+    from qprof.probes.features import find_hierarchy
+
+    h = find_hierarchy()
+    if h is None:
+        return []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [d for d, _, _ in os.walk(h.mount) if Path(d).name.startswith(f"{PREFIX}{owner}-")]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def orphan_programs(progs_before: set[str], timeout: float = 10.0) -> set[str]:
@@ -157,7 +188,8 @@ def test_no_probes_left_behind(probes_available: None, tmp_path: Path, how: str)
     finally:
         target.kill()
         target.wait()
-    assert processes_using(run) == [], "perf or bpftrace outlived qprof"
+    assert processes_using(run) == [], "perf or a probe process outlived qprof"
+    assert sampling_cgroups_of(att.pid) == [], "the sampling cgroup outlived qprof"
     assert orphan_programs(progs0) == set(), "BPF programs left behind"
     perf1 = bpf_state()[1]
     assert not [p for p in perf1 if p.split(":")[0] in {str(target.pid), str(att.pid)}], \

@@ -1,0 +1,202 @@
+"""Filter perf's samples to the targets inside the kernel: a perf_event cgroup.
+
+System-wide sampling (-a) interrupts every CPU 999 times a second and copies
+8 KiB of user stack per sample for DWARF unwinding, for every process: the
+peer endpoint on the other core pays for samples qprof throws away, and perf
+itself writes twice the data. Per-task events (-p) filter in the kernel but
+perf 6.1 spins a core after a pre-existing thread exits (see collectors.perf).
+A cgroup-filtered per-CPU event (`perf record -a -G CG`) counts only while a
+task of CG runs: filtered in the kernel, no per-task event to hang up, and
+threads or children a target creates later are in the cgroup from birth.
+
+The targets are moved into a fresh child of the cgroup they are in
+(`<their cgroup>/qprof-sample-<owner>-<n>`) in the hierarchy perf resolves -G
+against: the cgroup v1 hierarchy that has the perf_event controller, else
+cgroup v2. A child cgroup has no controller of its own enabled (its parent
+holds processes, so it cannot enable any), so quotas and weights of the
+parent still govern the targets; procfs strips this component when it reads
+a target's CPU quota.
+
+Moving them back is the job of a watchdog process that holds the read end of
+a pipe from qprof: on EOF — qprof closed it, exited, or was SIGKILLed — it
+moves every task still in the child cgroup back to the original cgroup and
+removes the child. A leftover whose owner and watchdog both died is removed
+by the next qprof that starts (`cleanup_leftovers`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from qprof.probes.features import Hierarchy
+
+PREFIX = "qprof-sample-"
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-\d+$")
+
+
+def outer_path(path: str) -> str:
+    """A cgroup path without qprof's sampling child: where the target's quota lives."""
+    head, _, leaf = path.rstrip("/").rpartition("/")
+    return (head or "/") if _NAME.match(leaf) else path
+
+
+def _starttime(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _procs(cg: Path) -> list[int]:
+    try:
+        return [int(x) for x in (cg / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _move(pid: int, cg: Path) -> bool:
+    try:
+        (cg / "cgroup.procs").write_text(str(pid))
+        return True
+    except OSError:
+        return False  # gone meanwhile, or the destination vanished
+
+
+def _rmdir(cg: Path, timeout: float = 2.0) -> bool:
+    # an exiting task keeps a cgroup busy for a moment after it left cgroup.procs
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cg.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def restore(child: Path, original: Path) -> list[int]:
+    """Move every task of `child` back to `original` (or the nearest existing ancestor), remove `child`.
+
+    Returns the pids it could not move (they keep the child alive)."""
+    dest = original
+    while not (dest / "cgroup.procs").exists() and dest != dest.parent:
+        dest = dest.parent
+    stuck = []
+    for _ in range(3):  # a target may fork while we move it: its child lands in `child`
+        procs = _procs(child)
+        if not procs:
+            break
+        stuck = [p for p in procs if not _move(p, dest)]
+    _rmdir(child)
+    return stuck
+
+
+def cleanup_leftovers(h: Hierarchy) -> list[str]:
+    """Remove sampling cgroups whose owning qprof is gone (it and its watchdog were killed)."""
+    removed = []
+    for dirpath, dirnames, _ in os.walk(h.mount):
+        for d in list(dirnames):
+            m = _NAME.match(d)
+            if m is None:
+                continue
+            dirnames.remove(d)
+            if _starttime(int(m.group(1))) == m.group(2):
+                continue  # a live qprof's
+            child = Path(dirpath) / d
+            restore(child, Path(dirpath))
+            removed.append(str(child))
+    return removed
+
+
+class SampleCgroups:
+    """Targets grouped by their current cgroup, each group moved into a sampling child cgroup."""
+
+    def __init__(self, h: Hierarchy) -> None:
+        self.h = h
+        self.children: list[tuple[Path, Path]] = []  # (child, original)
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    def place(self, pids: list[int]) -> list[str]:
+        """Move `pids` into sampling cgroups; returns the names to give `perf record -G` (one per event).
+
+        Raises OSError when the hierarchy refuses (read-only, a threaded cgroup...): the caller
+        then samples system-wide."""
+        by_path: dict[str, list[int]] = {}
+        for pid in pids:
+            path = self.h.path_of(pid)
+            if path is None:
+                raise OSError(f"pid {pid} is not in the {self.h.version} cgroup hierarchy at {self.h.mount}")
+            by_path.setdefault(path, []).append(pid)
+        me, start = os.getpid(), _starttime(os.getpid())
+        names = []
+        self._start_watchdog()
+        for path, group in by_path.items():
+            original = self.h.mount / path.lstrip("/")
+            child = original / f"{PREFIX}{me}-{start}-{len(self.children)}"
+            child.mkdir(mode=0o755)
+            self.children.append((child, original))
+            self._tell_watchdog(child, original)
+            for pid in group:
+                if not _move(pid, child) and Path(f"/proc/{pid}").exists():
+                    raise OSError(f"cannot move pid {pid} into {child}")
+            names.append(str(child.relative_to(self.h.mount)))
+        return names
+
+    def _start_watchdog(self) -> None:
+        # its own session: a Ctrl-C to qprof's terminal must not kill it before qprof closes the pipe
+        self._watchdog = subprocess.Popen([sys.executable, "-m", "qprof.collectors.perfcgroup"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          start_new_session=True)
+
+    def _tell_watchdog(self, child: Path, original: Path) -> None:
+        assert self._watchdog is not None and self._watchdog.stdin is not None
+        self._watchdog.stdin.write(json.dumps([str(child), str(original)]).encode() + b"\n")
+        self._watchdog.stdin.flush()
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Targets back where they were, children removed (the watchdog does it; we wait for it)."""
+        w, self._watchdog = self._watchdog, None
+        if w is None:
+            return
+        assert w.stdin is not None
+        w.stdin.close()
+        try:
+            w.wait(timeout)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+        for child, original in self.children:  # if the watchdog failed: the same work, here
+            if child.exists():
+                restore(child, original)
+        self.children.clear()
+
+
+def _watch() -> int:
+    """Watchdog: read (child, original) lines until EOF, then restore every one of them."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    pairs = []
+    for line in sys.stdin.buffer:
+        try:
+            child, original = json.loads(line)
+        except ValueError:
+            continue
+        pairs.append((Path(child), Path(original)))
+    for child, original in pairs:
+        restore(child, original)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_watch())

@@ -1,0 +1,128 @@
+"""Sampling kept to the targets in the kernel (collectors.perfcgroup): real perf, real cgroupfs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import qprof
+from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers, outer_path
+from qprof.probes.features import find_hierarchy
+
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+def _pids_in(perf_data: Path) -> set[int]:
+    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid"], capture_output=True, text=True)
+    return {int(x) for x in out.stdout.split() if x.isdigit()}
+
+
+def _cgroup_line(pid: int) -> str:
+    return next(ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ln.startswith("0::"))
+
+
+@pytest.fixture()
+def busy_pair() -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    a, b = subprocess.Popen(BUSY), subprocess.Popen(BUSY)
+    time.sleep(0.3)
+    yield a, b
+    for p in (a, b):
+        p.kill()
+        p.wait()
+
+
+def test_cgroup_scope_samples_only_the_target_and_puts_it_back(kernel_facing: None, tmp_path: Path,
+                                                                busy_pair: tuple) -> None:
+    h = find_hierarchy()
+    if h is None:
+        pytest.skip("no cgroup hierarchy mounted: sampling falls back to system-wide (tested below)")
+    target, other = busy_pair
+    before = _cgroup_line(target.pid)
+    run = tmp_path / "run"
+    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "cgroup")
+    meta = json.loads((run / "meta.json").read_text())
+    scope = meta["sampling"]["scope"]
+    assert scope["mode"] == "cgroup" and scope["cgroups"][0].rsplit("/", 1)[-1].startswith(PREFIX)
+    # filtered in the kernel: the busy neighbour on the other core left no sample at all
+    assert _pids_in(run / "perf-dwarf.data") == {target.pid}
+    assert meta["parse"]["samples"] > 1000  # ~1500 at 999 Hz: the target itself is fully sampled
+    assert _cgroup_line(target.pid) == before, "the target is back in its own cgroup"
+    assert not [d for d, _, _ in os.walk(h.mount) if Path(d).name.startswith(PREFIX)]
+
+
+def test_system_scope_samples_everything_and_keeps_the_target(kernel_facing: None, tmp_path: Path,
+                                                              busy_pair: tuple) -> None:
+    target, other = busy_pair
+    run = tmp_path / "run"
+    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "system")
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["sampling"]["scope"]["mode"] == "system"
+    assert {target.pid, other.pid} <= _pids_in(run / "perf-dwarf.data")
+    rep = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    assert [p["pid"] for p in rep["processes"]] == [target.pid]
+
+
+def test_a_leftover_of_a_killed_owner_is_removed_and_its_tasks_put_back(kernel_facing: None) -> None:
+    h = find_hierarchy()
+    if h is None:
+        pytest.skip("no cgroup hierarchy mounted")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid whose owner is gone (start time cannot match)
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        home = h.path_of(victim.pid)
+        assert home is not None
+        parent = h.mount / home.lstrip("/")
+        leftover = parent / f"{PREFIX}{dead.pid}-1-0"
+        leftover.mkdir()
+        (leftover / "cgroup.procs").write_text(str(victim.pid))
+        assert h.path_of(victim.pid) != home
+        assert str(leftover) in cleanup_leftovers(h)
+        assert not leftover.exists() and h.path_of(victim.pid) == home
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_watchdog_puts_the_target_back_after_qprof_is_killed(kernel_facing: None, tmp_path: Path,
+                                                             busy_pair: tuple) -> None:
+    if find_hierarchy() is None:
+        pytest.skip("no cgroup hierarchy mounted")
+    target, _ = busy_pair
+    before = _cgroup_line(target.pid)
+    att = subprocess.Popen([sys.executable, "-m", "qprof.cli", "attach", str(target.pid), "-o",
+                            str(tmp_path / "run"), "--probes", "none", "-q"])
+    deadline = time.monotonic() + 30
+    while _cgroup_line(target.pid) == before:
+        assert att.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    att.send_signal(signal.SIGKILL)
+    att.wait()
+    deadline = time.monotonic() + 10
+    while _cgroup_line(target.pid) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _cgroup_line(target.pid) == before
+
+
+def test_hierarchy_lookup_matches_perf() -> None:
+    v1 = "cgroup /sys/fs/cgroup/perf_event cgroup rw,nosuid,perf_event 0 0\n"
+    v2 = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid 0 0\n"
+    other = "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu,cpuacct 0 0\n"
+    assert find_hierarchy(v2 + v1).version == "v1"  # a v1 perf_event hierarchy wins, as in perf
+    h = find_hierarchy(other + v2)
+    assert h is not None and h.version == "v2" and str(h.mount) == "/sys/fs/cgroup/unified"
+    assert find_hierarchy(other) is None and find_hierarchy("") is None and find_hierarchy("junk\n\n") is None
+
+
+def test_outer_path_strips_only_qprofs_child() -> None:
+    assert outer_path(f"/a/b/{PREFIX}12-345-0") == "/a/b"
+    assert outer_path(f"/{PREFIX}12-345-0") == "/"
+    assert outer_path("/a/qprof-sample-x") == "/a/qprof-sample-x"
+    assert outer_path("/system.slice/x.service") == "/system.slice/x.service"
