@@ -11,7 +11,8 @@ wall time from release to exit (exit seen through a pidfd, not the session's
 
 Configurations (probe sets):
   baseline   nothing attached: the client is just released
-  sampling   perf only (probes=())
+  sampling   perf only (probes=()), kept to the server in the kernel (--scope auto: its cgroup)
+  sampling-system  perf only, every task sampled, the server's kept afterwards (--scope system)
   default    perf + collectors.probes.DEFAULT_GROUPS
   <group>    perf + that group alone, for each group in collectors.probes.GROUPS
              when there is more than one (a group equal to the default is skipped)
@@ -64,6 +65,7 @@ from qprof.collectors.probes import DEFAULT_GROUPS, GROUPS
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Ngtcp2Transfer, parse_size
 from qprof.errors import QprofError
+from qprof.probes import libbpf
 from qprof.probes.bpftrace import script_text
 
 BASELINE = "baseline"
@@ -86,11 +88,12 @@ class Config:
     groups: tuple[str, ...] = ()
 
 
-def qprof_attach(probes: tuple[str, ...]) -> AttachFn:
-    """qprof's in-process attach on the server with these probe groups."""
+def qprof_attach(probes: tuple[str, ...], scope: str = "auto") -> AttachFn:
+    """qprof's in-process attach on the server with these probe groups and sampling scope."""
     def attach(xfer: Ngtcp2Transfer, server: int, release: Callable[[], None], out: Path,
                timeout: float) -> dict[str, Any]:
-        opts = AttachOptions(pids=[server], out=out, probes=probes, duration=timeout, roles={server: "server"})
+        opts = AttachOptions(pids=[server], out=out, probes=probes, duration=timeout, roles={server: "server"},
+                             scope=scope)
         with interrupt_guard():
             run = AttachSession(opts, on_ready=release, stop_when=xfer.client_done).run()
         return read_archive(run, probes)
@@ -124,6 +127,8 @@ def interrupt_guard() -> Iterator[None]:
 
 def configurations() -> list[Config]:
     configs = [Config("sampling", qprof_attach(()), "perf sampling only (probes=())"),
+               Config("sampling-system", qprof_attach((), "system"),
+                      "perf sampling only, every task sampled and filtered afterwards (--scope system)"),
                Config("default", qprof_attach(DEFAULT_GROUPS), f"perf + {','.join(DEFAULT_GROUPS)}",
                       tuple(DEFAULT_GROUPS))]
     if len(GROUPS) > 1:
@@ -512,7 +517,9 @@ def raw_block(pairs: list[Pair]) -> str:
 def probe_scripts(configs: list[Config]) -> dict[str, str]:
     """Short hashes of the probe scripts the configurations run (the tree may change under a long run)."""
     groups = sorted({g for c in configs for g in c.groups})
-    return {f"{g}.bt": hashlib.sha256(script_text(g).encode()).hexdigest()[:10] for g in groups}
+    return {name: hashlib.sha256(text).hexdigest()[:10] for g in groups
+            for name, text in [(f"{g}.bpf.c", libbpf.source_text(g)) if g == "packetio"
+                               else (f"{g}.bt", script_text(g).encode())]}
 
 
 def tree_version() -> str:

@@ -19,15 +19,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-from qprof.errors import QprofError
-from qprof.probes.children import die_with_parent, interrupt_and_wait
+from qprof.probes.children import ProbeProcess, die_with_parent
 
 TRACEFS = "/sys/kernel/tracing"
 # The shell step mounts tracefs only inside the new mount namespace (unshare -m).
@@ -67,78 +63,30 @@ def pid_predicate(pids: Iterable[int], var: str = "pid") -> str:
     return "(" + " || ".join(parts) + ")" if parts else "0"
 
 
-@dataclass
-class BpftraceProcess:
+class BpftraceProcess(ProbeProcess):
     """One running bpftrace program writing JSON lines to `output`."""
 
-    name: str
-    program: Path
-    output: Path
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    started_at: float | None = None
+    def __init__(self, name: str, program: Path, output: Path, log: Path) -> None:
+        super().__init__(name, output, log)
+        self.program = program
 
     def spawn(self, bpftrace: str) -> None:
         """Start bpftrace; it compiles for about a second before its probes are live."""
         with open(self.program, "a", encoding="utf-8") as f:
             f.write(READY_PROBE.format(pid=os.getpid()))
-        out = open(self.output, "wb")
-        log = open(self.log, "wb")
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
                bpftrace, "-f", "json", str(self.program)]
         env = {**os.environ, "BPFTRACE_STRLEN": "64", "BPFTRACE_NO_USER_SYMBOLS": "1"}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                     preexec_fn=lambda: die_with_parent(signal.SIGTERM), env=env)
-        out.close()
-        log.close()
-
-    def wait_attached(self, timeout: float = 60.0) -> None:
-        """Return once every probe is attached (the readiness probe has fired)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise QprofError(f"bpftrace ({self.name}) failed to start: {self.log_tail()}")
-            os.getppid()  # fires the readiness probe once it is attached
-            if self._attached():
-                self.started_at = time.monotonic()
-                return
-            time.sleep(0.01)
-        self.stop()
-        raise QprofError(f"bpftrace ({self.name}) did not attach within {timeout:.0f}s: {self.log_tail()}")
+        self._popen(cmd, lambda: die_with_parent(signal.SIGTERM), env)
 
     def start(self, bpftrace: str, timeout: float = 60.0) -> None:
         self.spawn(bpftrace)
         self.wait_attached(timeout)
 
-    def _attached(self) -> bool:
-        try:
-            with open(self.output, "rb") as f:
-                head = f.read(8192)
-        except OSError:
-            return False
-        return b"qprof-ready" in head
-
     def log_tail(self) -> str:
-        lines: list[str] = []
-        for p in (self.log, self.output):
-            try:
-                lines += [ln.strip() for ln in p.read_text(errors="replace").splitlines()
-                          if ln.strip() and '"type": "map"' not in ln and '"type":"map"' not in ln]
-            except OSError:
-                pass
         if self.proc is not None and self.proc.returncode == 97:
             return f"could not mount tracefs at {TRACEFS}"
-        return " | ".join(lines[-3:]) or "no output"
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGINT: bpftrace prints its maps a last time and detaches."""
-        if self.proc is None:
-            return None
-        return interrupt_and_wait(self.proc, timeout)
+        return super().log_tail()
 
 
 def read_maps(output: Path) -> dict[str, Any]:

@@ -6,6 +6,11 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from qprof.errors import QprofError
 
 PR_SET_PDEATHSIG = 1
 
@@ -28,3 +33,65 @@ def interrupt_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+class ProbeProcess:
+    """A probe program running in a child process that writes JSON lines to `output`.
+
+    The child prints READY_MARKER once its probes are live, then its maps every
+    second and a last time on SIGINT; it dies with qprof (PR_SET_PDEATHSIG)."""
+
+    READY_MARKER = b"qprof-ready"
+
+    def __init__(self, name: str, output: Path, log: Path) -> None:
+        self.name, self.output, self.log = name, output, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+
+    def _popen(self, cmd: list[str], preexec: Callable[[], None], env: dict[str, str] | None = None) -> None:
+        with open(self.output, "wb") as out, open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
+                                         preexec_fn=preexec, env=env)
+
+    def wait_attached(self, timeout: float = 60.0) -> None:
+        """Return once every probe is attached (the child printed its readiness line)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise QprofError(f"probes {self.name} failed to start: {self.log_tail()}")
+            os.getppid()  # fires bpftrace's readiness probe once it is attached
+            if self._attached():
+                self.started_at = time.monotonic()
+                return
+            time.sleep(0.01)
+        self.stop()
+        raise QprofError(f"probes {self.name} did not attach within {timeout:.0f}s: {self.log_tail()}")
+
+    def _attached(self) -> bool:
+        try:
+            with open(self.output, "rb") as f:
+                head = f.read(8192)
+        except OSError:
+            return False
+        return self.READY_MARKER in head
+
+    def log_tail(self) -> str:
+        lines: list[str] = []
+        for p in (self.log, self.output):
+            try:
+                lines += [ln.strip() for ln in p.read_text(errors="replace").splitlines()
+                          if ln.strip() and '"type": "map"' not in ln and '"type":"map"' not in ln
+                          and '"type": "hist"' not in ln]
+            except OSError:
+                pass
+        return " | ".join(lines[-3:]) or "no output"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGINT: the child prints its maps a last time and detaches."""
+        if self.proc is None:
+            return None
+        return interrupt_and_wait(self.proc, timeout)

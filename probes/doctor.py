@@ -13,15 +13,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from qprof.probes import btf
+from qprof.probes import btf, packetio
 from qprof.probes.features import (CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, effective_capabilities,
-                                   kernel_features, tool_version)
+                                   find_hierarchy, kernel_features, tool_version)
 
 OK, PARTIAL, NONE = 0, 1, 2
 # What each shipped probe group needs from the kernel (tracepoints by event name).
 GROUP_TRACEPOINTS = {
-    "packetio": ("sock_send_length", "sock_recv_length", "net_dev_start_xmit", "skb_copy_datagram_iovec",
-                 "kfree_skb", "udp_fail_queue_rcv_skb"),
+    "packetio": packetio.TRACEPOINTS,
     "softirq": ("softirq_entry", "softirq_exit"),
     "syscalls": ("sys_enter", "sys_exit"),
 }
@@ -73,8 +72,18 @@ def run_checks(pid: int | None = None) -> list[Check]:
     checks.append(Check("kprobes", bool(feats.get("kprobes")), "kprobe PMU present" if feats.get("kprobes")
                         else "not built (CONFIG_KPROBES unset): qprof's probes use tracepoints instead",
                         needed_for="information"))
-    checks.append(Check("fentry/fexit", False, "not used by qprof's probes (tracepoints are the portable floor)",
+    checks.append(Check("fentry/fexit", False, "not used by qprof's probes: BTF tracepoints (tp_btf) instead",
                         needed_for="information"))
+    clang, headers = shutil.which("clang"), os.path.exists("/usr/include/bpf/bpf_helpers.h")
+    checks.append(Check("clang and libbpf headers", bool(clang and headers),
+                        "found (the packetio probes are compiled once per kernel)" if clang and headers else
+                        f"missing {' and '.join(n for n, ok in (('clang', clang), ('libbpf-dev', headers)) if not ok)}",
+                        "apt-get install clang libbpf-dev (needed by the default packetio probes)"))
+    h = find_hierarchy()
+    checks.append(Check("sampling cgroup", h is not None,
+                        f"perf samples only the targets, through a child cgroup in {h.version} {h.mount}" if h
+                        else "no cgroup hierarchy: perf samples every task and qprof keeps the targets' samples",
+                        "mount cgroup2 (or a v1 perf_event hierarchy) for cheaper sampling", "information"))
     try:
         for group, tps in GROUP_TRACEPOINTS.items():
             missing = [tp for tp in tps if not btf.tracepoint_exists(tp)]
