@@ -43,7 +43,7 @@ from qprof.probes import btf
 from qprof.probes import crypto as crypto_probes
 from qprof.probes import libbpf
 from qprof.probes import packetio as packetio_probes
-from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
+from qprof.probes.bpftrace import BpftraceProcess, MapTail, pid_predicate, read_maps, render, script_text
 from qprof.probes.children import ProbeProcess
 from qprof.probes.features import bpftrace_version
 
@@ -142,6 +142,7 @@ class ProbeCollector:
         self._stats_on_s = 0.0  # total time with stats on
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
+        self._tails: dict[str, MapTail] = {}
 
     def poll_sockets(self) -> None:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
@@ -280,6 +281,14 @@ class ProbeCollector:
             if why:
                 self._unavailable("cost", why)
         self._save()
+
+    def live_maps(self) -> dict[str, Any]:
+        """Every running group's maps as last printed (new output lines only are parsed)."""
+        maps: dict[str, Any] = {}
+        for p in self.procs:
+            tail = self._tails.setdefault(p.name, MapTail(p.output))
+            maps.update(tail.read())
+        return maps
 
     def _unavailable(self, probe: str, reason: str) -> None:
         self.record["unavailable"].append({"probe": probe, "reason": reason})

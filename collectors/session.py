@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from qprof import __version__
-from qprof.collectors import archive, elf, procfs, sysinfo
+from qprof.collectors import archive, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfdata import neutralize_ksymbols
@@ -40,6 +40,18 @@ DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms time
 POLL_TICK = 0.05  # s between checks of the stop conditions
 SOCKET_INTERVAL = 1.0  # s between socket-table readings (ss: ~10 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
+
+
+@dataclass
+class LiveData:
+    """What the session knows about the targets this second, raw, for a live view (attribution.live)."""
+
+    elapsed_s: float
+    duration_s: float | None
+    reading: dict[str, Any]  # the latest procfs.reading of the targets
+    maps: dict[str, Any]  # the probe groups' maps as last printed (bpftrace JSON shape)
+    softirq_seconds: dict[str, float]  # per CPU since boot (/proc/stat)
+    targets: list[dict[str, Any]]  # meta.json's targets
 
 
 @dataclass
@@ -108,8 +120,11 @@ class AttachSession:
 
     def __init__(self, opts: AttachOptions, *, on_ready: Callable[[], None] | None = None,
                  stop_when: Callable[[], bool] | None = None,
-                 status: Callable[[str], None] | None = None) -> None:
+                 status: Callable[[str], None] | None = None,
+                 on_tick: Callable[[LiveData], None] | None = None) -> None:
+        """`on_tick` gets the targets' raw live data about once a second while sampling."""
         self.opts = opts
+        self.on_tick = on_tick
         self.on_ready = on_ready
         self.stop_when = stop_when
         self.status = status or (lambda msg: None)
@@ -273,19 +288,26 @@ class AttachSession:
     def _poll(self, out: Path, start: float) -> None:
         opts = self.opts
         next_reading = 0.0
+        reading: dict[str, Any] = {}
         next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
         with open(out / archive.PROC, "a", encoding="utf-8") as procf:
             while True:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
-                    procf.write(json.dumps(procfs.reading(opts.pids), separators=(",", ":")) + "\n")
+                    reading = procfs.reading(opts.pids)
+                    procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
                 if self.probes is not None:
                     self.probes.tick_stats()
                     if now >= next_sockets:
                         self.probes.poll_sockets()
-                        next_sockets = now + SOCKET_INTERVAL
+                if now >= next_sockets:
+                    next_sockets = now + SOCKET_INTERVAL
+                    if self.on_tick is not None:
+                        self.on_tick(LiveData(now - start, opts.duration, reading,
+                                              self.probes.live_maps() if self.probes else {},
+                                              netstat.softirq_seconds(), self.meta["targets"]))
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:

@@ -76,7 +76,8 @@ def _default_out() -> Path:
               help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
                    "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
                    "uprobes on AEAD and header-protection calls).")
-@click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="Print only the run directory (no live panel; it also stays off when stdout is not a terminal).")
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
            out: Path | None, frequency: int, unwind: str, scope: str, probes: str, quiet: bool) -> None:
@@ -96,8 +97,14 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
                          frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
                          scope=scope)
-    status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
-    path = AttachSession(opts, status=status).run()
+    if not quiet and sys.stdout.isatty():
+        from qprof.viewer.live import LiveView
+
+        with LiveView(Console(highlight=False)) as view:
+            path = AttachSession(opts, status=view.status, on_tick=view.tick).run()
+    else:
+        status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
+        path = AttachSession(opts, status=status).run()
     click.echo(str(path))
     if not quiet:
         _stderr.print(f"qprof: run archive written; read it with: qprof report {path}")

@@ -1,0 +1,112 @@
+"""Per-second figures for the live view of `qprof attach`, from the session's raw live data.
+
+Rates are differences of cumulative counters between two ticks, over the time
+between the two /proc readings (not the tick period, which drifts), so a late
+tick neither inflates nor deflates them. Packet counts go through the same
+analysis as the report (attribution.packetio), so the live numbers and the
+final report agree on what a datagram is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qprof.attribution.packetio import analyse
+from qprof.collectors.session import LiveData
+
+
+@dataclass
+class TargetRates:
+    pid: int
+    comm: str
+    role: str | None
+    alive: bool
+    cpu: float | None = None  # process on-CPU time per second (1.0 = one CPU busy)
+    busiest_tid: int | None = None
+    busiest_cpu: float | None = None
+    tx_dgrams_s: float | None = None  # None: no packetio probes
+    rx_dgrams_s: float | None = None
+    tx_gbit_s: float | None = None
+    rx_gbit_s: float | None = None
+    gso: float | None = None  # datagrams per transmitted skb over the interval (1.0: no GSO)
+    gro: float | None = None  # datagrams per received message over the interval (1.0: no GRO)
+    drops: int | None = None  # datagrams dropped at its ports so far
+
+
+@dataclass
+class LiveFrame:
+    elapsed_s: float
+    duration_s: float | None
+    targets: list[TargetRates] = field(default_factory=list)
+    softirq_share: float | None = None  # host softirq time / all CPU time over the interval
+    probes: bool = False
+
+
+@dataclass
+class _Counters:
+    mono: float
+    on_cpu: dict[int, dict[int, float]]  # pid -> tid -> on-CPU seconds
+    packets: dict[int, tuple[int, int, int, int, int, int]]  # pid -> tx dgrams/bytes/skbs, rx dgrams/bytes/msgs
+    softirq_s: float
+    cpus: int
+
+
+def _on_cpu(reading: dict[str, Any]) -> dict[int, dict[int, float]]:
+    out: dict[int, dict[int, float]] = {}
+    for pid, threads in (reading.get("threads") or {}).items():
+        per = {}
+        for t in threads or []:
+            try:
+                per[int(t["tid"])] = float(t.get("on_cpu_s") if t.get("on_cpu_s") is not None
+                                           else t["utime_s"] + t["stime_s"])
+            except (KeyError, TypeError, ValueError):
+                continue
+        out[int(pid)] = per
+    return out
+
+
+def _rate(now: float, before: float, dt: float) -> float | None:
+    return max(0.0, now - before) / dt if dt > 0 else None
+
+
+class LiveMonitor:
+    """Turns consecutive LiveData into LiveFrames (the first one has no rates yet)."""
+
+    def __init__(self) -> None:
+        self._prev: _Counters | None = None
+
+    def update(self, d: LiveData) -> LiveFrame:
+        pids = [int(t["pid"]) for t in d.targets]
+        pio = analyse({"programs": {"packetio": {"maps": d.maps}}}, pids) if d.maps else None
+        packets = {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
+                   for p, v in (pio.processes.items() if pio else [])}
+        now = _Counters(float(d.reading.get("mono", 0.0)), _on_cpu(d.reading), packets,
+                        sum(d.softirq_seconds.values()), max(1, len(d.softirq_seconds)))
+        prev, self._prev = self._prev, now
+        dt = now.mono - prev.mono if prev is not None else 0.0
+        frame = LiveFrame(d.elapsed_s, d.duration_s, probes=pio is not None)
+        if prev is not None and dt > 0:
+            frame.softirq_share = _rate(now.softirq_s, prev.softirq_s, dt * now.cpus)
+        for t in d.targets:
+            pid = int(t["pid"])
+            threads = now.on_cpu.get(pid, {})
+            r = TargetRates(pid, str(t.get("comm", "?")), t.get("role"), bool(threads))
+            if pio is not None and pid in pio.processes:
+                r.drops = sum(pio.processes[pid].drops.values())
+            frame.targets.append(r)
+            if prev is None or dt <= 0:
+                continue
+            before = prev.on_cpu.get(pid, {})
+            per_thread = {tid: _rate(s, before.get(tid, s), dt) or 0.0 for tid, s in threads.items()}
+            if per_thread:
+                r.cpu = sum(per_thread.values())
+                r.busiest_tid, r.busiest_cpu = max(per_thread.items(), key=lambda kv: kv[1])
+            if pid in now.packets and pid in prev.packets:
+                (txd, txb, txs, rxd, rxb, rxm), (ptxd, ptxb, ptxs, prxd, prxb, prxm) = now.packets[pid], prev.packets[pid]
+                r.tx_dgrams_s, r.rx_dgrams_s = _rate(txd, ptxd, dt), _rate(rxd, prxd, dt)
+                r.tx_gbit_s = (_rate(txb, ptxb, dt) or 0.0) * 8 / 1e9
+                r.rx_gbit_s = (_rate(rxb, prxb, dt) or 0.0) * 8 / 1e9
+                r.gso = (txd - ptxd) / (txs - ptxs) if txs > ptxs else None
+                r.gro = (rxd - prxd) / (rxm - prxm) if rxm > prxm else None
+        return frame

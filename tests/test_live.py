@@ -1,0 +1,107 @@
+"""The live panel of `qprof attach`: rates from counters (unit), and the real panel on a terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import QPROF
+from qprof.attribution.live import LiveMonitor
+from qprof.collectors.session import LiveData
+
+TARGETS = [{"pid": 10, "comm": "srv", "role": "server"}]
+
+
+def _data(mono: float, on_cpu: dict[int, float], tx: int, txb: int, skbs: int, rx: int, sirq: float) -> LiveData:
+    reading = {"mono": mono, "threads": {"10": [{"tid": t, "on_cpu_s": s, "utime_s": 0, "stime_s": 0}
+                                               for t, s in on_cpu.items()]}}
+    maps = {"@tx_dgrams": {"10,11": tx}, "@tx_bytes": {"10,11": txb}, "@tx_skbs": {"10,11": skbs},
+            "@rx_msgs": {"10,12,4433": rx}, "@rx_bytes": {"10,12": rx * 100}, "@udp_drops": {"2,4433": 7}}
+    return LiveData(mono, 30.0, reading, maps, {"0": sirq, "1": sirq}, TARGETS)
+
+
+def test_rates_are_counter_differences_over_the_reading_interval() -> None:
+    m = LiveMonitor()
+    first = m.update(_data(100.0, {11: 5.0, 12: 1.0}, 1000, 1_200_000, 100, 50, 2.0))
+    assert first.targets[0].cpu is None and first.targets[0].drops == 7  # no rates before a second tick
+    f = m.update(_data(102.0, {11: 6.8, 12: 1.2}, 21000, 25_200_000, 1100, 250, 2.2))
+    r = f.targets[0]
+    assert r.cpu == pytest.approx(1.0) and r.busiest_tid == 11 and r.busiest_cpu == pytest.approx(0.9)
+    assert r.tx_dgrams_s == pytest.approx(10000) and r.tx_gbit_s == pytest.approx(24_000_000 * 8 / 2 / 1e9)
+    assert r.gso == pytest.approx(20.0) and r.rx_dgrams_s == pytest.approx(100) and r.gro == pytest.approx(1.0)
+    assert f.softirq_share == pytest.approx(0.4 / 4)  # 0.4 CPU s of softirq in 2 s on 2 CPUs
+    assert f.probes
+
+
+def test_without_probes_packet_columns_stay_empty() -> None:
+    m = LiveMonitor()
+    for mono in (1.0, 2.0):
+        d = _data(mono, {11: mono}, 0, 0, 0, 0, 0.0)
+        d.maps = {}
+        f = m.update(d)
+    assert not f.probes and f.targets[0].tx_dgrams_s is None and f.targets[0].cpu == pytest.approx(1.0)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                     max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), _json, max_size=6), st.dictionaries(st.text(max_size=6), _json,
+                                                                                  max_size=4))
+def test_garbage_live_data_never_raises(maps: dict, threads: dict) -> None:
+    m = LiveMonitor()
+    for mono in (1.0, 2.0):
+        m.update(LiveData(mono, None, {"mono": mono, "threads": {"10": [threads]}}, maps, {}, TARGETS))
+
+
+@pytest.mark.root
+def test_panel_draws_on_a_terminal_with_real_rates(kernel_facing: None, tmp_path: Path) -> None:
+    loop = ("import socket\n"
+            "a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "b.bind(('127.0.0.1', 0))\n"
+            "while True:\n    a.sendto(b'x' * 1200, b.getsockname()); b.recv(2048)\n")
+    target = subprocess.Popen([sys.executable, "-c", loop])
+    master, slave = pty.openpty()
+    try:
+        att = subprocess.Popen([*QPROF, "attach", str(target.pid), "-d", "4", "-o", str(tmp_path / "run")],
+                               stdout=slave, stderr=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160"})
+        os.close(slave)
+        out = b""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 1.0)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the terminal closed: qprof exited
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif att.poll() is not None:
+                break
+        assert att.wait(60) == 0
+    finally:
+        os.close(master)
+        target.kill()
+        target.wait()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+    assert "tx dgram/s" in text and "busiest thread" in text and "of 4 s" in text
+    rows = [ln for ln in text.splitlines() if f" {target.pid}" in ln and "%" in ln]
+    assert rows, text[-2000:]
+    numbers = [int(x.replace(",", "")) for x in re.findall(r"\b\d{1,3}(?:,\d{3})+\b|\b\d{4,}\b", rows[-1])
+               if int(x.replace(",", "")) != target.pid]
+    assert numbers and max(numbers) >= 1000, f"datagrams/s in the last frame: {rows[-1]}"
+    assert str(tmp_path / "run") in text  # the run directory is still printed at the end
