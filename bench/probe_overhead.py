@@ -63,7 +63,7 @@ from typing import Any, Callable, Iterator
 from qprof.collectors import archive
 from qprof.collectors.probes import DEFAULT_GROUPS, GROUPS
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer, parse_size
+from qprof.endpoints import Ngtcp2Transfer, Transfer, parse_size
 from qprof.errors import QprofError
 from qprof.probes import libbpf
 from qprof.probes.bpftrace import script_text
@@ -77,7 +77,7 @@ SOCKET_RCVBUFF = "SOCKET_RCVBUFF"
 # An attach function runs one collection around a transfer: it must call
 # `release()` once it is ready, return when the client has exited (or on its
 # own timeout), and return what it learnt (archive facts) as a dict.
-AttachFn = Callable[[Ngtcp2Transfer, int, Callable[[], None], Path, float], dict[str, Any]]
+AttachFn = Callable[[Transfer, int, Callable[[], None], Path, float], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Config:
 
 def qprof_attach(probes: tuple[str, ...], scope: str = "auto") -> AttachFn:
     """qprof's in-process attach on the server with these probe groups and sampling scope."""
-    def attach(xfer: Ngtcp2Transfer, server: int, release: Callable[[], None], out: Path,
+    def attach(xfer: Transfer, server: int, release: Callable[[], None], out: Path,
                timeout: float) -> dict[str, Any]:
         opts = AttachOptions(pids=[server], out=out, probes=probes, duration=timeout, roles={server: "server"},
                              scope=scope)
@@ -322,16 +322,31 @@ def load1() -> float | None:
         return None
 
 
+MakeTransfer = Callable[[int, Path | None], Transfer]  # (size, tmpfs dir or None) -> a transfer not started
+
+
+def transfer_maker(stack: str) -> MakeTransfer:
+    """ngtcp2 from Debian (payload on tmpfs), or a test endpoint built from the registries (tests/endpoints)."""
+    if stack == "ngtcp2":
+        return lambda size, shm: Ngtcp2Transfer(size) if shm is None else \
+            Ngtcp2Transfer(size, workdir=Path(tempfile.mkdtemp(prefix="xfer-", dir=shm)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from qprof.netlab import transfer_factory
+
+    factory = transfer_factory(stack)
+    return lambda size, shm: factory(size, "127.0.0.1", {})
+
+
 def run_once(config: Config, pair: int, position: int, size: int, workroot: Path,
-             timeout: float, shmroot: Path | None = None) -> RunResult:
+             timeout: float, shmroot: Path | None = None,
+             make: MakeTransfer = transfer_maker("ngtcp2")) -> RunResult:
     """One transfer under `config`; failures are recorded, Ctrl-C propagates.
     The run's archive goes under `workroot`, the payload under `shmroot` (tmpfs)."""
     res = RunResult(config.name, pair, position, load1=load1())
     rundir = Path(tempfile.mkdtemp(prefix=f"{config.name}-", dir=workroot))
     watcher: ExitWatcher | None = None
     try:
-        xfer = Ngtcp2Transfer(size) if shmroot is None else \
-            Ngtcp2Transfer(size, workdir=Path(tempfile.mkdtemp(prefix="xfer-", dir=shmroot)))
+        xfer = make(size, shmroot)
         with xfer:
             server = xfer.start_server()
             client = xfer.start_client_stopped()
@@ -426,10 +441,11 @@ def fmt_pct(r: float) -> str:
 
 
 def summarize(configs: list[Config], pairs: list[Pair], failures: int, seed: int, size: int,
-              loads: tuple[float | None, float | None], interrupted: bool) -> str:
+              loads: tuple[float | None, float | None], interrupted: bool, stack: str = "ngtcp2") -> str:
     out: list[str] = []
     gib = size / (1 << 30)
-    out.append(f"probe overhead: {gib:g} GiB ngtcp2 loopback download (gtlsserver -> gtlsclient), qprof "
+    what = "ngtcp2 (gtlsserver -> gtlsclient)" if stack == "ngtcp2" else f"{stack} (test endpoints)"
+    out.append(f"probe overhead: {gib:g} GiB {what} loopback download, qprof "
                f"attached to the server only; metric = client wall time, release -> exit")
     out.append(f"pairs interleaved round-robin, order random within each pair (seed {seed}); "
                f"failed runs redone: {failures}" + ("; INTERRUPTED: partial results" if interrupted else ""))
@@ -540,7 +556,7 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 def run_benchmark(configs: list[Config], npairs: int, size: int, seed: int, timeout: float,
                   warmup: int, workroot: Path, shmroot: Path | None,
-                  log: Callable[[str], None]) -> tuple[list[Pair], int, bool]:
+                  log: Callable[[str], None], make: MakeTransfer) -> tuple[list[Pair], int, bool]:
     rng = random.Random(seed)
     baseline = Config(BASELINE, None, "nothing attached")
     pairs: list[Pair] = []
@@ -548,14 +564,14 @@ def run_benchmark(configs: list[Config], npairs: int, size: int, seed: int, time
     try:
         for i in range(warmup):
             for cfg in (baseline, next((c for c in configs if c.name == "default"), configs[-1])):
-                r = run_once(cfg, -1, 0, size, workroot, timeout, shmroot)
+                r = run_once(cfg, -1, 0, size, workroot, timeout, shmroot, make)
                 log(f"warm-up {cfg.name}: {r.wall_s and round(r.wall_s, 3)} {r.error or ''}")
         for i in range(npairs):
             for cfg in configs:
                 for attempt in range(3):
                     order = [baseline, cfg]
                     rng.shuffle(order)
-                    runs = {c.name: run_once(c, i, pos, size, workroot, timeout, shmroot)
+                    runs = {c.name: run_once(c, i, pos, size, workroot, timeout, shmroot, make)
                             for pos, c in enumerate(order)}
                     b, c = runs[BASELINE], runs[cfg.name]
                     if b.ok and c.ok:
@@ -576,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=20, help="pairs per configuration (default 20)")
     ap.add_argument("--size", default="1G", help="download size (default 1G)")
+    ap.add_argument("--stack", default="ngtcp2",
+                    help="ngtcp2 (Debian's) or a test endpoint: quicgo, quinn, quiche, s2nquic (built on first use)")
     ap.add_argument("--configs", help="comma list of configurations to run (default: all)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the within-pair order (default 1)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as failed")
@@ -611,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"configurations: {', '.join(f'{c.name} ({c.describe})' for c in configs)}; "
             f"{args.pairs} pairs each; archives in {workroot} (removed at the end)")
         pairs, failures, interrupted = run_benchmark(configs, args.pairs, size, args.seed, args.timeout,
-                                                     args.warmup, workroot, shmroot, log)
+                                                     args.warmup, workroot, shmroot, log,
+                                                     transfer_maker(args.stack))
     except QprofError as e:
         print(f"probe_overhead: {e}", file=sys.stderr)
         return 1
@@ -624,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_overhead: interrupted before any pair completed" if interrupted else
               "probe_overhead: no pair completed", file=sys.stderr)
     else:
-        print(summarize(configs, pairs, failures, args.seed, size, (load_start, load1()), interrupted))
+        print(summarize(configs, pairs, failures, args.seed, size, (load_start, load1()), interrupted, args.stack))
         changed = probe_scripts(configs) != scripts
         print(f"qprof tree {tree}; probe scripts " + ", ".join(f"{k} {v}" for k, v in scripts.items()) +
               ("; WARNING: a probe script CHANGED during the run" if changed else "; unchanged during the run"))
