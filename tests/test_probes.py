@@ -201,3 +201,36 @@ def test_no_probes_left_behind(probes_available: None, tmp_path: Path, how: str)
     # whatever happened, what was collected is readable
     probes = json.loads((run / "probes.json").read_text())
     assert probes["groups"] == ["packetio"]
+
+
+def test_packetio_without_clang_is_reported_and_sampling_goes_on(probes_available: None, tmp_path: Path) -> None:
+    """Fault injection: a PATH holding every tool qprof runs except clang, and an empty probe cache."""
+    import shutil
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("perf", "bpftool", "bpftrace", "unshare", "ss", "sh", "mount", "ip"):
+        found = shutil.which(tool)
+        if found:
+            (bindir / tool).symlink_to(found)
+    env = {**os.environ, "PATH": str(bindir), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    target = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        r = qprof("attach", str(target.pid), "-d", "1", "-o", str(tmp_path / "run"), env=env)
+    finally:
+        target.kill()
+        target.wait()
+    assert "clang not found" in r.stderr and "apt-get install clang" in r.stderr
+    probes = json.loads((tmp_path / "run" / "probes.json").read_text())
+    assert [u["probe"] for u in probes["unavailable"]] == ["packetio"]
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["parse"]["samples"] > 100  # sampling went on
+
+
+def test_packetio_object_is_built_once_per_kernel(probes_available: None, tmp_path: Path) -> None:
+    from qprof.probes import libbpf
+
+    first = libbpf.build("packetio", tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert libbpf.build("packetio", tmp_path) == first and first.stat().st_mtime_ns == mtime
+    head = first.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 247, "an ELF object for EM_BPF"
