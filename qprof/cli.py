@@ -48,6 +48,7 @@ def main() -> None:
     \b
     qprof attach PID...      sample running endpoints, write a run archive
     qprof report RUN         attribute and print (or --format json)
+    qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -160,6 +161,50 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
         v = verdict_of(analyses)
         if v is not None:
             render_verdict(v, console)
+
+
+FLAME_FORMATS = {".svg": "svg", ".html": "html", ".json": "speedscope"}
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="File to write; its suffix picks the format: .svg (static, for papers; zoom and search "
+                   "in a browser), .html (d3-flame-graph page), .json (speedscope). "
+                   "Default: RUN-flamegraph.svg next to the run.")
+@click.option("--pid", type=int, default=None, help="Only this process.")
+@click.option("--role", type=click.Choice(["server", "client"]), default=None,
+              help="Only the target attached with this role.")
+@click.option("--thread", "tid", type=int, default=None, help="Only this thread (its tid).")
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), as for `qprof report`; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
+@_guard
+def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, tid: int | None,
+               mappings: tuple[str, ...], stack: str | None) -> None:
+    """Draw a run's flame graph, each frame coloured by the category its samples were attributed to
+    (the attribution `qprof report` prints), with a legend of the categories' shares."""
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.flametree import Selection, flame_of_run
+    from qprof.viewer.output import output_format, write_atomic
+
+    sel = Selection(pid=pid, role=role, tid=tid)
+    if out is None:
+        here = run.resolve()
+        out = here.parent / f"{here.name}-flamegraph{sel.slug()}.svg"
+    fmt = output_format(out, FLAME_FORMATS)
+    flame = flame_of_run(_open_run(run), MappingSet.load(mappings), stack, sel)
+    if fmt == "svg":
+        from qprof.viewer.flamegraph_svg import flame_svg as render
+    elif fmt == "html":
+        from qprof.viewer.flamegraph_html import flame_html as render
+    else:
+        from qprof.viewer.speedscope import speedscope_json as render
+    text = render(flame)
+    write_atomic(out, text)
+    click.echo(str(out))
+    _stderr.print(f"qprof: {fmt} flame graph of {flame.root.samples:,} samples written "
+                  f"({len(text.encode()):,} bytes)", markup=False, highlight=False)
 
 
 def _refold(run: Any) -> None:
