@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 \
-                cmake libclang-dev util-linux clang libbpf-dev
+                cmake libclang-dev util-linux clang libbpf-dev chromium
 
 .PHONY: demo test setup system-deps venv clean
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from qprof.attribution.crypto import Crypto, analyse as analyse_crypto
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
-from qprof.attribution.profile import Profile, attribute
+from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
@@ -32,10 +32,11 @@ def verdict_of(analyses: list[Analysis]) -> Verdict | None:
     return judge(sides) if sides else None
 
 
-def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None) -> Analysis:
-    """`stack` forces one stack mapping file instead of auto-detection (`--stack`)."""
+def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit: Visitor | None = None) -> Analysis:
+    """`stack` forces one stack mapping file instead of auto-detection (`--stack`); `visit` sees every
+    stack record with its decision during attribution (attribution.profile.Visitor)."""
     readings = list(run.proc_readings())
-    profile = attribute(run, mappings, stack, readings)
+    profile = attribute(run, mappings, stack, readings, visit)
     targets = run.meta.get("targets", [])
     pids = [int(t["pid"]) for t in targets]
     probes = run.probes() or {}

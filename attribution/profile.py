@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from qprof.attribution.categories import CATEGORIES
-from qprof.attribution.engine import Classifier
+from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.collectors.archive import Run
+from qprof.collectors.stacks import StackRecord
+
+# Called with every stack record and the engine's decision for it, in the same pass that aggregates:
+# how views that need more than the totals (flame graphs) see exactly what the report counted.
+Visitor = Callable[[StackRecord, Decision], None]
 
 NS_EVENTS = ("cpu-clock", "task-clock")
 # Batching system calls, as their kernel entry points show in samples: evidence that a process uses
@@ -101,10 +106,11 @@ def _proc_cpu(readings: list[dict[str, Any]], pid: int) -> float | None:
 
 
 def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
-              readings: list[dict[str, Any]] | None = None) -> Profile:
+              readings: list[dict[str, Any]] | None = None, visit: Visitor | None = None) -> Profile:
     """Classify every folded stack of the run and aggregate per process and thread.
 
-    `readings`: the run's /proc readings when the caller has them already."""
+    `readings`: the run's /proc readings when the caller has them already.
+    `visit`: called with each stack record and its decision (see Visitor)."""
     if readings is None:
         readings = list(run.proc_readings())
     meta = run.meta
@@ -137,6 +143,8 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         if proc.comm == "?":
             proc.comm = rec.comm
         d = per_pid_classifier[rec.pid].classify(rec.frames)
+        if visit is not None:
+            visit(rec, d)
         leaf = rec.frames[0] if rec.frames else ("[no stack]", "[unknown]")
         proc.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
         th = proc.threads.get(rec.tid) or proc.threads.setdefault(rec.tid, ThreadProfile(rec.tid, rec.comm))

@@ -48,6 +48,8 @@ def main() -> None:
     \b
     qprof attach PID...      sample running endpoints, write a run archive
     qprof report RUN         attribute and print (or --format json)
+    qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
+    qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -171,6 +173,94 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
         v = verdict_of(analyses)
         if v is not None:
             render_verdict(v, console)
+
+
+FLAME_FORMATS = {".svg": "svg", ".html": "html", ".json": "speedscope"}
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="File to write; its suffix picks the format: .svg (static, for papers; zoom and search "
+                   "in a browser), .html (d3-flame-graph page), .json (speedscope). "
+                   "Default: RUN-flamegraph.svg next to the run.")
+@click.option("--pid", type=int, default=None, help="Only this process.")
+@click.option("--role", type=click.Choice(["server", "client"]), default=None,
+              help="Only the target attached with this role.")
+@click.option("--thread", "tid", type=int, default=None, help="Only this thread (its tid).")
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), as for `qprof report`; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
+@_guard
+def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, tid: int | None,
+               mappings: tuple[str, ...], stack: str | None) -> None:
+    """Draw a run's flame graph, each frame coloured by the category its samples were attributed to
+    (the attribution `qprof report` prints), with a legend of the categories' shares."""
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.flametree import Selection, flame_of_run
+    from qprof.viewer.output import output_format, write_atomic
+
+    sel = Selection(pid=pid, role=role, tid=tid)
+    if out is None:
+        here = run.resolve()
+        out = here.parent / f"{here.name}-flamegraph{sel.slug()}.svg"
+    fmt = output_format(out, FLAME_FORMATS)
+    flame = flame_of_run(_open_run(run), MappingSet.load(mappings), stack, sel)
+    if fmt == "svg":
+        from qprof.viewer.flamegraph_svg import flame_svg as render
+    elif fmt == "html":
+        from qprof.viewer.flamegraph_html import flame_html as render
+    else:
+        from qprof.viewer.speedscope import speedscope_json as render
+    text = render(flame)
+    write_atomic(out, text)
+    click.echo(str(out))
+    _stderr.print(f"qprof: {fmt} flame graph of {flame.root.samples:,} samples written "
+                  f"({len(text.encode()):,} bytes)", markup=False, highlight=False)
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(path_type=Path))
+@click.argument("run_b", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Also write the differential flame graph here (.svg): red grew, blue shrank, width by RUN_B.")
+@click.option("--top", type=int, default=10, show_default=True, help="Symbols shown per process.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), applied to both runs; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file for both runs.")
+@_guard
+def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mappings: tuple[str, ...],
+         stack: str | None) -> None:
+    """Compare two runs: per process (paired by role, else by name), each category's and symbol's change in
+    share of CPU time (percentage points) and in CPU seconds per GB moved through its UDP sockets."""
+    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.diff import diff_runs
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.flametree import FlameBuilder
+    from qprof.viewer.output import output_format, write_atomic
+
+    if top < 1:
+        raise QprofError("--top must be at least 1")
+    if out is not None:
+        output_format(out, {".svg": "svg"})
+    ms = MappingSet.load(mappings)
+    trees = [FlameBuilder(lambda rec: str(rec.pid)) if out is not None else None for _ in (run_a, run_b)]
+    a, b = (analyse_run(_open_run(p), ms, stack, visit=t) for p, t in zip((run_a, run_b), trees))
+    d = diff_runs(a, b, top)
+    if fmt == "json":
+        click.echo(json.dumps(d.to_json(), indent=1))
+    else:
+        from qprof.viewer.diff import render_diff
+
+        render_diff(d, Console(highlight=False))
+    if out is not None:
+        from qprof.viewer.diff import diff_svg
+
+        ta, tb = trees
+        assert ta is not None and tb is not None
+        write_atomic(out, diff_svg(d, ta.root, tb.root))
+        _stderr.print(f"qprof: differential flame graph written to {out}", markup=False, highlight=False)
 
 
 def _refold(run: Any) -> None:

@@ -100,3 +100,40 @@ def attach_held(cmd: list[str], run: Path, **options: Any) -> Any:
         proc.wait()
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     return proc
+
+
+# Real ngtcp2 transfers for the flame graph and diff tests: name -> gtlsserver options.
+NGTCP2_CAPTURES = {"gso": (), "no-gso": ("--max-gso-dgrams=1",)}
+
+
+def capture_ngtcp2(run: Path, server_args: tuple[str, ...], size: int = 512 << 20) -> Path:
+    """One loopback ngtcp2 download, server and client attached with their roles (default probes)."""
+    from qprof.collectors.session import AttachOptions, AttachSession
+    from qprof.endpoints import Ngtcp2Transfer
+
+    class Transfer(Ngtcp2Transfer):
+        def server_command(self, key: Path, cert: Path) -> list[str]:
+            cmd = super().server_command(key, cert)
+            return [cmd[0], *server_args, *cmd[1:]]
+
+    with Transfer(size) as xfer:
+        server = xfer.start_server()
+        client = xfer.start_client_stopped()
+        AttachSession(AttachOptions(pids=[server, client], out=run, roles={server: "server", client: "client"}),
+                      on_ready=xfer.release_client, stop_when=xfer.client_done).run()
+        assert xfer.client is not None and xfer.client.wait(60) == 0, xfer.tail("client.err")
+    return run
+
+
+@pytest.fixture(scope="session")
+def ngtcp2_capture(ngtcp2_tools: None, probes_available: None, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Run archives of real 512 MiB ngtcp2 transfers, each made once per session on first use: "gso" as the
+    server runs by default (GSO: many datagrams per send), "no-gso" with --max-gso-dgrams=1 (one per send)."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = capture_ngtcp2(tmp_path_factory.mktemp(f"ngtcp2-{name}") / "run", NGTCP2_CAPTURES[name])
+        return made[name]
+
+    return get

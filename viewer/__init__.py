@@ -1,1 +1,2 @@
-"""Viewers: render an attributed profile for people (terminal) and programs (JSON)."""
+"""Viewers: render an attributed profile for people (terminal, flame graphs, diffs) and programs (JSON,
+folded stacks, speedscope)."""

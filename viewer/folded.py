@@ -3,6 +3,8 @@
 Same shape as stackcollapse-perf.pl's output (process name as the root frame,
 kernel frames suffixed `_[k]`), weighted by samples, so others' flamegraph
 tools read a qprof run directly: `qprof report RUN --format folded | flamegraph.pl`.
+`frame_name` is the one naming of a frame that every qprof flame graph shares
+(folded, SVG, HTML, speedscope), so a frame reads the same in all of them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from qprof.attribution.engine import is_kernel_dso
 from qprof.collectors.archive import Run
 
 
-def _frame(sym: str, dso: str) -> str:
-    # an unnamed frame is shown by its object, as stackcollapse-perf.pl does
+def frame_name(sym: str, dso: str) -> str:
+    """A frame's display name: its symbol, or its object when perf could not name it (as
+    stackcollapse-perf.pl shows it); kernel frames suffixed `_[k]`."""
     name = sym if sym != "[unknown]" or dso.startswith("[") else f"[{dso.rsplit('/', 1)[-1]}]"
-    name = name.replace(";", ":").replace("\n", " ")
     return name + "_[k]" if is_kernel_dso(dso) else name
+
+
+def _folded(name: str) -> str:
+    # the folded format's separators cannot appear inside a frame
+    return name.replace(";", ":").replace("\n", " ")
 
 
 def folded_lines(run: Run, pid: int | None = None) -> Iterator[str]:
@@ -26,7 +33,8 @@ def folded_lines(run: Run, pid: int | None = None) -> Iterator[str]:
     for rec in run.stacks():
         if pid is not None and rec.pid != pid:
             continue
-        frames = [rec.comm.replace(";", ":").replace(" ", "_")] + [_frame(s, d) for s, d in reversed(rec.frames)]
+        frames = [rec.comm.replace(";", ":").replace(" ", "_")] + \
+            [_folded(frame_name(s, d)) for s, d in reversed(rec.frames)]
         counts[";".join(frames)] += rec.samples
     for stack, n in sorted(counts.items()):
         yield f"{stack} {n}"

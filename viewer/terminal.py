@@ -13,17 +13,12 @@ from qprof.attribution.analysis import Analysis
 from qprof.attribution.verdict import Verdict
 from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.probes.crypto import cost_text
+from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import ProcessProfile, Profile
 
-# One colour per category, shared with the flamegraph palette's hue families.
-COLOURS = {
-    "Packet I/O": "bright_red",
-    "Crypto": "bright_magenta",
-    "Connection Mgmt": "bright_blue",
-    "I/O": "bright_green",
-    "Uncategorized": "grey62",
-}
+# One colour per category, the flame graphs' hue families (viewer.palette).
+COLOURS = TERMINAL
 BAR = 24
 
 
