@@ -49,6 +49,7 @@ def main() -> None:
     qprof attach PID...      sample running endpoints, write a run archive
     qprof report RUN         attribute and print (or --format json)
     qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
+    qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -205,6 +206,50 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
     click.echo(str(out))
     _stderr.print(f"qprof: {fmt} flame graph of {flame.root.samples:,} samples written "
                   f"({len(text.encode()):,} bytes)", markup=False, highlight=False)
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(path_type=Path))
+@click.argument("run_b", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Also write the differential flame graph here (.svg): red grew, blue shrank, width by RUN_B.")
+@click.option("--top", type=int, default=10, show_default=True, help="Symbols shown per process.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), applied to both runs; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file for both runs.")
+@_guard
+def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mappings: tuple[str, ...],
+         stack: str | None) -> None:
+    """Compare two runs: per process (paired by role, else by name), each category's and symbol's change in
+    share of CPU time (percentage points) and in CPU seconds per GB moved through its UDP sockets."""
+    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.diff import diff_runs
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.flametree import FlameBuilder
+    from qprof.viewer.output import output_format, write_atomic
+
+    if top < 1:
+        raise QprofError("--top must be at least 1")
+    if out is not None:
+        output_format(out, {".svg": "svg"})
+    ms = MappingSet.load(mappings)
+    trees = [FlameBuilder(lambda rec: str(rec.pid)) if out is not None else None for _ in (run_a, run_b)]
+    a, b = (analyse_run(_open_run(p), ms, stack, visit=t) for p, t in zip((run_a, run_b), trees))
+    d = diff_runs(a, b, top)
+    if fmt == "json":
+        click.echo(json.dumps(d.to_json(), indent=1))
+    else:
+        from qprof.viewer.diff import render_diff
+
+        render_diff(d, Console(highlight=False))
+    if out is not None:
+        from qprof.viewer.diff import diff_svg
+
+        ta, tb = trees
+        assert ta is not None and tb is not None
+        write_atomic(out, diff_svg(d, ta.root, tb.root))
+        _stderr.print(f"qprof: differential flame graph written to {out}", markup=False, highlight=False)
 
 
 def _refold(run: Any) -> None:
