@@ -172,9 +172,8 @@ def _listing(procs: dict[str, ProcessProfile]) -> str:
 
 
 def diff_runs(a: Analysis, b: Analysis, top: int = 10) -> RunDiff:
-    """Match the two runs' processes and compare each pair. Raises QprofError when nothing matches."""
-    if top < 1:
-        raise QprofError("--top must be at least 1")
+    """Match the two runs' processes and compare each pair (`top` symbols each). Raises QprofError when
+    nothing matches."""
     path_a, path_b = str(a.profile.run.path), str(b.profile.run.path)
     has_roles = all(any(p.role for p in x.profile.processes) for x in (a, b))
     match_by = "role" if has_roles else "comm"
