@@ -11,8 +11,8 @@ wall time from release to exit (exit seen through a pidfd, not the session's
 
 Configurations (probe sets):
   baseline   nothing attached: the client is just released
-  sampling   perf only (probes=()), kept to the server in the kernel (--scope auto: its cgroup)
-  sampling-system  perf only, every task sampled, the server's kept afterwards (--scope system)
+  sampling   perf only (probes=()): every task sampled, the server's samples kept
+  sampling-cgroup  perf only, kept to the server in the kernel (--scope cgroup)
   default    perf + collectors.probes.DEFAULT_GROUPS
   <group>    perf + that group alone, for each group in collectors.probes.GROUPS
              when there is more than one (a group equal to the default is skipped)
@@ -88,7 +88,7 @@ class Config:
     groups: tuple[str, ...] = ()
 
 
-def qprof_attach(probes: tuple[str, ...], scope: str = "auto") -> AttachFn:
+def qprof_attach(probes: tuple[str, ...], scope: str = "system") -> AttachFn:
     """qprof's in-process attach on the server with these probe groups and sampling scope."""
     def attach(xfer: Transfer, server: int, release: Callable[[], None], out: Path,
                timeout: float) -> dict[str, Any]:
@@ -127,8 +127,8 @@ def interrupt_guard() -> Iterator[None]:
 
 def configurations() -> list[Config]:
     configs = [Config("sampling", qprof_attach(()), "perf sampling only (probes=())"),
-               Config("sampling-system", qprof_attach((), "system"),
-                      "perf sampling only, every task sampled and filtered afterwards (--scope system)"),
+               Config("sampling-cgroup", qprof_attach((), "cgroup"),
+                      "perf sampling only, kept to the server in the kernel (--scope cgroup)"),
                Config("default", qprof_attach(DEFAULT_GROUPS), f"perf + {','.join(DEFAULT_GROUPS)}",
                       tuple(DEFAULT_GROUPS))]
     if len(GROUPS) > 1:

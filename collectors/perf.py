@@ -1,7 +1,7 @@
 """Drive `perf record` and `perf script`.
 
-Sampling uses per-CPU events (-a), filtered in the kernel to the targets'
-cgroup when one can be made (collectors.perfcgroup), and by pid when folding.
+Sampling uses per-CPU events (-a), filtered by pid when folding (and, with
+--scope cgroup, in the kernel to the targets' cgroup: collectors.perfcgroup).
 Per-task sampling (-p) was the first choice, but perf 6.1 spins a whole core
 after any thread that existed at attach time exits (tens of millions of
 wake-ups, measured here): that steals the CPU the endpoints are measured on.

@@ -65,11 +65,12 @@ class AttachOptions:
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
-    scope: str = "auto"  # auto | cgroup | system: how perf's samples are kept to the targets (SCOPES)
+    scope: str = "system"  # system | cgroup: how perf's samples are kept to the targets (SCOPES)
 
 
-# auto: cgroup when the host lets qprof make one, else system (with a warning)
-SCOPES = ("auto", "cgroup", "system")
+# system: every task sampled, the targets' kept when folding; cgroup: filtered in the kernel, at a
+# cost per context switch between a target and another task (collectors.perfcgroup), so opt-in
+SCOPES = ("system", "cgroup")
 
 
 def _now() -> str:
@@ -253,12 +254,10 @@ class AttachSession:
         self._finish(out, archive.STATUS_COMPLETE, None)
 
     def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
-        """perf -G names that keep sampling to `pids` in the kernel, or None for system-wide sampling.
-
-        Recorded in meta.json's sampling.scope, with the reason when it fell back."""
+        """perf -G names that keep sampling to `pids` in the kernel (--scope cgroup), or None for
+        system-wide sampling. Recorded in meta.json's sampling.scope."""
         scope = self.meta["sampling"].setdefault("scope", {"mode": self.opts.scope, "cgroups": []})
-        if self.opts.scope == "system" or scope["mode"] == "system":
-            scope.update(mode="system", reason=scope.get("reason", "requested with --scope system"))
+        if self.opts.scope == "system":
             return None
         h = find_hierarchy()
         try:
@@ -270,13 +269,9 @@ class AttachSession:
                 self.cgroups = SampleCgroups(h)
             names = self.cgroups.place(pids)
         except OSError as e:
-            if self.opts.scope == "cgroup":
-                raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
-                                 "use --scope system") from None
-            self.status(f"warning: sampling system-wide, filtered by pid afterwards (no sampling cgroup: {e})")
-            scope.update(mode="system", reason=str(e))
-            return None
-        scope.update(mode="cgroup", hierarchy=f"{h.version} {h.mount}")
+            raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
+                             "use --scope system") from None
+        scope.update(hierarchy=f"{h.version} {h.mount}")
         scope["cgroups"] += names
         return names
 

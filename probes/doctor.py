@@ -81,9 +81,9 @@ def run_checks(pid: int | None = None) -> list[Check]:
                         "apt-get install clang libbpf-dev (needed by the default packetio probes)"))
     h = find_hierarchy()
     checks.append(Check("sampling cgroup", h is not None,
-                        f"perf samples only the targets, through a child cgroup in {h.version} {h.mount}" if h
-                        else "no cgroup hierarchy: perf samples every task and qprof keeps the targets' samples",
-                        "mount cgroup2 (or a v1 perf_event hierarchy) for cheaper sampling", "information"))
+                        f"--scope cgroup can keep sampling to the targets through {h.version} {h.mount}" if h
+                        else "no cgroup hierarchy: only --scope system (the default) works",
+                        "mount cgroup2 (or a v1 perf_event hierarchy)", "information"))
     try:
         for group, tps in GROUP_TRACEPOINTS.items():
             missing = [tp for tp in tps if not btf.tracepoint_exists(tp)]
