@@ -164,7 +164,7 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
 
 def _refold(run: Any) -> None:
     from qprof.collectors import archive
-    from qprof.collectors.session import fold_run
+    from qprof.collectors.folding import fold_run
     from qprof.probes.features import require_perf
 
     stats = fold_run(require_perf(), run.path, run.meta)

@@ -100,3 +100,19 @@ def attach_held(cmd: list[str], run: Path, **options: Any) -> Any:
         proc.wait()
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     return proc
+
+
+def ngtcp2_capture(run: Path, size: int = 128 << 20, **options: Any) -> Path:
+    """Attach qprof (AttachOptions `**options`) to a real ngtcp2 server and client, both with roles,
+    from the client's first packet until it has downloaded `size` bytes; returns the run archive."""
+    from qprof.collectors.session import AttachOptions, AttachSession
+    from qprof.endpoints import Ngtcp2Transfer
+
+    with Ngtcp2Transfer(size) as xfer:
+        server = xfer.start_server()
+        client = xfer.start_client_stopped()
+        AttachSession(AttachOptions(pids=[server, client], out=run, roles={server: "server", client: "client"},
+                                    **options),
+                      on_ready=xfer.release_client, stop_when=xfer.client_done).run()
+        assert xfer.client is not None and xfer.client.wait(60) == 0, xfer.tail("client.err")
+    return run
