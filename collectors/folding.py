@@ -2,11 +2,12 @@
 
 `perf script` (symbol resolution, DWARF unwinding) is the expensive part of
 turning a capture into stacks, and it is single-threaded. Each perf data file
-is cut into time slices at its recorded sample time window
-(collectors.perfdata.sample_time_range); one `perf script --time` per slice
-runs at once per CPU, and each one's text is folded as it streams in
-(collectors.streamfold), in this process, by a select loop: nothing waits for
-a whole slice and no sample text is held beyond its slice's distinct stacks.
+is cut into time slices with about as many of the targets' samples each
+(collectors.perfdata.prepare, in the pass that repairs the file anyway); one
+`perf script --time` per slice runs at once per CPU, and each one's text is
+folded as it streams in (collectors.streamfold), in this process, by a select
+loop: nothing waits for a whole slice and no sample text is held beyond its
+slice's distinct stacks.
 Slices are merged in time order, so the records, their order and the parse
 statistics are those one `perf script` over the whole file gives (checked by
 tests/test_folding.py on real captures).
@@ -27,7 +28,7 @@ from typing import Any
 
 from qprof.collectors import archive
 from qprof.collectors.perf import script_command
-from qprof.collectors.perfdata import neutralize_ksymbols, sample_time_range
+from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.stacks import StackRecord, write_stacks
 from qprof.collectors.streamfold import StreamFolder
@@ -43,15 +44,12 @@ def default_jobs() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def time_slices(window: tuple[int, int] | None, n: int) -> list[Window]:
-    """Cut [first, last] into n slices that cover every integer timestamp exactly once.
+def time_slices(cuts: list[int]) -> list[Window]:
+    """Windows split at the cut times that cover every integer timestamp exactly once.
 
-    The outer ends stay open, so a sample stamped outside the recorded window still
-    lands in one slice; without a window (or n = 1) there is one open slice."""
-    if window is None or n <= 1 or window[1] - window[0] < n:
-        return [(None, None)]
-    first, last = window
-    cuts = [first + (last - first) * i // n for i in range(1, n)]
+    The outer ends stay open, so every sample lands in one slice whatever the cuts;
+    without cuts there is one open slice."""
+    cuts = sorted(set(cuts))
     starts: list[int | None] = [None] + [c + 1 for c in cuts]
     ends: list[int | None] = [*cuts, None]
     return list(zip(starts, ends))
@@ -117,9 +115,9 @@ def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
     for g in meta["sampling"]["groups"]:
         data = out / g["perf_data"]
         if data.is_file() and data.stat().st_size > 0:
-            neutralize_ksymbols(data)
-            for window in time_slices(sample_time_range(data), jobs):
-                specs.append(SliceSpec(data, out / f"perf-{g['unwind']}.log", [int(p) for p in g["pids"]], window))
+            pids = [int(p) for p in g["pids"]]
+            for window in time_slices(prepare(data, jobs, pids).cuts):
+                specs.append(SliceSpec(data, out / f"perf-{g['unwind']}.log", pids, window))
     return specs
 
 

@@ -25,6 +25,7 @@ from qprof.collectors.stacks import StackRecord
 
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by
 _MISSING = object()
+_INVALID = object()  # cached for lines only the line parser may read
 
 
 class StreamFolder:
@@ -41,7 +42,7 @@ class StreamFolder:
         self._texts: dict[object, list] = {}
         self._heads: dict[str, tuple[str, int, int] | None] = {}
         self._bodies: dict[str, tuple[tuple[Frame, ...], tuple[str, ...]] | None] = {}
-        self._lines: dict[str, Frame | None] = {}
+        self._lines: dict[str, object] = {}  # frame line -> Frame, None (unreadable) or _INVALID
         self._folded: dict[FoldKey, list[int]] = {}
         self._fast = 0  # samples counted by the fast path since the last flush
 
@@ -113,9 +114,7 @@ class StreamFolder:
             # the header's fields other than the period depend on the text before the period only
             parsed = parse_header(head + " 0") if sep == " " and not head.startswith("\t") else None
             who = self._heads[head] = None if parsed is None else parsed[:3]
-        frames = self._bodies.get(body, _MISSING)
-        if frames is _MISSING:
-            frames = self._bodies[body] = self._parse_body(body)
+        frames = self._parse_body(body)
         if who is None or frames is None or not (period.isdigit() and period.isascii()):
             parser = LineParser(self.stats)
             for line in block.split("\n"):
@@ -125,30 +124,47 @@ class StreamFolder:
         for line in frames[1]:
             self.stats.bad(line)
         self._texts[(head, body)] = [1, int(period), frames[1]]
-        if len(self._texts) >= self.max_texts:
+        if len(self._texts) >= self.max_texts or len(self._bodies) >= 8 * self.max_texts:
             self._fast += 1
             self._flush()
             return 0
         return 1
 
     def _parse_body(self, body: str) -> tuple[tuple[Frame, ...], tuple[str, ...]] | None:
-        """Frame lines -> (frames, unreadable lines); None when the text is not all frame lines."""
+        """Frame lines -> (frames, unreadable lines); None when the text is not all frame lines.
+
+        Stacks that differ only near the leaf share their callers' text: the body is
+        parsed line by line from the top only until a known tail (a cached suffix), so
+        a new stack costs a few look-ups, not one per frame."""
+        bodies, lines = self._bodies, self._lines
         if not body:
-            return (), ()
-        frames: list[Frame] = []
-        bad: list[str] = []
-        cache = self._lines
-        for line in body.split("\n"):
-            frame = cache.get(line, _MISSING)
-            if frame is _MISSING:
-                if line[:1] != "\t" or not line.strip():
-                    return None  # a blank line or a header inside: the line parser decides
-                frame = cache[line] = parse_frame(line)
-            if frame is None:
-                bad.append(line)
-            else:
-                frames.append(frame)
-        return tuple(frames), tuple(bad)
+            bodies[body] = ((), ())
+            return bodies[body]
+        heads: list[tuple[str, str]] = []  # (line, text from the line on), leaf first
+        text = body
+        got = bodies.get(text, _MISSING)
+        while got is _MISSING:
+            line, nl, rest = text.partition("\n")
+            heads.append((line, text))
+            if not nl:
+                got = ((), ())
+                break
+            text = rest
+            got = bodies.get(text, _MISSING)
+        for line, text in reversed(heads):
+            if got is not None:
+                frame = lines.get(line, _MISSING)
+                if frame is _MISSING:
+                    # a blank line or a header inside: the line parser decides
+                    frame = lines[line] = parse_frame(line) if line[:1] == "\t" and line.strip() else _INVALID
+                if frame is _INVALID:
+                    got = None
+                elif frame is None:
+                    got = (got[0], (line, *got[1]))
+                else:
+                    got = ((frame, *got[0]), got[1])  # type: ignore[misc]
+            bodies[text] = got
+        return got  # type: ignore[return-value]
 
     # -- the slow path and the fold
     def _add_sample(self, s: Sample | None) -> None:

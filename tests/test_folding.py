@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from conftest import ngtcp2_capture
 from qprof.collectors import perfdata
 from qprof.collectors.archive import Run
-from qprof.collectors.folding import fold_run, merge, run_specs, time_slices
+from qprof.collectors.folding import SliceSpec, fold_run, merge, run_slices, run_specs, time_slices
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfscript import ParseStats, Sample, parse_samples
 from qprof.collectors.stacks import fold, read_stacks
+from qprof.errors import QprofError
 
 # ---------------------------------------------------------------- pure parts
 
@@ -30,19 +31,13 @@ def _inside(t: int, window: tuple[int | None, int | None]) -> bool:
 
 
 @settings(max_examples=300)
-@given(st.integers(1, 2**62), st.integers(0, 10**6), st.integers(1, 9), st.lists(st.integers(-50, 10**6 + 50),
-                                                                             max_size=30))
-def test_time_slices_cover_every_timestamp_once(first: int, span: int, n: int, offsets: list[int]) -> None:
-    slices = time_slices((first, first + span), n)
-    assert len(slices) == (n if span >= n else 1)
-    for t in [first + o for o in offsets] + [first, first + span]:
+@given(st.lists(st.integers(0, 2**63), max_size=8), st.lists(st.integers(0, 2**63), max_size=30))
+def test_time_slices_cover_every_timestamp_once(cuts: list[int], times: list[int]) -> None:
+    slices = time_slices(cuts)
+    assert len(slices) == len(set(cuts)) + 1
+    for t in times + cuts + [c + 1 for c in cuts] + [0]:
         assert sum(_inside(t, w) for w in slices) == 1
-    assert slices[0][0] is None and slices[-1][1] is None  # samples outside the recorded window still count
-
-
-def test_no_window_one_slice() -> None:
-    assert time_slices(None, 4) == [(None, None)]
-    assert time_slices((10, 20), 1) == [(None, None)]
+    assert slices[0][0] is None and slices[-1][1] is None  # every sample counts, whatever the cuts
 
 
 _samples = st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b"]),
@@ -64,46 +59,71 @@ def test_merge_of_consecutive_parts_is_the_whole_fold(samples: list[Sample], cut
     assert stats.bad_examples == [f"bad {a}" for a in bounds[:-1]][:5]
 
 
-def _perf_file(path: Path, records: list[tuple[int, bytes]], sample_time: tuple[int, int] | None) -> None:
-    """A minimal perf.data: header, records (type, payload), and optionally the SAMPLE_TIME feature."""
+SAMPLE_TYPE = perfdata.SAMPLE_IP | perfdata.SAMPLE_TID | perfdata.SAMPLE_TIME | (1 << 5)  # + CALLCHAIN
+ATTR_SIZE = 128 + 16  # perf_event_attr and its ids section
+
+
+def _perf_file(path: Path, records: list[tuple[int, bytes]], sample_types: tuple[int, ...] = (SAMPLE_TYPE,)) -> None:
+    """A minimal perf.data: header, one attr per sample type, records (type, payload)."""
+    attrs = b"".join(struct.pack("<IIQQQ", 1, 128, 0, 999, st).ljust(ATTR_SIZE, b"\0") for st in sample_types)
     data = b"".join(struct.pack("<IHH", t, 0, 8 + len(p)) + p for t, p in records)
-    data_off = 104
-    feats = 1 << perfdata.HEADER_SAMPLE_TIME if sample_time else 0
-    sections = b""
-    if sample_time:
-        sec_off = data_off + len(data) + 16
-        sections = struct.pack("<QQ", sec_off, 16) + struct.pack("<QQ", *sample_time)
-    head = struct.pack("<8sQQQQQQQQ", b"PERFILE2", 104, 136, 0, 0, data_off, len(data), 0, 0)
-    path.write_bytes(head + feats.to_bytes(32, "little") + data + sections)
+    attrs_off = 104
+    data_off = attrs_off + len(attrs)
+    head = struct.pack("<8sQQQQQQQQ", b"PERFILE2", 104, ATTR_SIZE, attrs_off, len(attrs), data_off, len(data), 0, 0)
+    path.write_bytes(head + bytes(32) + attrs + data)
 
 
-def test_sample_time_range_from_header(tmp_path: Path) -> None:
-    f = tmp_path / "perf.data"
-    _perf_file(f, [(9, b"x" * 24)], (5_000_000_123, 9_000_000_456))
-    assert perfdata.sample_time_range(f) == (5_000_000_123, 9_000_000_456)
-    _perf_file(f, [(9, b"x" * 24)], None)
-    assert perfdata.sample_time_range(f) is None
-    f.write_bytes(b"not perf")
-    assert perfdata.sample_time_range(f) is None
+def _sample(time_ns: int, extra: int, pid: int = 7) -> tuple[int, bytes]:
+    return perfdata.PERF_RECORD_SAMPLE, struct.pack("<QIIQ", 0x401000, pid, pid, time_ns) + bytes(8 * extra)
 
 
-def test_neutralize_ksymbols_across_mapping_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_retypes_ksymbols_across_mapping_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mmap
 
     monkeypatch.setattr(perfdata, "_WINDOW", mmap.ALLOCATIONGRANULARITY)
-    # records of odd sizes, so that headers fall on and across window edges
-    recs = [(perfdata.PERF_RECORD_KSYMBOL if i % 3 == 0 else 9, bytes(8 * (i % 50) + 8)) for i in range(400)]
+    # records of odd sizes (perf pads to 8 bytes; these do not), so that headers fall on and across window edges
+    recs = [(perfdata.PERF_RECORD_KSYMBOL if i % 3 == 0 else 3, bytes(3 * (i % 50) + 1)) for i in range(700)]
     f = tmp_path / "perf.data"
-    _perf_file(f, recs, (1, 2))
+    _perf_file(f, recs)
     assert perfdata.neutralize_ksymbols(f) == sum(1 for t, _ in recs if t == perfdata.PERF_RECORD_KSYMBOL)
     raw = f.read_bytes()
-    pos, types = 104, []
-    while pos < 104 + sum(8 + len(p) for _, p in recs):
+    pos, types = len(raw) - sum(8 + len(p) for _, p in recs), []
+    while pos < len(raw):
         t, _m, size = struct.unpack_from("<IHH", raw, pos)
         types.append(t)
         pos += size
     assert types == [perfdata.PERF_RECORD_FINISHED_INIT if t == perfdata.PERF_RECORD_KSYMBOL else t for t, _ in recs]
-    assert perfdata.sample_time_range(f) == (1, 2), "the rest of the file is untouched"
+    assert perfdata.neutralize_ksymbols(f) == 0, "a second pass finds nothing left to repair"
+
+
+def test_prepare_cuts_at_quantiles_of_the_targets_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    monkeypatch.setattr(perfdata, "_WINDOW", mmap.ALLOCATIONGRANULARITY)
+    monkeypatch.setattr(perfdata._Quantiles.__init__, "__defaults__", (64,))  # thin the kept times early
+    # the targets (pid 7) sample from t=1000 on; another process (pid 9) fills the first half of the data
+    recs = [_sample(10 + i, 40, pid=9) for i in range(500)] + [_sample(1000 + 10 * i, i % 7) for i in range(1000)]
+    f = tmp_path / "perf.data"
+    _perf_file(f, recs)
+    got = perfdata.prepare(f, 4, pids=[7])
+    assert got.samples == 1000 and len(got.cuts) == 3
+    for k, cut in enumerate(got.cuts, 1):  # each cut near k/4 of the targets' samples
+        assert abs((cut - 1000) / 10 - 1000 * k / 4) <= 16
+    windows = time_slices(got.cuts)
+    counts = [sum(_inside(1000 + 10 * i, w) for i in range(1000)) for w in windows]
+    assert sum(counts) == 1000 and all(230 <= c <= 270 for c in counts)
+    assert perfdata.prepare(f, 4).samples == 1500, "without pids every sample counts"
+
+
+def test_prepare_without_a_common_time_field_does_not_cut(tmp_path: Path) -> None:
+    f = tmp_path / "perf.data"
+    _perf_file(f, [_sample(5, 0)] * 10, (SAMPLE_TYPE, SAMPLE_TYPE | (1 << 16)))  # layouts differ
+    assert perfdata.prepare(f, 3).cuts == []
+    _perf_file(f, [_sample(5, 0)] * 10, (perfdata.SAMPLE_IP,))  # no time in samples
+    assert perfdata.prepare(f, 3).cuts == []
+    f.write_bytes(b"not perf data at all, but long enough for a header" * 3)
+    with pytest.raises(QprofError, match="not a perf.data file"):
+        perfdata.prepare(f, 2)
 
 
 # ---------------------------------------------------------------- real captures
@@ -140,11 +160,11 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     meta = json.loads((capture / "meta.json").read_text())
     (group,) = meta["sampling"]["groups"]
     data = capture / group["perf_data"]
-    # the time window perf recorded is the one `perf report` shows
-    header = subprocess.run([perf, "report", "--header-only", "-i", str(data)], capture_output=True, text=True).stdout
-    first, last = perfdata.sample_time_range(data)  # type: ignore[misc]
-    assert f"time of first sample : {first // 10**9}.{first % 10**9 // 1000:06d}" in header
-    assert f"time of last sample : {last // 10**9}.{last % 10**9 // 1000:06d}" in header
+    # the cuts split the target samples into slices that each do a share of the work
+    cuts = perfdata.prepare(data, 3, group["pids"]).cuts
+    parts = run_slices(perf, [SliceSpec(data, tmp_path / "perf.log", group["pids"], w) for w in time_slices(cuts)], 3)
+    per_slice = [st_.samples for _, st_ in parts]
+    assert len(per_slice) == 3 and all(n > 0.05 * sum(per_slice) for n in per_slice), per_slice
 
     # the previous implementation: one perf script over the whole file, the line parser, fold
     ref_stats = ParseStats()
