@@ -65,6 +65,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
             "sampling": meta.get("sampling"),
             "host": meta.get("host"),
             "tools": meta.get("tools"),
+            "probes": meta.get("probes"),
             "unwinding": {str(t["pid"]): {"mode": t.get("unwind"), "reason": t.get("unwind_reason")}
                           for t in meta.get("targets", [])},
         },
