@@ -6,14 +6,16 @@ attach's fold step was the slowest part of a run's analysis. Most samples
 repeat a stack seen before, down to the instruction addresses: this folder
 cuts the text into samples at blank lines, and counts each distinct
 (header without period, frame lines) text once per occurrence; only the first
-occurrence of a text is parsed (each distinct frame line once). The result is
+occurrence of a text is parsed, and only from the leaf down to a tail of
+frame lines seen before (each distinct frame line is parsed once). The result is
 exactly what `fold(parse_samples(text))` gives: same records, same order
 (first occurrence), same parse statistics; samples of unusual shape go through
 the same line parser (collectors.perfscript.LineParser).
 
 Memory is bounded: the distinct texts are folded and forgotten every
-`max_texts` distinct texts, so what is held is the folded stacks (they grow
-with distinct stacks, not with samples) plus at most `max_texts` sample texts.
+`max_texts` distinct texts (or 8 x max_texts cached tails), so what is held is
+the folded stacks (they grow with distinct stacks, not with samples) plus a
+bounded number of sample texts.
 A sample text longer than `max_block` characters (perf script writes none;
 garbage without blank lines could) is read line by line as it arrives.
 """
