@@ -8,7 +8,8 @@ Why a separate entry: studies built these tables by hand from `report
 --format json`. `load` runs the same analysis as `qprof report` (analyse_run)
 and flattens the same JSON report (viewer.json_report.to_dict, with every
 symbol instead of the top few) through viewer.rows, so the numbers are the
-report's. pandas is imported only here, when called: the CLI stays fast.
+report's. pandas is imported only when load is called (viewer.frames), so
+the CLI stays fast.
 """
 
 from __future__ import annotations
@@ -75,13 +76,6 @@ def report_of(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[
     return to_dict(analyse_run(r, MappingSet.load([str(m) for m in mappings]), stack), top)
 
 
-def frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
-    """Rows of viewer.rows as a DataFrame with exactly `columns` (also when there are no rows)."""
-    import pandas as pd
-
-    return pd.DataFrame.from_records(rows, columns=list(columns))
-
-
 def load(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]] = (),
          stack: str | None = None) -> RunData:
     """Analyse a run archive as `qprof report` does and return its data as DataFrames (see RunData).
@@ -90,6 +84,7 @@ def load(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]]
     (`--mapping`); `stack`: force this stack's mapping file (`--stack`). Bad input
     (not a run, no folded stacks, an invalid mapping file) raises qprof.errors.QprofError."""
     from qprof.viewer import rows
+    from qprof.viewer.frames import frame
 
     report = report_of(run, mappings, stack)
     return RunData(

@@ -13,7 +13,8 @@ import pytest
 
 import qprof
 from conftest import ngtcp2_capture, qprof as qprof_cli
-from qprof.api import frame
+from qprof.api import report_of
+from qprof.viewer.frames import frame
 from qprof.attribution.categories import CATEGORIES
 from qprof.errors import QprofError
 from qprof.viewer import rows as R
@@ -121,7 +122,7 @@ def test_table_csv_and_summary(runs: list[Path], tmp_path: Path) -> None:
 def test_table_parquet_round_trip(runs: list[Path], tmp_path: Path) -> None:
     out, summary = tmp_path / "t.parquet", tmp_path / "s.parquet"
     qprof_cli("table", *map(str, runs), "--parquet", str(out), "--summary-parquet", str(summary))
-    table_rows = [row for r in runs for row in R.table_rows(qprof.api.report_of(r, top=1))]
+    table_rows = [row for r in runs for row in R.table_rows(report_of(r, top=1))]
     pd.testing.assert_frame_equal(pd.read_parquet(out), frame(table_rows, R.TABLE_COLUMNS))
     pd.testing.assert_frame_equal(pd.read_parquet(summary), frame(R.summary_rows(table_rows), R.SUMMARY_COLUMNS))
 

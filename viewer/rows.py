@@ -4,7 +4,7 @@ Why from the JSON report (viewer.json_report.to_dict) and not from the
 analysis objects: the report is the one place numbers are computed and
 rounded, so `qprof.load`, `qprof table` and `qprof report --format json` show
 the same figures for the same run. Pure functions of dicts: no pandas here
-(qprof.api and viewer.table make frames of the rows), so they are cheap to test.
+(viewer.frames makes DataFrames of them), so they are cheap to test.
 
 Every builder returns rows whose keys are exactly its *_COLUMNS tuple, in that
 order; a value the run does not have (no probes, no roles) is None.

@@ -37,7 +37,7 @@ def check_output(path: Path) -> None:
 
 def write(rows: list[Row], columns: Sequence[str], path: Path, fmt: str) -> None:
     """Write rows as CSV or parquet, atomically: a reader never sees half a file."""
-    from qprof.api import frame
+    from qprof.viewer.frames import frame
 
     if fmt not in FORMATS:
         raise ValueError(fmt)
