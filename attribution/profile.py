@@ -38,14 +38,19 @@ class Breakdown:
     categories: Counter[str] = field(default_factory=Counter)
     subcategories: Counter[tuple[str, str]] = field(default_factory=Counter)
     symbols: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (category, symbol, dso)
+    # sample counts beside the periods: how much evidence a share rests on
+    category_samples: Counter[str] = field(default_factory=Counter)
+    symbol_samples: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def add(self, category: str, sub: str | None, leaf: tuple[str, str], samples: int, period: int) -> None:
         self.period += period
         self.samples += samples
         self.categories[category] += period
+        self.category_samples[category] += samples
         if sub:
             self.subcategories[(category, sub)] += period
         self.symbols[(category, leaf[0], leaf[1])] += period
+        self.symbol_samples[(category, leaf[0], leaf[1])] += samples
 
     def shares(self) -> dict[str, float]:
         if self.period == 0:

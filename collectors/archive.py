@@ -107,6 +107,13 @@ class Run:
     def has_stacks(self) -> bool:
         return self.stacks_path.is_file()
 
+    def require_stacks(self) -> None:
+        """Analysis reads the folded stacks: say how to make them when collection stopped before folding."""
+        if not self.has_stacks():
+            raise QprofError(f"{self.path} has no folded stacks (collection was cut short: "
+                             f"{self.meta.get('status')}); run `qprof report --refold {self.path}` on the host "
+                             "that recorded it")
+
     def stacks(self) -> Iterator[StackRecord]:
         return read_stacks(self.stacks_path)
 

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
 from qprof.errors import QprofError
@@ -139,21 +139,20 @@ class PerfRecorder:
             pass
 
 
-def script_lines(perf: str, data: Path, log: Path, pids: list[int]) -> Iterator[str]:
-    """Stream `perf script` text for the targets' samples (symbols resolved on this host)."""
+def script_command(perf: str, data: Path, pids: list[int], window: tuple[int | None, int | None] = (None, None)
+                   ) -> list[str]:
+    """`perf script` for the targets' samples (symbols resolved on this host), trimmed to what the
+    parser reads: the fixed field list, no inline expansion (addr2line per frame: slow, and the
+    mappings match real functions). `window`: (first, last) sample time in ns, both included,
+    None for open; perf skips samples outside it before unwinding them, so slices cost their share."""
     cmd = [perf, "script", "-i", str(data), "-F", PERF_SCRIPT_FIELDS, "--no-inline",
            "--pid", ",".join(map(str, pids))]
-    with open(log, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
-                                text=True, errors="replace", bufsize=1 << 20)
-        assert proc.stdout is not None
-        try:
-            yield from proc.stdout
-        finally:
-            proc.stdout.close()
-            if proc.poll() is None:
-                proc.terminate()
-            rc = proc.wait()
-    if rc != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise QprofError(f"perf script failed on {data} (exit {rc}): {tail[0]}")
+    start, end = window
+    if start is not None or end is not None:
+        cmd += ["--time", f"{_perf_time(start)},{_perf_time(end)}"]
+    return cmd
+
+
+def _perf_time(ns: int | None) -> str:
+    """perf's --time syntax: seconds with up to nine decimals (ns); empty for an open end."""
+    return "" if ns is None else f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"

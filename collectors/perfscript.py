@@ -119,32 +119,62 @@ def parse_header(line: str) -> tuple[str, int, int, int] | None:
     return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")))
 
 
-def parse_samples(lines: Iterable[str], stats: ParseStats | None = None) -> Iterator[Sample]:
-    """Yield samples from perf script lines; unreadable lines are counted in `stats`."""
-    stats = stats if stats is not None else ParseStats()
-    header: tuple[str, int, int, int] | None = None
-    frames: list[Frame] = []
-    for raw in lines:
-        line = raw.rstrip("\n")
+class LineParser:
+    """The sample reader's state machine, one line at a time (a line without its newline).
+
+    A header line starts a sample, tab-indented frame lines extend it, a blank
+    line (or the next header, or the end) finishes it. `parse_samples` drives it
+    over a whole stream; the block folder (collectors.streamfold) drives it over
+    the rare samples its fast path does not take, so both read text the same way.
+    """
+
+    __slots__ = ("stats", "_header", "_frames")
+
+    def __init__(self, stats: ParseStats | None = None) -> None:
+        self.stats = stats if stats is not None else ParseStats()
+        self._header: tuple[str, int, int, int] | None = None
+        self._frames: list[Frame] = []
+
+    def _take(self) -> Sample | None:
+        header = self._header
+        if header is None:
+            return None
+        self.stats.samples += 1
+        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames))
+        self._header, self._frames = None, []
+        return sample
+
+    def line(self, line: str) -> Sample | None:
+        """Consume one line; return the sample it completes, if any."""
         if not line.strip():
-            if header is not None:
-                stats.samples += 1
-                yield Sample(header[1], header[2], header[0], header[3], tuple(frames))
-            header, frames = None, []
-            continue
+            sample = self._take()
+            self._header, self._frames = None, []
+            return sample
         # Frames are tab-indented; headers start with the (right-aligned) comm.
         parsed = None if line[0] == "\t" else parse_header(line)
         if parsed is None:
             frame = parse_frame(line)
-            if frame is None or header is None:
-                stats.bad(line)
+            if frame is None or self._header is None:
+                self.stats.bad(line)
             else:
-                frames.append(frame)
-            continue
-        if header is not None:  # previous sample had no blank line after it
-            stats.samples += 1
-            yield Sample(header[1], header[2], header[0], header[3], tuple(frames))
-        header, frames = parsed, []
-    if header is not None:
-        stats.samples += 1
-        yield Sample(header[1], header[2], header[0], header[3], tuple(frames))
+                self._frames.append(frame)
+            return None
+        sample = self._take()  # previous sample had no blank line after it
+        self._header, self._frames = parsed, []
+        return sample
+
+    def end(self) -> Sample | None:
+        """The end of the text: the sample still open, if any."""
+        return self._take()
+
+
+def parse_samples(lines: Iterable[str], stats: ParseStats | None = None) -> Iterator[Sample]:
+    """Yield samples from perf script lines; unreadable lines are counted in `stats`."""
+    parser = LineParser(stats)
+    for raw in lines:
+        sample = parser.line(raw.rstrip("\n"))
+        if sample is not None:
+            yield sample
+    sample = parser.end()
+    if sample is not None:
+        yield sample

@@ -7,8 +7,9 @@ Order of events, each leaving the archive readable if qprof dies right there:
  3. poll: /proc readings every interval; stop on duration, on every target
     having exited, on Ctrl-C/SIGTERM, or when the caller's condition says so
  4. stop perf (SIGINT: it finishes its data file), fold `perf script` output
-    into stacks.jsonl.gz, rewrite meta.json as "complete" (or "incomplete"
-    with the reason: the perf data stays, `qprof report --refold` redoes 4)
+    into stacks.jsonl.gz (collectors.folding: time slices on every CPU),
+    rewrite meta.json as "complete" (or "incomplete" with the reason: the
+    perf data stays, `qprof report --refold` redoes 4)
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ import signal
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from qprof import __version__
 from qprof.collectors import archive, elf, netstat, procfs, sysinfo
-from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
+from qprof.collectors.folding import fold_run
+from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
-from qprof.collectors.perfdata import neutralize_ksymbols
-from qprof.collectors.perfscript import ParseStats, parse_samples
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
-from qprof.collectors.stacks import fold, write_stacks
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
                                    tool_version)
@@ -334,19 +332,3 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
         if src.is_file():
             (out / "perf-maps").mkdir(exist_ok=True)
             shutil.copyfile(src, out / "perf-maps" / src.name)
-
-
-def _samples(perf: str, out: Path, meta: dict[str, Any], stats: ParseStats) -> Iterator[Any]:
-    for g in meta["sampling"]["groups"]:
-        data = out / g["perf_data"]
-        if data.is_file() and data.stat().st_size > 0:
-            neutralize_ksymbols(data)
-            yield parse_samples(script_lines(perf, data, out / f"perf-{g['unwind']}.log", g["pids"]), stats)
-
-
-def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
-    """Symbolise and fold every perf data file of a run into its stacks file."""
-    stats = ParseStats()
-    records = fold(chain.from_iterable(_samples(perf, out, meta, stats)))
-    write_stacks(out / archive.STACKS, records)
-    return stats

@@ -58,6 +58,7 @@ def nics() -> list[dict[str, Any]]:
 def host_info() -> dict[str, Any]:
     u = os.uname()
     return {
+        "hostname": u.nodename,  # tells runs recorded on two hosts apart in tables
         "kernel": u.release,
         "kernel_build": u.version,
         "machine": u.machine,

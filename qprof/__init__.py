@@ -2,7 +2,11 @@
 
 The top-level folders of the repository form the sub-packages:
 probes -> collectors -> attribution (+ mappings) -> viewer. This package holds
-the command line and the public API only.
+the command line and the public API: `qprof.load(RUN)` returns a run's data as
+pandas DataFrames (qprof.api; pandas is imported only when it is called).
 """
 
+from qprof.api import RunData, load
+
 __version__ = "0.1.0"
+__all__ = ["RunData", "__version__", "load"]

@@ -50,6 +50,7 @@ def main() -> None:
     qprof report RUN         attribute and print (or --format json)
     qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
     qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
+    qprof table RUN...       many runs side by side, CSV/parquet, median and CI
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -138,9 +139,7 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     run = Run.open(run_path)
     if refold:
         _refold(run)
-    if not run.has_stacks():
-        raise QprofError(f"{run_path} has no folded stacks (collection was cut short: {run.meta.get('status')}); "
-                         f"run `qprof report --refold {run_path}` on the host that recorded it")
+    run.require_stacks()
     return run
 
 
@@ -266,7 +265,7 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
 
 def _refold(run: Any) -> None:
     from qprof.collectors import archive
-    from qprof.collectors.session import fold_run
+    from qprof.collectors.folding import fold_run
     from qprof.probes.features import require_perf
 
     stats = fold_run(require_perf(), run.path, run.meta)
@@ -274,6 +273,70 @@ def _refold(run: Any) -> None:
                          "bad_examples": stats.bad_examples}
     archive.write_json_atomic(run.path / archive.META, run.meta)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--csv", "csv_out", type=click.Path(path_type=Path), default=None,
+              help="Write the table (one row per run x process x category) as CSV here instead of printing it.")
+@click.option("--parquet", "parquet_out", type=click.Path(path_type=Path), default=None,
+              help="Write the table as parquet here instead of printing it.")
+@click.option("--summary-csv", "summary_csv", type=click.Path(path_type=Path), default=None,
+              help="Also write the summary (per stack, role, category) as CSV here.")
+@click.option("--summary-parquet", "summary_parquet", type=click.Path(path_type=Path), default=None,
+              help="Also write the summary as parquet here.")
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
+@_guard
+def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None, summary_csv: Path | None,
+          summary_parquet: Path | None, mappings: tuple[str, ...], stack: str | None) -> None:
+    """Many runs in one table: one row per run x process x category with the run's metadata
+    (start, duration, host, frequency, unwinding, probes, stack, bytes, goodput, verdict).
+
+    \b
+    Then a summary per (stack, role, category) over the runs (repetitions): the
+    median share and CPU seconds with a 95% distribution-free confidence
+    interval (order statistics; none below 6 runs, and it says so).
+    """
+    from qprof.api import report_of
+    from qprof.viewer import rows as R
+    from qprof.viewer.table import check_output, render, render_summary, write
+
+    outputs = _one_output(csv_out, parquet_out, "--csv", "--parquet")
+    summary_out = _one_output(summary_csv, summary_parquet, "--summary-csv", "--summary-parquet")
+    for target in (outputs, summary_out):
+        if target is not None:
+            check_output(target[0])
+    if outputs and summary_out and outputs[0].resolve() == summary_out[0].resolve():
+        raise QprofError(f"the table and the summary would both be written to {outputs[0]}: give two files")
+    seen: set[Path] = set()
+    for r in runs:
+        if r.resolve() in seen:
+            raise QprofError(f"run {r} is given twice: list each run once")
+        seen.add(r.resolve())
+    table_rows = [row for r in runs for row in R.table_rows(report_of(r, mappings, stack, top=1))]
+    summary = R.summary_rows(table_rows)
+    console = Console(highlight=False)
+    if outputs is None:
+        render(table_rows, console)
+    else:
+        write(table_rows, R.TABLE_COLUMNS, *outputs)
+        _stderr.print(f"qprof: wrote {len(table_rows)} rows to {outputs[0]}", markup=False)
+    if summary_out is None:
+        render_summary(summary, console)
+    else:
+        write(summary, R.SUMMARY_COLUMNS, *summary_out)
+        _stderr.print(f"qprof: wrote the summary ({len(summary)} rows) to {summary_out[0]}", markup=False)
+
+
+def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, parquet_opt: str
+                ) -> tuple[Path, str] | None:
+    if csv_path is not None and parquet_path is not None:
+        raise QprofError(f"both {csv_opt} and {parquet_opt} given: choose one format")
+    if csv_path is not None:
+        return csv_path, "csv"
+    return (parquet_path, "parquet") if parquet_path is not None else None
 
 
 @main.command()

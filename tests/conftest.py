@@ -106,8 +106,9 @@ def attach_held(cmd: list[str], run: Path, **options: Any) -> Any:
 NGTCP2_CAPTURES = {"gso": (), "no-gso": ("--max-gso-dgrams=1",)}
 
 
-def capture_ngtcp2(run: Path, server_args: tuple[str, ...], size: int = 512 << 20) -> Path:
-    """One loopback ngtcp2 download, server and client attached with their roles (default probes)."""
+def capture_ngtcp2(run: Path, size: int = 128 << 20, server_args: tuple[str, ...] = (), **options: Any) -> Path:
+    """Attach qprof (AttachOptions `**options`) to a real ngtcp2 server (started with `server_args`) and
+    client, both with roles, from the client's first packet until it has downloaded `size` bytes."""
     from qprof.collectors.session import AttachOptions, AttachSession
     from qprof.endpoints import Ngtcp2Transfer
 
@@ -119,7 +120,8 @@ def capture_ngtcp2(run: Path, server_args: tuple[str, ...], size: int = 512 << 2
     with Transfer(size) as xfer:
         server = xfer.start_server()
         client = xfer.start_client_stopped()
-        AttachSession(AttachOptions(pids=[server, client], out=run, roles={server: "server", client: "client"}),
+        AttachSession(AttachOptions(pids=[server, client], out=run, roles={server: "server", client: "client"},
+                                    **options),
                       on_ready=xfer.release_client, stop_when=xfer.client_done).run()
         assert xfer.client is not None and xfer.client.wait(60) == 0, xfer.tail("client.err")
     return run
@@ -133,7 +135,8 @@ def ngtcp2_capture(ngtcp2_tools: None, probes_available: None, tmp_path_factory:
 
     def get(name: str) -> Path:
         if name not in made:
-            made[name] = capture_ngtcp2(tmp_path_factory.mktemp(f"ngtcp2-{name}") / "run", NGTCP2_CAPTURES[name])
+            made[name] = capture_ngtcp2(tmp_path_factory.mktemp(f"ngtcp2-{name}") / "run", 512 << 20,
+                                        NGTCP2_CAPTURES[name])
         return made[name]
 
     return get

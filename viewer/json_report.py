@@ -27,12 +27,14 @@ def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
     for (cat, sym, dso), per in b.symbols.most_common():
         if len(symbols[cat]) < top:
             symbols[cat].append({"symbol": sym, "dso": dso, "share": _r(per / total),
-                                 "cpu_seconds": _r(profile.cpu_seconds(per))})
+                                 "cpu_seconds": _r(profile.cpu_seconds(per)),
+                                 "samples": b.symbol_samples[(cat, sym, dso)]})
     return {
         "cpu_seconds": _r(profile.cpu_seconds(b.period)),
         "samples": b.samples,
         "categories": {c: _r(s) for c, s in b.shares().items()},
         "category_cpu_seconds": {c: _r(profile.cpu_seconds(b.categories[c])) for c in CATEGORIES},
+        "category_samples": {c: b.category_samples[c] for c in CATEGORIES},
         "subcategories": subs,
         "top_symbols": symbols,
     }
@@ -63,6 +65,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
             "sampling": meta.get("sampling"),
             "host": meta.get("host"),
             "tools": meta.get("tools"),
+            "probes": meta.get("probes"),
             "unwinding": {str(t["pid"]): {"mode": t.get("unwind"), "reason": t.get("unwind_reason")}
                           for t in meta.get("targets", [])},
         },

@@ -1,0 +1,175 @@
+"""Fold a run's perf data into its stacks file (stacks.jsonl.gz), on every CPU qprof may use.
+
+`perf script` (symbol resolution, DWARF unwinding) is the expensive part of
+turning a capture into stacks, and it is single-threaded. Each perf data file
+is cut into time slices with about as many of the targets' samples each
+(collectors.perfdata.prepare, in the pass that repairs the file anyway); one
+`perf script --time` per slice runs at once per CPU, and each one's text is
+folded as it streams in (collectors.streamfold), in this process, by a select
+loop: nothing waits for a whole slice and no sample text is held beyond its
+slice's distinct stacks.
+Slices are merged in time order, so the records, their order and the parse
+statistics are those one `perf script` over the whole file gives (checked by
+tests/test_folding.py on real captures).
+"""
+
+from __future__ import annotations
+
+import codecs
+import fcntl
+import io
+import os
+import selectors
+import subprocess
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qprof.collectors import archive
+from qprof.collectors.perf import script_command
+from qprof.collectors.perfdata import prepare
+from qprof.collectors.perfscript import ParseStats
+from qprof.collectors.stacks import StackRecord, write_stacks
+from qprof.collectors.streamfold import StreamFolder
+from qprof.errors import QprofError
+
+Window = tuple[int | None, int | None]  # (first, last) sample time in ns, both included; None: open
+_READ = 1 << 20
+_PIPE_SIZE = 1 << 20  # fewer wake-ups than the default 64 KiB pipe
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def time_slices(cuts: list[int]) -> list[Window]:
+    """Windows split at the cut times that cover every integer timestamp exactly once.
+
+    The outer ends stay open, so every sample lands in one slice whatever the cuts;
+    without cuts there is one open slice."""
+    cuts = sorted(set(cuts))
+    starts: list[int | None] = [None] + [c + 1 for c in cuts]
+    ends: list[int | None] = [*cuts, None]
+    return list(zip(starts, ends))
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One `perf script` over one time slice of one perf data file."""
+
+    data: Path
+    log: Path
+    pids: list[int]
+    window: Window = (None, None)
+
+
+def run_slices(perf: str, specs: list[SliceSpec], jobs: int) -> list[tuple[list[StackRecord], ParseStats]]:
+    """Run the slices, `jobs` at a time, folding each one's output as it arrives; results in `specs` order."""
+    pending = deque(enumerate(specs))
+    running: dict[int, _Running] = {}
+    results: list[tuple[list[StackRecord], ParseStats] | None] = [None] * len(specs)
+    sel = selectors.DefaultSelector()
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                i, spec = pending.popleft()
+                r = running[i] = _Running(perf, spec)
+                sel.register(r.fd, selectors.EVENT_READ, i)
+            for key, _ in sel.select():
+                r = running[key.data]
+                if not r.read():
+                    sel.unregister(r.fd)
+                    del running[key.data]
+                    results[key.data] = r.finish()
+    finally:
+        for r in running.values():
+            r.kill()
+        sel.close()
+    return [res for res in results if res is not None]
+
+
+def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[StackRecord], ParseStats]:
+    """Records of consecutive slices as one fold of the whole text: same keys summed, first-occurrence order."""
+    acc: dict[tuple[Any, ...], list[int]] = {}
+    stats = ParseStats()
+    for records, st in parts:
+        for r in records:
+            key = (r.pid, r.tid, r.comm, r.frames)
+            slot = acc.get(key)
+            if slot is None:
+                acc[key] = [r.samples, r.period]
+            else:
+                slot[0] += r.samples
+                slot[1] += r.period
+        stats.samples += st.samples
+        stats.bad_lines += st.bad_lines
+        stats.bad_examples.extend(st.bad_examples[:max(0, 5 - len(stats.bad_examples))])
+    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()], stats
+
+
+def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
+    """The slices of every perf data file of a run, in time order within a file, files in group order."""
+    specs = []
+    for g in meta["sampling"]["groups"]:
+        data = out / g["perf_data"]
+        if data.is_file() and data.stat().st_size > 0:
+            pids = [int(p) for p in g["pids"]]
+            for window in time_slices(prepare(data, jobs, pids).cuts):
+                specs.append(SliceSpec(data, out / f"perf-{g['unwind']}.log", pids, window))
+    return specs
+
+
+def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None) -> ParseStats:
+    """Symbolise and fold every perf data file of a run into its stacks file.
+
+    `jobs`: perf script processes at once (default: one per usable CPU); 1 runs one
+    perf script per file, the plain sequential way."""
+    jobs = default_jobs() if jobs is None else jobs
+    records, stats = merge(run_slices(perf, run_specs(out, meta, jobs), jobs))
+    write_stacks(out / archive.STACKS, records)
+    return stats
+
+
+class _Running:
+    """A running `perf script` slice and the folder its output streams into."""
+
+    def __init__(self, perf: str, spec: SliceSpec) -> None:
+        self.spec = spec
+        self.stats = ParseStats()
+        self.folder = StreamFolder(self.stats)
+        # what a text-mode pipe does: UTF-8 with replacement, universal newlines
+        self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"),
+                                                     translate=True)
+        with open(spec.log, "ab") as logf:
+            self.proc = subprocess.Popen(script_command(perf, spec.data, spec.pids, spec.window),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf)
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        except OSError:
+            pass  # above fs.pipe-max-size for this user: the default size works, with more wake-ups
+
+    def read(self) -> bool:
+        """Fold what perf wrote since the last read; False at the end of its output."""
+        chunk = os.read(self.fd, _READ)
+        self.folder.feed(self._decoder.decode(chunk, final=not chunk))
+        return bool(chunk)
+
+    def finish(self) -> tuple[list[StackRecord], ParseStats]:
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        rc = self.proc.wait()
+        if rc != 0:
+            tail = self.spec.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise QprofError(f"perf script failed on {self.spec.data} (exit {rc}): {tail[0]}")
+        return self.folder.finish(), self.stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc.wait()

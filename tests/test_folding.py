@@ -1,0 +1,187 @@
+"""Folding in parallel time slices gives exactly the stacks of one sequential `perf script`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import capture_ngtcp2
+from qprof.collectors import perfdata
+from qprof.collectors.archive import Run
+from qprof.collectors.folding import SliceSpec, fold_run, merge, run_slices, run_specs, time_slices
+from qprof.collectors.perf import script_command
+from qprof.collectors.perfscript import ParseStats, Sample, parse_samples
+from qprof.collectors.stacks import fold, read_stacks
+from qprof.errors import QprofError
+
+# ---------------------------------------------------------------- pure parts
+
+
+def _inside(t: int, window: tuple[int | None, int | None]) -> bool:
+    start, end = window
+    return (start is None or t >= start) and (end is None or t <= end)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(0, 2**63), max_size=8), st.lists(st.integers(0, 2**63), max_size=30))
+def test_time_slices_cover_every_timestamp_once(cuts: list[int], times: list[int]) -> None:
+    slices = time_slices(cuts)
+    assert len(slices) == len(set(cuts)) + 1
+    for t in times + cuts + [c + 1 for c in cuts] + [0]:
+        assert sum(_inside(t, w) for w in slices) == 1
+    assert slices[0][0] is None and slices[-1][1] is None  # every sample counts, whatever the cuts
+
+
+_samples = st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b"]),
+                              st.integers(0, 1000), st.lists(st.sampled_from([("f", "/x"), ("g", "/y")]),
+                                                             max_size=3).map(tuple)), max_size=40)
+
+
+@settings(max_examples=200)
+@given(_samples, st.lists(st.integers(0, 40), max_size=4))
+def test_merge_of_consecutive_parts_is_the_whole_fold(samples: list[Sample], cuts: list[int]) -> None:
+    bounds = [0, *sorted(c for c in cuts if c <= len(samples)), len(samples)]
+    parts = []
+    for a, b in zip(bounds, bounds[1:]):
+        st_ = ParseStats(samples=b - a, bad_lines=1, bad_examples=[f"bad {a}"])
+        parts.append((fold(samples[a:b]), st_))
+    records, stats = merge(parts)
+    assert records == fold(samples)
+    assert stats.samples == len(samples) and stats.bad_lines == len(parts)
+    assert stats.bad_examples == [f"bad {a}" for a in bounds[:-1]][:5]
+
+
+SAMPLE_TYPE = perfdata.SAMPLE_IP | perfdata.SAMPLE_TID | perfdata.SAMPLE_TIME | (1 << 5)  # + CALLCHAIN
+ATTR_SIZE = 128 + 16  # perf_event_attr and its ids section
+
+
+def _perf_file(path: Path, records: list[tuple[int, bytes]], sample_types: tuple[int, ...] = (SAMPLE_TYPE,)) -> None:
+    """A minimal perf.data: header, one attr per sample type, records (type, payload)."""
+    attrs = b"".join(struct.pack("<IIQQQ", 1, 128, 0, 999, st).ljust(ATTR_SIZE, b"\0") for st in sample_types)
+    data = b"".join(struct.pack("<IHH", t, 0, 8 + len(p)) + p for t, p in records)
+    attrs_off = 104
+    data_off = attrs_off + len(attrs)
+    head = struct.pack("<8sQQQQQQQQ", b"PERFILE2", 104, ATTR_SIZE, attrs_off, len(attrs), data_off, len(data), 0, 0)
+    path.write_bytes(head + bytes(32) + attrs + data)
+
+
+def _sample(time_ns: int, extra: int, pid: int = 7) -> tuple[int, bytes]:
+    return perfdata.PERF_RECORD_SAMPLE, struct.pack("<QIIQ", 0x401000, pid, pid, time_ns) + bytes(8 * extra)
+
+
+def test_prepare_retypes_ksymbols_across_mapping_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    monkeypatch.setattr(perfdata, "_WINDOW", mmap.ALLOCATIONGRANULARITY)
+    # records of odd sizes (perf pads to 8 bytes; these do not), so that headers fall on and across window edges
+    recs = [(perfdata.PERF_RECORD_KSYMBOL if i % 3 == 0 else 3, bytes(3 * (i % 50) + 1)) for i in range(700)]
+    f = tmp_path / "perf.data"
+    _perf_file(f, recs)
+    assert perfdata.neutralize_ksymbols(f) == sum(1 for t, _ in recs if t == perfdata.PERF_RECORD_KSYMBOL)
+    raw = f.read_bytes()
+    pos, types = len(raw) - sum(8 + len(p) for _, p in recs), []
+    while pos < len(raw):
+        t, _m, size = struct.unpack_from("<IHH", raw, pos)
+        types.append(t)
+        pos += size
+    assert types == [perfdata.PERF_RECORD_FINISHED_INIT if t == perfdata.PERF_RECORD_KSYMBOL else t for t, _ in recs]
+    assert perfdata.neutralize_ksymbols(f) == 0, "a second pass finds nothing left to repair"
+
+
+def test_prepare_cuts_at_quantiles_of_the_targets_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    monkeypatch.setattr(perfdata, "_WINDOW", mmap.ALLOCATIONGRANULARITY)
+    monkeypatch.setattr(perfdata._Quantiles.__init__, "__defaults__", (64,))  # thin the kept times early
+    # the targets (pid 7) sample from t=1000 on; another process (pid 9) fills the first half of the data
+    recs = [_sample(10 + i, 40, pid=9) for i in range(500)] + [_sample(1000 + 10 * i, i % 7) for i in range(1000)]
+    f = tmp_path / "perf.data"
+    _perf_file(f, recs)
+    got = perfdata.prepare(f, 4, pids=[7])
+    assert got.samples == 1000 and len(got.cuts) == 3
+    for k, cut in enumerate(got.cuts, 1):  # each cut near k/4 of the targets' samples
+        assert abs((cut - 1000) / 10 - 1000 * k / 4) <= 16
+    windows = time_slices(got.cuts)
+    counts = [sum(_inside(1000 + 10 * i, w) for i in range(1000)) for w in windows]
+    assert sum(counts) == 1000 and all(230 <= c <= 270 for c in counts)
+    assert perfdata.prepare(f, 4).samples == 1500, "without pids every sample counts"
+
+
+def test_prepare_without_a_common_time_field_does_not_cut(tmp_path: Path) -> None:
+    f = tmp_path / "perf.data"
+    _perf_file(f, [_sample(5, 0)] * 10, (SAMPLE_TYPE, SAMPLE_TYPE | (1 << 16)))  # layouts differ
+    assert perfdata.prepare(f, 3).cuts == []
+    _perf_file(f, [_sample(5, 0)] * 10, (perfdata.SAMPLE_IP,))  # no time in samples
+    assert perfdata.prepare(f, 3).cuts == []
+    f.write_bytes(b"not perf data at all, but long enough for a header" * 3)
+    with pytest.raises(QprofError, match="not a perf.data file"):
+        perfdata.prepare(f, 2)
+
+
+# ---------------------------------------------------------------- real captures
+
+
+@pytest.fixture(scope="module", params=["dwarf", "fp"])
+def capture(request: pytest.FixtureRequest, ngtcp2_tools: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return capture_ngtcp2(tmp_path_factory.mktemp(f"fold-{request.param}") / "run", 1 << 30,
+                          unwind=request.param, probes=())
+
+
+def _copy(run: Path, dest: Path) -> Path:
+    """The run's metadata and perf data (hard links) without its stacks: a place to fold again."""
+    dest.mkdir()
+    shutil.copy(run / "meta.json", dest / "meta.json")
+    for f in run.glob("perf-*.data"):
+        (dest / f.name).hardlink_to(f)
+    return dest
+
+
+def _category_samples(run: Path) -> Counter[tuple[int, str]]:
+    from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.profile import attribute
+
+    profile = attribute(Run.open(run), MappingSet.load([]))
+    return Counter({(p.pid, cat): n for p in profile.processes for cat, n in p.breakdown.category_samples.items()})
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
+    perf = shutil.which("perf")
+    assert perf is not None
+    meta = json.loads((capture / "meta.json").read_text())
+    (group,) = meta["sampling"]["groups"]
+    data = capture / group["perf_data"]
+    # the cuts split the target samples into slices that each do a share of the work
+    cuts = perfdata.prepare(data, 3, group["pids"]).cuts
+    parts = run_slices(perf, [SliceSpec(data, tmp_path / "perf.log", group["pids"], w) for w in time_slices(cuts)], 3)
+    per_slice = [st_.samples for _, st_ in parts]
+    assert len(per_slice) == 3 and all(n > 0.05 * sum(per_slice) for n in per_slice), per_slice
+
+    # the previous implementation: one perf script over the whole file, the line parser, fold
+    ref_stats = ParseStats()
+    with subprocess.Popen(script_command(perf, data, group["pids"]), stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, errors="replace") as p:
+        reference = fold(parse_samples(p.stdout, ref_stats))  # type: ignore[arg-type]
+    assert p.returncode == 0 and ref_stats.samples > 1000
+
+    counts = {}
+    for jobs in (1, 2, 3):
+        run = _copy(capture, tmp_path / f"jobs{jobs}")
+        assert len(run_specs(run, meta, jobs)) == jobs
+        stats = fold_run(perf, run, meta, jobs=jobs)
+        records = list(read_stacks(run / "stacks.jsonl.gz"))
+        assert records == reference, f"jobs={jobs}: same stacks, counts, periods and order"
+        assert (stats.samples, stats.bad_lines) == (ref_stats.samples, ref_stats.bad_lines)
+        counts[jobs] = _category_samples(run)
+    assert counts[1] == counts[2] == counts[3]
+    assert sum(counts[1].values()) == ref_stats.samples
+    assert {pid for pid, _ in counts[1]} == set(group["pids"])
