@@ -39,6 +39,7 @@ from qprof.probes import btf
 from qprof.probes import crypto as crypto_probes
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
 from qprof.probes.features import bpftrace_version
+from qprof.probes.leftovers import owned_prog_ids
 
 GROUPS = ("packetio", "softirq", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
@@ -72,25 +73,6 @@ def enable_bpf_stats() -> tuple[int | None, str | None]:
     if fd < 0:
         return None, f"BPF_ENABLE_STATS refused: {os.strerror(ctypes.get_errno())}"
     return fd, None
-
-
-def owned_prog_ids(pids: set[int]) -> set[int]:
-    """Ids of the BPF programs these processes hold open (fdinfo `prog_id:`); no bpftool pid support needed."""
-    ids: set[int] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
-                    for line in f:
-                        if line.startswith("prog_id:"):
-                            ids.add(int(line.split()[1]))
-            except (OSError, ValueError):
-                continue
-    return ids
 
 
 def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:

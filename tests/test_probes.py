@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 from conftest import QPROF, ROOT, qprof
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import StoppedProcess
+from qprof.probes.leftovers import bpf_programs, leftovers
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 UDP_PAIR = ROOT / "tests" / "workloads" / "udp_pair.py"
@@ -22,44 +22,6 @@ UDP_PAIR = ROOT / "tests" / "workloads" / "udp_pair.py"
 
 def report_json(run: Path) -> dict:
     return json.loads(qprof("report", str(run), "--format", "json").stdout)
-
-
-def bpf_state() -> tuple[set[str], set[str]]:
-    """BPF program ids and perf-event attachments (pid:fd) alive on the host."""
-    progs = json.loads(subprocess.run(["bpftool", "prog", "list", "-j"], capture_output=True, text=True).stdout or "[]")
-    perf = json.loads(subprocess.run(["bpftool", "perf", "list", "-j"], capture_output=True, text=True).stdout or "[]")
-    return {str(p["id"]) for p in progs}, {f"{p.get('pid')}:{p.get('fd')}" for p in perf}
-
-
-def processes_using(path: Path, timeout: float = 15.0) -> list[str]:
-    """Live processes whose command line names `path` (qprof's perf and bpftrace do)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        users = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if str(path) in cmd and "pytest" not in cmd:
-                users.append(f"{pid}: {cmd[:120]}")
-        if not users or time.monotonic() > deadline:
-            return users
-        time.sleep(0.2)
-
-
-def orphan_programs(progs_before: set[str], timeout: float = 10.0) -> set[str]:
-    """New BPF programs that no live process holds: left behind (other tools' programs are held;
-    a program whose holder just exited is freed after an RCU grace period, hence the retries)."""
-    from qprof.collectors.probes import owned_prog_ids
-
-    deadline = time.monotonic() + timeout
-    while True:
-        held = {str(i) for i in owned_prog_ids({int(p) for p in os.listdir("/proc") if p.isdigit()})}
-        orphans = bpf_state()[0] - progs_before - held
-        if not orphans or time.monotonic() > deadline:
-            return orphans
-        time.sleep(0.2)
 
 
 def test_plain_sender_exactly_one_datagram_per_send_and_drops_counted_exactly(
@@ -131,7 +93,7 @@ def test_ngtcp2_server_sends_with_gso(probes_available: None, ngtcp2_tools: None
 
 @pytest.mark.parametrize("how", ["normal", "target SIGKILL", "qprof SIGINT", "qprof SIGKILL"])
 def test_no_probes_left_behind(probes_available: None, tmp_path: Path, how: str) -> None:
-    progs0, _ = bpf_state()
+    progs0 = bpf_programs()
     target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     run = tmp_path / "run"
     try:
@@ -143,7 +105,7 @@ def test_no_probes_left_behind(probes_available: None, tmp_path: Path, how: str)
             assert att.poll() is None, att.communicate()[1]
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert len(bpf_state()[0] - progs0) > 0, "probes are attached while running"
+        assert len(bpf_programs() - progs0) > 0, "probes are attached while running"
         if how == "normal":
             att.send_signal(signal.SIGINT)  # the ordinary stop of an open-ended attach
         elif how == "target SIGKILL":
@@ -157,11 +119,8 @@ def test_no_probes_left_behind(probes_available: None, tmp_path: Path, how: str)
     finally:
         target.kill()
         target.wait()
-    assert processes_using(run) == [], "perf or bpftrace outlived qprof"
-    assert orphan_programs(progs0) == set(), "BPF programs left behind"
-    perf1 = bpf_state()[1]
-    assert not [p for p in perf1 if p.split(":")[0] in {str(target.pid), str(att.pid)}], \
-        "perf-event attachments left behind"
+    left = leftovers(run, progs0, {target.pid, att.pid})
+    assert left.total == 0, f"left behind: {left.describe()} {left.processes}"
     assert open("/proc/sys/kernel/bpf_stats_enabled").read().strip() == "0"
     if how != "qprof SIGKILL":
         assert att.returncode == 0
