@@ -15,13 +15,17 @@ from typing import Any
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 
-_SECRET_OPT = re.compile(r"(?i)^-{1,2}[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*$")
+_SECRET_WORDS = r"[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*"
+_SECRET_OPT = re.compile(rf"(?i)^-{{1,2}}{_SECRET_WORDS}$")
+_SECRET_ASSIGN = re.compile(rf"(?i)^-{{0,2}}{_SECRET_WORDS}$")  # --key=x and KEY=x (env-style)
 REDACTED = "<redacted>"
 
 
 def redact_cmdline(argv: list[str]) -> list[str]:
-    """Hide the values of options named like secrets (--token=x, --api-key x, --password x)."""
+    """Hide the values of options named like secrets: --token=x, --api-key x, --password x,
+    and NAME=value words such as API_KEY=x (`env API_KEY=x server` puts them in argv)."""
     out: list[str] = []
     redact_next = False
     for arg in argv:
@@ -30,9 +34,9 @@ def redact_cmdline(argv: list[str]) -> list[str]:
             redact_next = False
             continue
         redact_next = False
-        if arg.startswith("-") and "=" in arg:
+        if "=" in arg:
             name, _, _value = arg.partition("=")
-            if _SECRET_OPT.match(name):
+            if _SECRET_ASSIGN.match(name):
                 out.append(f"{name}={REDACTED}")
                 continue
         elif _SECRET_OPT.match(arg):
@@ -43,7 +47,7 @@ def redact_cmdline(argv: list[str]) -> list[str]:
 
 def check_pid(pid: int) -> None:
     """Fail with one clear line when `pid` is not a live process we may inspect."""
-    if pid <= 0:
+    if not 0 < pid <= PID_MAX_LIMIT:
         raise QprofError(f"{pid} is not a valid pid: give the pid of a running process (see `pgrep`)")
     try:
         os.kill(pid, 0)

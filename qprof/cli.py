@@ -39,7 +39,23 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineGroup(click.Group):
+    """Usage errors (a bad option, a pid that is not a number) in the same one-line form as
+    every other error: `qprof: error: ...` and exit 2, instead of click's usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.ClickException as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if getattr(e, "ctx", None) is not None else ""
+            _fail(e.format_message() + where)
+        except click.exceptions.Abort:
+            _fail("interrupted")
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="qprof")
 def main() -> None:
     """Profile QUIC endpoints and attribute their CPU time: Packet I/O, Crypto,
