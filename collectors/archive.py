@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from qprof.collectors import procfs
 from qprof.collectors.stacks import StackRecord, read_stacks
 from qprof.errors import QprofError
 from qprof.probes.bpftrace import read_maps
@@ -34,6 +35,8 @@ PROBES = "probes.json"
 STATUS_COLLECTING = "collecting"
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
+RESERVE = ".space-reserve"
+RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
 
 
 def perf_data_name(unwind: str) -> str:
@@ -72,6 +75,35 @@ def create_run_dir(path: Path) -> Path:
     return path
 
 
+def reserve_space(out: Path) -> None:
+    """Hold RESERVE_BYTES in the run directory so that, if the disk fills up during the run,
+    releasing them leaves room to mark the run incomplete."""
+    try:
+        with open(out / RESERVE, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        (out / RESERVE).unlink(missing_ok=True)
+        raise QprofError(f"cannot write to output directory {out}: {e.strerror}") from None
+
+
+def release_space(out: Path) -> None:
+    (out / RESERVE).unlink(missing_ok=True)
+
+
+def effective_status(meta: dict[str, Any]) -> tuple[str, str | None]:
+    """(status, reason) as a reader should see it: a run still marked "collecting" whose
+    collector is gone (killed, or the machine rebooted) is incomplete."""
+    status = str(meta.get("status"))
+    reason = meta.get("incomplete_reason")
+    if status == STATUS_COLLECTING:
+        ident = meta.get("collector")
+        if not (isinstance(ident, dict) and procfs.identity_alive(ident)):
+            return STATUS_INCOMPLETE, "qprof stopped while collecting (killed?): what was written is kept"
+    return status, str(reason) if reason is not None else None
+
+
 @dataclass
 class Run:
     """A run archive opened for reading."""
@@ -99,6 +131,20 @@ class Run:
         if not isinstance(meta.get("targets"), list):
             raise QprofError(f"{meta_path}: metadata has no target list")
         return cls(p, meta)
+
+    @property
+    def status(self) -> tuple[str, str | None]:
+        return effective_status(self.meta)
+
+    def unfolded_chunks(self) -> list[str]:
+        """Raw perf data chunks the stacks file does not hold (a run cut short)."""
+        from qprof.collectors.chunks import unfolded_chunks
+
+        sampling = self.meta.get("sampling")
+        groups = sampling.get("groups") if isinstance(sampling, dict) else None
+        if not isinstance(groups, list):
+            return []
+        return unfolded_chunks(self.path, [g for g in groups if isinstance(g, dict)])
 
     @property
     def stacks_path(self) -> Path:

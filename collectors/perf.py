@@ -35,7 +35,7 @@ DWARF_STACK_BYTES = 8192
 
 
 def record_command(perf: str, unwind: str, frequency: int, event: str,
-                   output: Path, ctl: str, ack: str) -> list[str]:
+                   output: Path, ctl: str, ack: str, switch_output: int | None = None) -> list[str]:
     if unwind not in UNWIND_MODES:
         raise ValueError(unwind)
     cmd = [perf, "record", "-e", event, "-F", str(frequency),
@@ -48,6 +48,9 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
            "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
+    if switch_output:
+        # finished chunks of this size are folded while sampling goes on (collectors.chunks)
+        cmd += [f"--switch-output={switch_output // 1024}K"]
     return cmd
 
 
@@ -55,14 +58,14 @@ class PerfRecorder:
     """One system-wide `perf record` process whose samples of `pids` are unwound one way."""
 
     def __init__(self, perf: str, pids: list[int], unwind: str, frequency: int, event: str,
-                 output: Path, log: Path) -> None:
+                 output: Path, log: Path, switch_output: int | None = None) -> None:
         self.pids, self.unwind, self.output, self.log = pids, unwind, output, log
         # the control FIFOs live in the run directory: nothing is left elsewhere if qprof is killed
         self._fifodir = Path(tempfile.mkdtemp(prefix=".perfctl-", dir=output.parent))
         self._ctl_path = str(self._fifodir / "ctl")
         self._ack_path = str(self._fifodir / "ack")
         self.command = record_command(perf, unwind, frequency, event, output,
-                                      self._ctl_path, self._ack_path)
+                                      self._ctl_path, self._ack_path, switch_output)
         self.proc: subprocess.Popen[bytes] | None = None
         self._ctl = self._ack = -1
         self._logf: IO[bytes] | None = None
@@ -101,7 +104,8 @@ class PerfRecorder:
 
     def log_tail(self) -> str:
         try:
-            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
+                     if ln.strip() and "perf record: Dump" not in ln]
         except OSError:
             return "no perf output"
         return " | ".join(lines[-3:]) or "no perf output"
@@ -142,7 +146,8 @@ def script_lines(perf: str, data: Path, log: Path, pids: list[int]) -> Iterator[
            "--pid", ",".join(map(str, pids))]
     with open(log, "ab") as logf:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
-                                text=True, errors="replace", bufsize=1 << 20)
+                                text=True, errors="replace", bufsize=1 << 20,
+                                preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         assert proc.stdout is not None
         try:
             yield from proc.stdout

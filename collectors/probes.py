@@ -225,13 +225,15 @@ class ProbeCollector:
             self._stats_fd, _ = enable_bpf_stats()
             self._stats_since = now
 
-    def wait_ready(self) -> None:
-        """Wait for every launched group to attach; a group that fails is recorded and dropped."""
+    def wait_ready(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait for every launched group to attach; a group that fails is recorded and dropped.
+        Returns early once `should_stop` says so (Ctrl-C while bpftrace compiles)."""
         t0 = time.monotonic()
         self._probes_since = t0
         for proc in list(self.procs):
             try:
-                proc.wait_attached()
+                if not proc.wait_attached(should_stop=should_stop):
+                    continue
             except QprofError as e:
                 self.procs.remove(proc)
                 del self.record["programs"][proc.name]

@@ -203,3 +203,25 @@ def is_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def _boot_id() -> str:
+    return (_read("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def process_identity(pid: int) -> dict[str, Any]:
+    """What tells this process apart from a later one with the same pid: boot and start time."""
+    stat = _read(f"/proc/{pid}/stat")
+    start = int(_stat_fields(stat)[1][19]) if stat else None
+    return {"pid": pid, "start_ticks": start, "boot_id": _boot_id()}
+
+
+def identity_alive(ident: dict[str, Any]) -> bool:
+    """Is the process `process_identity` described still running (same boot, same start)?"""
+    try:
+        pid = int(ident["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if ident.get("boot_id") != _boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
+        return False
+    return process_identity(pid).get("start_ticks") == ident.get("start_ticks")

@@ -20,17 +20,14 @@ import signal
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from qprof import __version__
-from qprof.collectors import archive, elf, procfs, sysinfo
-from qprof.collectors.perf import UNWIND_MODES, PerfRecorder, script_lines
-from qprof.collectors.perfdata import neutralize_ksymbols
-from qprof.collectors.perfscript import ParseStats, parse_samples
+from qprof.collectors import archive, chunks, elf, procfs, sysinfo
+from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
+from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
-from qprof.collectors.stacks import fold, write_stacks
 from qprof.errors import QprofError
 from qprof.probes.features import kernel_features, require_perf, require_sampling_privileges, tool_version
 
@@ -51,6 +48,8 @@ class AttachOptions:
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
+    keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
+    raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
 
 
 def _now() -> str:
@@ -106,10 +105,12 @@ class AttachSession:
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
+        self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
         self._collecting = True
+        self._tearing_down = False
 
     # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
     # one that comes after collection ended (while stopping or folding), or a second one, skips
@@ -117,6 +118,8 @@ class AttachSession:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._interrupts += 1
         self._stop_reason = self._stop_reason or f"interrupted ({signal.Signals(signum).name})"
+        if self._tearing_down:
+            return  # helpers are being stopped, each with its own time limit
         if self._interrupts > 1 or not self._collecting:
             raise KeyboardInterrupt
 
@@ -131,23 +134,43 @@ class AttachSession:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         old_umask = os.umask(0o077)  # the archive is owner-only: it names other people's processes
         try:
+            archive.reserve_space(out)
             self._collect(perf, out)
         except KeyboardInterrupt:
-            self._finish(out, archive.STATUS_INCOMPLETE, "interrupted again while writing: "
-                         "perf data kept, run `qprof report --refold` to fold it")
+            self._abandon(out, "interrupted while writing: stacks folded so far are kept; "
+                          "`qprof report --refold` folds the rest")
+            raise QprofError(f"interrupted while writing the run: {out} is marked incomplete "
+                             "(its folded stacks are readable)") from None
         except BaseException as e:
-            if self.probes is not None:
-                self.probes.abort()
-            for r in self.recorders:
-                r.stop()
             reason = str(e) if isinstance(e, QprofError) else f"{type(e).__name__}: {e}"
-            self._finish(out, archive.STATUS_INCOMPLETE, reason)
+            self._abandon(out, reason)
+            if isinstance(e, OSError):
+                raise QprofError(f"writing the run in {out}: {e.strerror or e}; it is marked incomplete, "
+                                 "with what was written so far") from None
             raise
         finally:
             os.umask(old_umask)
             for s, h in old.items():
                 signal.signal(s, h)
         return out
+
+    def _abandon(self, out: Path, reason: str) -> None:
+        """On any failure or a second interrupt: stop every helper, mark the run incomplete."""
+        self._tearing_down = True
+        if self.folder is not None:
+            self.folder.abort()
+        if self.probes is not None:
+            self.probes.abort()
+        for r in self.recorders:
+            r.stop()
+        if not self.meta:  # nothing collected yet: leave no half-made run directory
+            archive.release_space(out)
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+            return
+        self._finish(out, archive.STATUS_INCOMPLETE, reason)
 
     def _describe(self, pid: int) -> dict[str, Any]:
         info = procfs.target_info(pid)
@@ -185,8 +208,10 @@ class AttachSession:
             "kernel_features": kernel_features(),
             "sampling": {"event": opts.event, "frequency": opts.frequency,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
-                                    for m, p in groups.items()]},
+                                    for m, p in groups.items()],
+                         "chunk_bytes": chunks.CHUNK_BYTES, "keep_raw": opts.keep_raw},
             "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
+            "collector": procfs.process_identity(os.getpid()),
             "start_time": None, "end_time": None,
         }
         archive.write_json_atomic(out / archive.META, self.meta)
@@ -195,14 +220,18 @@ class AttachSession:
         self.probes.launch()
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
-                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log")
+                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
+                               switch_output=chunks.CHUNK_BYTES)
             self.recorders.append(rec)
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
+        self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
+                                         raw_budget=opts.raw_budget, status=self.status)
+        self.folder.start()
         start = time.monotonic()
         self.meta["start_time"] = _now()
         archive.write_json_atomic(out / archive.META, self.meta)
-        self.probes.wait_ready()
+        self.probes.wait_ready(should_stop=lambda: self._stop_reason is not None)
         self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
                                                           else " until every target exits; Ctrl-C stops"))
         if self.on_ready is not None:
@@ -219,9 +248,11 @@ class AttachSession:
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
-        stats = fold_run(perf, out, self.meta)
+        assert self.folder is not None
+        stats = self.folder.finish()
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                               "bad_examples": stats.bad_examples}
+        self.meta["chunks"] = chunks.summary(self.folder.state)
         self._finish(out, archive.STATUS_COMPLETE, None)
 
     def _poll(self, out: Path, start: float) -> None:
@@ -259,7 +290,13 @@ class AttachSession:
         self.meta["status"] = status
         if reason:
             self.meta["incomplete_reason"] = reason
-        archive.write_json_atomic(out / archive.META, self.meta)
+        archive.release_space(out)  # a full disk still takes this last small write
+        try:
+            archive.write_json_atomic(out / archive.META, self.meta)
+        except OSError:
+            if status == archive.STATUS_COMPLETE:
+                raise
+            # meta.json keeps "collecting" with a collector that is gone: readers see "incomplete"
 
 
 def _keep_jit_maps(out: Path, pids: list[int]) -> None:
@@ -272,17 +309,6 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
             shutil.copyfile(src, out / "perf-maps" / src.name)
 
 
-def _samples(perf: str, out: Path, meta: dict[str, Any], stats: ParseStats) -> Iterator[Any]:
-    for g in meta["sampling"]["groups"]:
-        data = out / g["perf_data"]
-        if data.is_file() and data.stat().st_size > 0:
-            neutralize_ksymbols(data)
-            yield parse_samples(script_lines(perf, data, out / f"perf-{g['unwind']}.log", g["pids"]), stats)
-
-
 def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
-    """Symbolise and fold every perf data file of a run into its stacks file."""
-    stats = ParseStats()
-    records = fold(chain.from_iterable(_samples(perf, out, meta, stats)))
-    write_stacks(out / archive.STACKS, records)
-    return stats
+    """Fold a run's raw perf data into its stacks file (`report --refold`)."""
+    return chunks.refold(perf, out, meta["sampling"]["groups"])

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
@@ -92,17 +92,20 @@ class BpftraceProcess:
         out.close()
         log.close()
 
-    def wait_attached(self, timeout: float = 60.0) -> None:
-        """Return once every probe is attached (the readiness probe has fired)."""
+    def wait_attached(self, timeout: float = 60.0, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """True once every probe is attached (the readiness probe has fired); False if
+        `should_stop` said to give up first (bpftrace is then stopped with the rest)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if should_stop():
+                return False
             if self.proc.poll() is not None:
                 raise QprofError(f"bpftrace ({self.name}) failed to start: {self.log_tail()}")
             os.getppid()  # fires the readiness probe once it is attached
             if self._attached():
                 self.started_at = time.monotonic()
-                return
+                return True
             time.sleep(0.01)
         self.stop()
         raise QprofError(f"bpftrace ({self.name}) did not attach within {timeout:.0f}s: {self.log_tail()}")

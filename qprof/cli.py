@@ -89,10 +89,15 @@ def _default_out() -> Path:
               help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
                    "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
                    "uprobes on AEAD and header-protection calls).")
+@click.option("--keep-raw", is_flag=True,
+              help="Keep all raw perf data (by default each chunk is deleted once folded into stacks).")
+@click.option("--raw-budget", default="256M", show_default=True,
+              help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
-           out: Path | None, frequency: int, unwind: str, probes: str, quiet: bool) -> None:
+           out: Path | None, frequency: int, unwind: str, probes: str, keep_raw: bool, raw_budget: str,
+           quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
@@ -104,10 +109,12 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     """
     from qprof.collectors.probes import parse_groups
     from qprof.collectors.session import AttachOptions, AttachSession
+    from qprof.endpoints import parse_size
 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
-                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles)
+                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
+                         keep_raw=keep_raw, raw_budget=parse_size(raw_budget))
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))
@@ -140,9 +147,16 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     run = Run.open(run_path)
     if refold:
         _refold(run)
+    status, reason = run.status
     if not run.has_stacks():
-        raise QprofError(f"{run_path} has no folded stacks (collection was cut short: {run.meta.get('status')}); "
+        raise QprofError(f"{run_path} has no folded stacks (collection was cut short: {status}); "
                          f"run `qprof report --refold {run_path}` on the host that recorded it")
+    if status != "complete":
+        click.echo(f"qprof: warning: {run_path} is {status}" + (f": {reason}" if reason else ""), err=True)
+    unfolded = run.unfolded_chunks()
+    if unfolded:
+        click.echo(f"qprof: warning: {len(unfolded)} perf data chunk(s) of {run_path} are not folded yet; "
+                   f"`qprof report --refold {run_path}` adds them", err=True)
     return run
 
 
