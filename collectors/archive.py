@@ -130,11 +130,16 @@ class Run:
                              f"supported by this qprof (reads version {VERSION})")
         if not isinstance(meta.get("targets"), list):
             raise QprofError(f"{meta_path}: metadata has no target list")
+        status, reason = effective_status(meta)
+        if status != meta.get("status"):  # its collector is gone: say so wherever the run is shown
+            meta.update(status=status, incomplete_reason=reason)
         return cls(p, meta)
 
     @property
     def status(self) -> tuple[str, str | None]:
-        return effective_status(self.meta)
+        """(status, reason why it is not complete)."""
+        reason = self.meta.get("incomplete_reason")
+        return str(self.meta.get("status")), str(reason) if reason is not None else None
 
     def unfolded_chunks(self) -> list[str]:
         """Raw perf data chunks the stacks file does not hold (a run cut short)."""

@@ -38,7 +38,7 @@ from qprof.errors import QprofError
 from qprof.probes import btf
 from qprof.probes import crypto as crypto_probes
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, read_maps, render, script_text
-from qprof.probes.features import bpftrace_version
+from qprof.probes.features import bpftrace_problem, bpftrace_version
 from qprof.probes.leftovers import owned_prog_ids
 
 GROUPS = ("packetio", "softirq", "syscalls", "crypto")
@@ -163,8 +163,9 @@ class ProbeCollector:
         if not self.groups:
             return
         bpftrace = shutil.which("bpftrace")
-        if bpftrace is None:
-            self._unavailable("all", "bpftrace not found (Debian: apt-get install bpftrace)")
+        problem = bpftrace_problem()
+        if problem is not None or bpftrace is None:
+            self._unavailable("all", problem or "bpftrace not found")
             return
         self.record["bpftrace_version"] = bpftrace_version()
         self._stats_fd, why = enable_bpf_stats()

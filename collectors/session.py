@@ -50,6 +50,7 @@ class AttachOptions:
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
     keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
     raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
+    chunk_bytes: int = chunks.CHUNK_BYTES  # perf data file size at which perf starts a new chunk
 
 
 def _now() -> str:
@@ -89,6 +90,8 @@ def validate_options(opts: AttachOptions) -> None:
         raise QprofError("a pid is given twice: list each target once")
     if opts.duration is not None and not (0 < opts.duration <= 7 * 24 * 3600):
         raise QprofError(f"--duration {opts.duration:g} is out of range: give seconds > 0 (at most a week)")
+    if not 1 << 20 <= opts.chunk_bytes <= 1 << 40:
+        raise QprofError("--chunk-size is out of range: give 1M or more")
     if not 1 <= opts.frequency <= 100_000:
         raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (999 is usual)")
 
@@ -139,8 +142,8 @@ class AttachSession:
         except KeyboardInterrupt:
             self._abandon(out, "interrupted while writing: stacks folded so far are kept; "
                           "`qprof report --refold` folds the rest")
-            raise QprofError(f"interrupted while writing the run: {out} is marked incomplete "
-                             "(its folded stacks are readable)") from None
+            raise QprofError(f"interrupted while writing the run: {out} is marked incomplete; "
+                             f"`qprof report --refold {out}` folds what was not folded yet") from None
         except BaseException as e:
             reason = str(e) if isinstance(e, QprofError) else f"{type(e).__name__}: {e}"
             self._abandon(out, reason)
@@ -209,7 +212,7 @@ class AttachSession:
             "sampling": {"event": opts.event, "frequency": opts.frequency,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
                                     for m, p in groups.items()],
-                         "chunk_bytes": chunks.CHUNK_BYTES, "keep_raw": opts.keep_raw},
+                         "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},
             "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
             "collector": procfs.process_identity(os.getpid()),
             "start_time": None, "end_time": None,
@@ -221,7 +224,7 @@ class AttachSession:
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
                                out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
-                               switch_output=chunks.CHUNK_BYTES)
+                               switch_output=opts.chunk_bytes)
             self.recorders.append(rec)
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
@@ -253,6 +256,13 @@ class AttachSession:
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                               "bad_examples": stats.bad_examples}
         self.meta["chunks"] = chunks.summary(self.folder.state)
+        # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
+        broken = {m: rc for m, rc in self.meta["perf_exit"].items() if rc not in (0, None, -signal.SIGINT)}
+        if broken or (self._stop_reason or "").startswith("perf exited"):
+            codes = ", ".join(f"{m}: exit {rc}" for m, rc in broken.items()) or "exit 0"
+            raise QprofError(f"perf record ended before qprof stopped it ({codes}; "
+                             f"{self.recorders[0].log_tail()}): {out} is marked incomplete and keeps "
+                             "the samples written until then")
         self._finish(out, archive.STATUS_COMPLETE, None)
 
     def _poll(self, out: Path, start: float) -> None:

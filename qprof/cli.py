@@ -93,11 +93,13 @@ def _default_out() -> Path:
               help="Keep all raw perf data (by default each chunk is deleted once folded into stacks).")
 @click.option("--raw-budget", default="256M", show_default=True,
               help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G).")
+@click.option("--chunk-size", default="64M", show_default=True,
+              help="perf data is folded in chunks of this size while sampling goes on.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the run directory.")
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
            out: Path | None, frequency: int, unwind: str, probes: str, keep_raw: bool, raw_budget: str,
-           quiet: bool) -> None:
+           chunk_size: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
@@ -114,7 +116,8 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
                          frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
-                         keep_raw=keep_raw, raw_budget=parse_size(raw_budget))
+                         keep_raw=keep_raw, raw_budget=parse_size(raw_budget),
+                         chunk_bytes=parse_size(chunk_size))
     status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
     path = AttachSession(opts, status=status).run()
     click.echo(str(path))
