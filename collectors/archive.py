@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from qprof.collectors import procfs
+from qprof.collectors import procfs, schema
 from qprof.collectors.stacks import StackRecord, read_stacks
 from qprof.errors import QprofError
 from qprof.probes.bpftrace import read_maps
@@ -118,10 +118,10 @@ class Run:
         if not p.is_dir():
             raise QprofError(f"{p} is not a run directory (made by `qprof attach -o DIR`)")
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = schema.loads(meta_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise QprofError(f"{p} has no {META}: not a qprof run directory") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise QprofError(f"{meta_path}: unreadable metadata ({e})") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise QprofError(f"{meta_path}: not a qprof run archive")
@@ -130,6 +130,7 @@ class Run:
                              f"supported by this qprof (reads version {VERSION})")
         if not isinstance(meta.get("targets"), list):
             raise QprofError(f"{meta_path}: metadata has no target list")
+        schema.validate(meta, schema.META, str(meta_path))
         status, reason = effective_status(meta)
         if status != meta.get("status"):  # its collector is gone: say so wherever the run is shown
             meta.update(status=status, incomplete_reason=reason)
@@ -165,28 +166,31 @@ class Run:
         """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
         p = self.path / PROBES
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = schema.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise QprofError(f"{p}: unreadable probe record ({e})") from None
         if not isinstance(data, dict):
             raise QprofError(f"{p}: not a probe record")
+        schema.validate(data, schema.PROBES, str(p))
         for prog in (data.get("programs") or {}).values():
-            if isinstance(prog, dict) and "maps" not in prog and prog.get("output"):
+            if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
+        schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
         return data
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:
-        """Per-thread /proc readings in time order; a line cut by a kill is skipped."""
+        """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
+        reading, is skipped."""
         p = self.path / PROC
         if not p.is_file():
             return
         with p.open(encoding="utf-8") as f:
             for line in f:
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
+                    obj = schema.loads(line)
+                except (ValueError, RecursionError):
                     continue
-                if isinstance(obj, dict):
+                if schema.conforms(obj, schema.PROC_READING):
                     yield obj
