@@ -49,8 +49,10 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
     if switch_output:
-        # finished chunks of this size are folded while sampling goes on (collectors.chunks)
-        cmd += [f"--switch-output={switch_output // 1024}K"]
+        # finished chunks of this size are folded while sampling goes on (collectors.chunks);
+        # -B: perf 6.1 reads each finished chunk back for build-ids and keeps it resident (its
+        # RSS grew by the chunk size at every switch, measured); the archive records build-ids itself
+        cmd += [f"--switch-output={switch_output // 1024}K", "-B"]
     return cmd
 
 

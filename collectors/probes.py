@@ -45,6 +45,7 @@ GROUPS = ("packetio", "softirq", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 1.0, 5.0  # BPF run-time statistics duty cycle
+COMPACT_S = 30.0  # how often the probes' streamed output is cut back to its last snapshot
 _NR_BPF = 321  # x86_64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
@@ -117,6 +118,7 @@ class ProbeCollector:
         self._stats_on_s = 0.0  # total time with stats on
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
+        self._next_compact = time.monotonic() + COMPACT_S
 
     def poll_sockets(self) -> None:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
@@ -213,9 +215,15 @@ class ProbeCollector:
         self.status(crypto_probes.estimate_text(slots, found))
         return text
 
-    def tick_stats(self) -> None:
-        """Duty-cycle the BPF run-time statistics (called about once a second)."""
+    def tick(self) -> None:
+        """Periodic upkeep (about once a second): duty-cycle the BPF run-time statistics, and
+        every COMPACT_S compact the probes' streamed output so long runs keep it small."""
         now = time.monotonic()
+        if now >= self._next_compact:
+            self._next_compact = now + COMPACT_S
+            for p in self.procs:
+                if p.running() and p.started_at is not None:
+                    p.compact()
         if self._stats_fd is not None and now - self._stats_since >= STATS_WINDOW_S:
             os.close(self._stats_fd)
             self._stats_fd = None

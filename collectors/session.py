@@ -278,7 +278,7 @@ class AttachSession:
                     next_reading = now + opts.proc_interval
                 if now >= next_sockets and self.probes is not None:
                     self.probes.poll_sockets()
-                    self.probes.tick_stats()
+                    self.probes.tick()
                     next_sockets = now + SOCKET_INTERVAL
                 if self._stop_reason:
                     return

@@ -82,7 +82,8 @@ class BpftraceProcess:
         """Start bpftrace; it compiles for about a second before its probes are live."""
         with open(self.program, "a", encoding="utf-8") as f:
             f.write(READY_PROBE.format(pid=os.getpid()))
-        out = open(self.output, "wb")
+        out = open(self.output, "ab")  # O_APPEND: compact() may empty the file under bpftrace
+        out.truncate(0)
         log = open(self.log, "wb")
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
                bpftrace, "-f", "json", str(self.program)]
@@ -137,6 +138,20 @@ class BpftraceProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def compact(self) -> None:
+        """Keep the streamed output small on long runs (the maps are printed in full every
+        second: it grows by KiB/s): the last value of every map goes to last_path(output)
+        atomically, then the stream starts again empty. bpftrace appends (O_APPEND), so its next
+        print lands at the start; a print cut by the truncation is superseded a second later."""
+        maps = read_maps(self.output)
+        if not maps:
+            return
+        last = last_path(self.output)
+        tmp = last.with_name(last.name + ".tmp")
+        tmp.write_text(json.dumps({"type": "map", "data": maps}) + "\n", encoding="utf-8")
+        tmp.replace(last)
+        os.truncate(self.output, 0)
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT: bpftrace prints its maps a last time and detaches."""
         if self.proc is None:
@@ -144,25 +159,36 @@ class BpftraceProcess:
         return interrupt_and_wait(self.proc, timeout)
 
 
+def last_path(output: Path) -> Path:
+    """Where compact() keeps the last value of every map: probe-<group>.last.json."""
+    return output.with_name(output.name.removesuffix(".jsonl") + ".last.json")
+
+
 def read_maps(output: Path) -> dict[str, Any]:
-    """The last value printed for each map (a line cut off by a kill is ignored).
+    """The last value printed for each map (a line cut off by a kill is ignored), after
+    what compact() kept of the stream's earlier part.
 
     bpftrace 0.17 JSON: {"type": "map", "data": {"@name": {"k1,k2": v}}} for
     counters; "hist" entries are lists of {min, max, count}; an empty map may
     be printed as {} or not at all.
     """
     maps: dict[str, Any] = {}
-    try:
-        f = open(output, encoding="utf-8", errors="replace")
-    except OSError:
-        return maps
-    with f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and obj.get("type") in ("map", "hist", "stats") and \
-                    isinstance(obj.get("data"), dict):
-                maps.update(obj["data"])
+    for path in (last_path(output), output):
+        try:
+            f = open(path, encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        with f:
+            _read_lines(f, maps)
     return maps
+
+
+def _read_lines(f: Any, maps: dict[str, Any]) -> None:
+    for line in f:
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(obj, dict) and obj.get("type") in ("map", "hist", "stats") and \
+                isinstance(obj.get("data"), dict):
+            maps.update(obj["data"])
