@@ -22,6 +22,7 @@ the chunks not folded, and `report --refold` folds them.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 from dataclasses import dataclass, field
@@ -198,9 +199,24 @@ class ChunkFolder:
         self._save()
         if not self.keep_raw:
             path.unlink(missing_ok=True)
+        _return_free_memory()
 
     def _save(self) -> None:
         self.state.save(self.out / archive.STACKS)
+
+
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
+except (AttributeError, OSError):  # another libc: nothing to do
+    _malloc_trim = None
+
+
+def _return_free_memory() -> None:
+    """Folding a chunk allocates tens of MB of short-lived strings in the folding thread's malloc
+    arena; glibc keeps freed arena memory, so qprof's RSS crept up chunk after chunk (soak).
+    malloc_trim hands it back: RSS then follows what is live (the distinct stacks)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def _add(acc: dict[_Key, list[int]], key: _Key, samples: int, period: int) -> None:

@@ -308,8 +308,8 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
         else:
             ok, detail = _expect(rc, err, 0)
             ok = ok and _json(run / "meta.json").get("status") == "complete"
-            if when == "start-up":
-                detail += "; signalled before probes attached" if started_early else "; probes had attached"
+        if when == "start-up":
+            detail += "; signalled before probes attached" if started_early else "; probes had attached"
         return ok, detail, run, {att.pid}
     return case
 
@@ -436,9 +436,11 @@ CASES: dict[str, CaseFn] = {
     "target SIGKILLed mid-run": case_target_sigkill,
     "one of two targets exits": case_one_of_two_exits,
     "qprof SIGINT during probe start-up": _signal_case(signal.SIGINT, "start-up"),
+    "qprof SIGKILL during probe start-up": _signal_case(signal.SIGKILL, "start-up"),
     "qprof SIGTERM during collection": _signal_case(signal.SIGTERM, "collection"),
     "qprof SIGKILL during collection (uprobes on)": _signal_case(signal.SIGKILL, "collection", crypto=True),
     "qprof SIGINT while writing": _signal_case(signal.SIGINT, "writing"),
+    "qprof SIGTERM while writing": _signal_case(signal.SIGTERM, "writing"),
     "qprof SIGKILL while writing": _signal_case(signal.SIGKILL, "writing"),
     "perf missing": case_perf_missing,
     "perf too old": case_perf_too_old,
@@ -459,8 +461,11 @@ EXPECTED_DATA.update({n: {"no"} for n in ("perf missing", "perf too old", "outpu
                                           "output path not writable", "output path is a symlink", "not root")})
 EXPECTED_DATA.update({n: {"partial"} for n in ("qprof SIGKILL during collection (uprobes on)",
                                                "qprof SIGINT while writing", "qprof SIGKILL while writing",
+                                               "qprof SIGTERM while writing",
                                                "perf crashes mid-run", "disk full while writing (tmpfs)")})
 EXPECTED_DATA["qprof SIGINT during probe start-up"] = {"yes", "partial"}
+# killed before perf sampled anything: the archive says what was attempted, and nothing more
+EXPECTED_DATA["qprof SIGKILL during probe start-up"] = {"no", "partial"}
 
 
 def run_case(name: str, root: Path | None = None) -> Outcome:
