@@ -63,6 +63,7 @@ class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
     acc: dict[_Key, list[int]] = field(default_factory=dict)
+    frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
     unreadable: list[dict[str, Any]] = field(default_factory=list)
@@ -83,10 +84,17 @@ class FoldState:
         return st
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int) -> None:
-        _add(self.acc, (pid, tid, comm, frames), samples, period)
+        _add(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
+
+    def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """The stack built from shared frame objects: thousands of distinct stacks repeat the same
+        few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
+        return tuple(self.frames.setdefault(f, f) for f in frames)
 
     def merge(self, chunk: dict[_Key, list[int]]) -> None:
         for k, (n, period) in chunk.items():
+            if k not in self.acc:
+                k = (k[0], k[1], k[2], self.shared(k[3]))
             _add(self.acc, k, n, period)
 
     def header(self) -> dict[str, Any]:

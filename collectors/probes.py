@@ -45,7 +45,10 @@ GROUPS = ("packetio", "softirq", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 1.0, 5.0  # BPF run-time statistics duty cycle
-COMPACT_S = 30.0  # how often the probes' streamed output is cut back to its last snapshot
+# How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
+# (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
+# reach hundreds of KiB: the window bounds the stream to a few MiB.
+COMPACT_S = 10.0
 _NR_BPF = 321  # x86_64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
