@@ -386,7 +386,8 @@ def _probe_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[
 def case_disk_full(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
     run = lab.tmpfs("small", "size=24m,mode=0700") / "run"
     t = lab.target()
-    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", "--raw-budget", "8M")
+    # --keep-raw: without it, folding keeps the raw data within 4 MiB chunks and this disk never fills
+    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", "--keep-raw")
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 2, "No space left on device")
     return ok, detail, run, {att.pid}
