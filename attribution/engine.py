@@ -18,6 +18,7 @@ from typing import Sequence
 
 from qprof.attribution.categories import UNCATEGORIZED
 from qprof.attribution.mapping import MappingFile, Rule
+from qprof.attribution.patterns import BoundedPattern
 from qprof.collectors.perfscript import KERNEL_DSO, Frame
 
 # Object names perf puts in brackets that are user space, not kernel modules.
@@ -61,7 +62,7 @@ class Classifier:
             self._cand[frame] = got
         return got
 
-    def _within_match(self, pattern: re.Pattern[str], sym: str) -> bool:
+    def _within_match(self, pattern: BoundedPattern, sym: str) -> bool:
         key = (id(pattern), sym)
         got = self._within.get(key)
         if got is None:

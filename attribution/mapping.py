@@ -27,6 +27,8 @@ alone (a tag: the frame keeps this subcategory, its caller decides the category;
 used for scheduler code so that it stays visible in whatever category it runs).
 
 Files are data: they are parsed with tomllib and regexes compiled, never run.
+Regexes are matched at a bounded cost (attribution.patterns): catastrophic
+shapes are refused at load time, and every search has a timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.patterns import BoundedPattern, PatternError
 from qprof.errors import QprofError
 
 KINDS = ("common", "library", "stack", "user")
@@ -59,10 +62,10 @@ class MappingError(QprofError):
 class Rule:
     source: str  # "file:line" for reports and errors
     mapping: str
-    symbol: re.Pattern[str] | None
-    dso: re.Pattern[str] | None
+    symbol: BoundedPattern | None
+    dso: BoundedPattern | None
     kernel: bool | None
-    within: re.Pattern[str] | None
+    within: BoundedPattern | None
     category: str | None
     subcategory: str | None
     transparent: bool
@@ -76,8 +79,8 @@ class MappingFile:
     kind: str
     description: str
     verified: bool
-    detect_dso: list[re.Pattern[str]] = field(default_factory=list)
-    detect_symbol: list[re.Pattern[str]] = field(default_factory=list)
+    detect_dso: list[BoundedPattern] = field(default_factory=list)
+    detect_symbol: list[BoundedPattern] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
 
     def evidence(self, dsos: Iterable[str], symbols: Iterable[str]) -> str | None:
@@ -117,13 +120,15 @@ def _key_line(text: str, header: int, key: str) -> int:
     return header + 1
 
 
-def _regex(value: Any, where: str, key: str) -> re.Pattern[str]:
+def _regex(value: Any, where: str, key: str) -> BoundedPattern:
     if not isinstance(value, str):
         raise MappingError(f"{where}: `{key}` must be a string (a regular expression)")
     if len(value) > MAX_PATTERN:
         raise MappingError(f"{where}: `{key}` is longer than {MAX_PATTERN} characters")
     try:
-        return re.compile(value)
+        return BoundedPattern(value, f"{where}: `{key}`")
+    except PatternError as e:
+        raise MappingError(f"{where}: `{key}` is refused: {e}") from None
     except (re.error, OverflowError, RecursionError, ValueError) as e:
         raise MappingError(f"{where}: `{key}` is not a valid regular expression ({e})") from None
 

@@ -31,13 +31,19 @@ def _kib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024:.0f} KiB"
 
 
+def _first_int(value: object) -> int:
+    """A sysctl's (first) number; 0 when the archive holds something else."""
+    parts = str(value).split()
+    return int(parts[0]) if parts and parts[0].isdigit() else 0
+
+
 def recommend(pio: PacketIO, comms: dict[int, str],
               mmsg_seen: dict[int, set[str]] | None = None) -> list[Recommendation]:
     """`mmsg_seen`: batching calls seen in each process's samples (counted only by opt-in probes)."""
     mmsg_seen = mmsg_seen or {}
     out: list[Recommendation] = []
-    rmem_default = int(pio.sysctl.get("net.core.rmem_default", "0").split()[0] or 0)
-    rmem_max = int(pio.sysctl.get("net.core.rmem_max", "0").split()[0] or 0)
+    rmem_default = _first_int(pio.sysctl.get("net.core.rmem_default"))
+    rmem_max = _first_int(pio.sysctl.get("net.core.rmem_max"))
     for pid, p in sorted(pio.processes.items()):
         who = f"{comms.get(pid, '?')} ({pid})"
         dropped = sum(p.drops.values())

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from qprof.collectors import procfs, schema
 from qprof.collectors.stacks import StackRecord, read_stacks
 from qprof.errors import QprofError
-from qprof.probes.bpftrace import read_maps
+from qprof.probes.mapsout import read_maps
 
 FORMAT = "qprof-run"
 VERSION = 1
@@ -34,6 +35,8 @@ PROBES = "probes.json"
 STATUS_COLLECTING = "collecting"
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
+RESERVE = ".space-reserve"
+RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
 
 
 def perf_data_name(unwind: str) -> str:
@@ -72,6 +75,35 @@ def create_run_dir(path: Path) -> Path:
     return path
 
 
+def reserve_space(out: Path) -> None:
+    """Hold RESERVE_BYTES in the run directory so that, if the disk fills up during the run,
+    releasing them leaves room to mark the run incomplete."""
+    try:
+        with open(out / RESERVE, "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        (out / RESERVE).unlink(missing_ok=True)
+        raise QprofError(f"cannot write to output directory {out}: {e.strerror}") from None
+
+
+def release_space(out: Path) -> None:
+    (out / RESERVE).unlink(missing_ok=True)
+
+
+def effective_status(meta: dict[str, Any]) -> tuple[str, str | None]:
+    """(status, reason) as a reader should see it: a run still marked "collecting" whose
+    collector is gone (killed, or the machine rebooted) is incomplete."""
+    status = str(meta.get("status"))
+    reason = meta.get("incomplete_reason")
+    if status == STATUS_COLLECTING:
+        ident = meta.get("collector")
+        if not (isinstance(ident, dict) and procfs.identity_alive(ident)):
+            return STATUS_INCOMPLETE, "qprof stopped while collecting (killed?): what was written is kept"
+    return status, str(reason) if reason is not None else None
+
+
 @dataclass
 class Run:
     """A run archive opened for reading."""
@@ -86,10 +118,10 @@ class Run:
         if not p.is_dir():
             raise QprofError(f"{p} is not a run directory (made by `qprof attach -o DIR`)")
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            meta = schema.loads(meta_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise QprofError(f"{p} has no {META}: not a qprof run directory") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise QprofError(f"{meta_path}: unreadable metadata ({e})") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise QprofError(f"{meta_path}: not a qprof run archive")
@@ -98,7 +130,27 @@ class Run:
                              f"supported by this qprof (reads version {VERSION})")
         if not isinstance(meta.get("targets"), list):
             raise QprofError(f"{meta_path}: metadata has no target list")
+        schema.validate(meta, schema.META, str(meta_path))
+        status, reason = effective_status(meta)
+        if status != meta.get("status"):  # its collector is gone: say so wherever the run is shown
+            meta.update(status=status, incomplete_reason=reason)
         return cls(p, meta)
+
+    @property
+    def status(self) -> tuple[str, str | None]:
+        """(status, reason why it is not complete)."""
+        reason = self.meta.get("incomplete_reason")
+        return str(self.meta.get("status")), str(reason) if reason is not None else None
+
+    def unfolded_chunks(self) -> list[str]:
+        """Raw perf data chunks the stacks file does not hold (a run cut short)."""
+        from qprof.collectors.chunks import unfolded_chunks
+
+        sampling = self.meta.get("sampling")
+        groups = sampling.get("groups") if isinstance(sampling, dict) else None
+        if not isinstance(groups, list):
+            return []
+        return unfolded_chunks(self.path, [g for g in groups if isinstance(g, dict)])
 
     @property
     def stacks_path(self) -> Path:
@@ -121,28 +173,31 @@ class Run:
         """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
         p = self.path / PROBES
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = schema.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise QprofError(f"{p}: unreadable probe record ({e})") from None
         if not isinstance(data, dict):
             raise QprofError(f"{p}: not a probe record")
+        schema.validate(data, schema.PROBES, str(p))
         for prog in (data.get("programs") or {}).values():
-            if isinstance(prog, dict) and "maps" not in prog and prog.get("output"):
+            if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
+        schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
         return data
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:
-        """Per-thread /proc readings in time order; a line cut by a kill is skipped."""
+        """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
+        reading, is skipped."""
         p = self.path / PROC
         if not p.is_file():
             return
         with p.open(encoding="utf-8") as f:
             for line in f:
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
+                    obj = schema.loads(line)
+                except (ValueError, RecursionError):
                     continue
-                if isinstance(obj, dict):
+                if schema.conforms(obj, schema.PROC_READING):
                     yield obj

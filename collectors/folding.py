@@ -20,6 +20,7 @@ import fcntl
 import io
 import os
 import selectors
+import signal
 import subprocess
 from collections import deque
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.stacks import StackRecord, write_stacks
 from qprof.collectors.streamfold import StreamFolder
 from qprof.errors import QprofError
+from qprof.probes.children import die_with_parent
 
 Window = tuple[int | None, int | None]  # (first, last) sample time in ns, both included; None: open
 _READ = 1 << 20
@@ -121,6 +123,14 @@ def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
     return specs
 
 
+def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None
+              ) -> tuple[list[StackRecord], ParseStats]:
+    """Fold one perf data file (a run's chunk: collectors.chunks) in `jobs` time slices at once."""
+    jobs = default_jobs() if jobs is None else jobs
+    return merge(run_slices(perf, [SliceSpec(data, log, pids, w) for w in time_slices(prepare(data, jobs, pids).cuts)],
+                            jobs))
+
+
 def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None) -> ParseStats:
     """Symbolise and fold every perf data file of a run into its stacks file.
 
@@ -144,7 +154,8 @@ class _Running:
                                                      translate=True)
         with open(spec.log, "ab") as logf:
             self.proc = subprocess.Popen(script_command(perf, spec.data, spec.pids, spec.window),
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf)
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
+                                         preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()
         try:

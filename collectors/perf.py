@@ -35,9 +35,11 @@ DWARF_STACK_BYTES = 8192
 
 
 def record_command(perf: str, unwind: str, frequency: int, event: str,
-                   output: Path, ctl: str, ack: str, cgroups: list[str] | None = None) -> list[str]:
+                   output: Path, ctl: str, ack: str, cgroups: list[str] | None = None,
+                   switch_output: int | None = None) -> list[str]:
     """`cgroups`: sample only while a task of these (perf_event) cgroups runs, one event each
-    (collectors.perfcgroup); None: every task, filtered by pid when folding."""
+    (collectors.perfcgroup); None: every task, filtered by pid when folding. `switch_output`:
+    bytes per perf data chunk (collectors.chunks), None for one file."""
     if unwind not in UNWIND_MODES:
         raise ValueError(unwind)
     events = [a for cg in cgroups for a in ("-e", event, "-G", cg)] if cgroups else ["-e", event]
@@ -51,6 +53,11 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
            "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
+    if switch_output:
+        # finished chunks of this size are folded while sampling goes on (collectors.chunks);
+        # -B: perf 6.1 reads each finished chunk back for build-ids and keeps it resident (its
+        # RSS grew by the chunk size at every switch, measured); the archive records build-ids itself
+        cmd += [f"--switch-output={switch_output // 1024}K", "-B"]
     return cmd
 
 
@@ -58,14 +65,15 @@ class PerfRecorder:
     """One system-wide `perf record` process whose samples of `pids` are unwound one way."""
 
     def __init__(self, perf: str, pids: list[int], unwind: str, frequency: int, event: str,
-                 output: Path, log: Path, cgroups: list[str] | None = None) -> None:
+                 output: Path, log: Path, cgroups: list[str] | None = None,
+                 switch_output: int | None = None) -> None:
         self.pids, self.unwind, self.output, self.log = pids, unwind, output, log
         # the control FIFOs live in the run directory: nothing is left elsewhere if qprof is killed
         self._fifodir = Path(tempfile.mkdtemp(prefix=".perfctl-", dir=output.parent))
         self._ctl_path = str(self._fifodir / "ctl")
         self._ack_path = str(self._fifodir / "ack")
         self.command = record_command(perf, unwind, frequency, event, output,
-                                      self._ctl_path, self._ack_path, cgroups)
+                                      self._ctl_path, self._ack_path, cgroups, switch_output)
         self.proc: subprocess.Popen[bytes] | None = None
         self._ctl = self._ack = -1
         self._logf: IO[bytes] | None = None
@@ -104,7 +112,8 @@ class PerfRecorder:
 
     def log_tail(self) -> str:
         try:
-            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
+                     if ln.strip() and "perf record: Dump" not in ln]
         except OSError:
             return "no perf output"
         return " | ".join(lines[-3:]) or "no perf output"

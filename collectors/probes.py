@@ -43,14 +43,20 @@ from qprof.probes import btf
 from qprof.probes import crypto as crypto_probes
 from qprof.probes import libbpf
 from qprof.probes import packetio as packetio_probes
-from qprof.probes.bpftrace import BpftraceProcess, MapTail, pid_predicate, read_maps, render, script_text
+from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, render, script_text
+from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.children import ProbeProcess
-from qprof.probes.features import bpftrace_version
+from qprof.probes.features import bpftrace_problem, bpftrace_version
+from qprof.probes.leftovers import owned_prog_ids
 
 GROUPS = ("packetio", "softirq", "syscalls", "crypto")
 DEFAULT_GROUPS = ("packetio",)
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 5.0  # BPF run-time statistics duty cycle
+# How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
+# (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
+# reach hundreds of KiB: the window bounds the stream to a few MiB.
+COMPACT_S = 10.0
 _NR_BPF = 321  # x86_64
 _BPF_ENABLE_STATS = 32
 _BPF_STATS_RUN_TIME = 0
@@ -71,33 +77,17 @@ def parse_groups(text: str) -> tuple[str, ...]:
     return groups
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # once: each CDLL() makes new ctypes classes (soak: +1 MiB/h)
+
+
 def enable_bpf_stats() -> tuple[int | None, str | None]:
     """(fd, None) while run-time stats are on; (None, reason) when the kernel refuses."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _LIBC
     attr = (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0)
     fd = libc.syscall(_NR_BPF, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
     if fd < 0:
         return None, f"BPF_ENABLE_STATS refused: {os.strerror(ctypes.get_errno())}"
     return fd, None
-
-
-def owned_prog_ids(pids: set[int]) -> set[int]:
-    """Ids of the BPF programs these processes hold open (fdinfo `prog_id:`); no bpftool pid support needed."""
-    ids: set[int] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
-                    for line in f:
-                        if line.startswith("prog_id:"):
-                            ids.add(int(line.split()[1]))
-            except (OSError, ValueError):
-                continue
-    return ids
 
 
 def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:
@@ -143,6 +133,7 @@ class ProbeCollector:
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
         self._tails: dict[str, MapTail] = {}
+        self._next_compact = time.monotonic() + COMPACT_S
 
     def poll_sockets(self) -> None:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
@@ -220,13 +211,15 @@ class ProbeCollector:
         if not self.groups:
             return
         bpftrace = shutil.which("bpftrace")
-        if bpftrace is not None:
+        problem = bpftrace_problem() if bpftrace is not None else "bpftrace not found"
+        if problem is None:
             self.record["bpftrace_version"] = bpftrace_version()
         for group in self.groups:
             if group == "packetio":
                 proc = self._launch_packetio()
-            elif bpftrace is None:
-                self._unavailable(group, "bpftrace not found (Debian: apt-get install bpftrace)")
+            elif bpftrace is None or problem is not None:
+                self._unavailable(group, problem if bpftrace is not None else
+                                  "bpftrace not found (Debian: apt-get install bpftrace)")
                 continue
             else:
                 proc = self._launch_bpftrace(group, bpftrace)
@@ -248,9 +241,15 @@ class ProbeCollector:
         self.status(crypto_probes.estimate_text(slots, found))
         return text
 
-    def tick_stats(self) -> None:
-        """Duty-cycle the BPF run-time statistics (called every poll tick)."""
+    def tick(self) -> None:
+        """Periodic upkeep (every poll tick): duty-cycle the BPF run-time statistics (0.1 s windows),
+        and every COMPACT_S compact the probes' streamed output so long runs keep it small."""
         now = time.monotonic()
+        if now >= self._next_compact:
+            self._next_compact = now + COMPACT_S
+            for p in self.procs:
+                if p.running() and p.started_at is not None:
+                    p.compact()
         if self._stats_fd is not None and now - self._stats_since >= STATS_WINDOW_S:
             os.close(self._stats_fd)
             self._stats_fd = None
@@ -261,12 +260,14 @@ class ProbeCollector:
             self._stats_fd, _ = enable_bpf_stats()
             self._stats_since = now
 
-    def wait_ready(self) -> None:
-        """Wait for every launched group to attach; a group that fails is recorded and dropped."""
+    def wait_ready(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait for every launched group to attach; a group that fails is recorded and dropped.
+        Returns early once `should_stop` says so (Ctrl-C while bpftrace compiles)."""
         t0 = time.monotonic()
         for proc in list(self.procs):
             try:
-                proc.wait_attached()
+                if not proc.wait_attached(should_stop=should_stop):
+                    continue
             except QprofError as e:
                 self.procs.remove(proc)
                 del self.record["programs"][proc.name]

@@ -16,13 +16,17 @@ from qprof.collectors.perfcgroup import outer_path
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 
-_SECRET_OPT = re.compile(r"(?i)^-{1,2}[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*$")
+_SECRET_WORDS = r"[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*"
+_SECRET_OPT = re.compile(rf"(?i)^-{{1,2}}{_SECRET_WORDS}$")
+_SECRET_ASSIGN = re.compile(rf"(?i)^-{{0,2}}{_SECRET_WORDS}$")  # --key=x and KEY=x (env-style)
 REDACTED = "<redacted>"
 
 
 def redact_cmdline(argv: list[str]) -> list[str]:
-    """Hide the values of options named like secrets (--token=x, --api-key x, --password x)."""
+    """Hide the values of options named like secrets: --token=x, --api-key x, --password x,
+    and NAME=value words such as API_KEY=x (`env API_KEY=x server` puts them in argv)."""
     out: list[str] = []
     redact_next = False
     for arg in argv:
@@ -31,9 +35,9 @@ def redact_cmdline(argv: list[str]) -> list[str]:
             redact_next = False
             continue
         redact_next = False
-        if arg.startswith("-") and "=" in arg:
+        if "=" in arg:
             name, _, _value = arg.partition("=")
-            if _SECRET_OPT.match(name):
+            if _SECRET_ASSIGN.match(name):
                 out.append(f"{name}={REDACTED}")
                 continue
         elif _SECRET_OPT.match(arg):
@@ -44,7 +48,7 @@ def redact_cmdline(argv: list[str]) -> list[str]:
 
 def check_pid(pid: int) -> None:
     """Fail with one clear line when `pid` is not a live process we may inspect."""
-    if pid <= 0:
+    if not 0 < pid <= PID_MAX_LIMIT:
         raise QprofError(f"{pid} is not a valid pid: give the pid of a running process (see `pgrep`)")
     try:
         os.kill(pid, 0)
@@ -200,3 +204,25 @@ def is_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return not _is_zombie(pid)
+
+
+def _boot_id() -> str:
+    return (_read("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def process_identity(pid: int) -> dict[str, Any]:
+    """What tells this process apart from a later one with the same pid: boot and start time."""
+    stat = _read(f"/proc/{pid}/stat")
+    start = int(_stat_fields(stat)[1][19]) if stat else None
+    return {"pid": pid, "start_ticks": start, "boot_id": _boot_id()}
+
+
+def identity_alive(ident: dict[str, Any]) -> bool:
+    """Is the process `process_identity` described still running (same boot, same start)?"""
+    try:
+        pid = int(ident["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if ident.get("boot_id") != _boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
+        return False
+    return process_identity(pid).get("start_ticks") == ident.get("start_ticks")

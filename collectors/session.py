@@ -6,10 +6,11 @@ Order of events, each leaving the archive readable if qprof dies right there:
  2. start one `perf record` per unwinding mode, enabled through its control FIFO
  3. poll: /proc readings every interval; stop on duration, on every target
     having exited, on Ctrl-C/SIGTERM, or when the caller's condition says so
- 4. stop perf (SIGINT: it finishes its data file), fold `perf script` output
-    into stacks.jsonl.gz (collectors.folding: time slices on every CPU),
-    rewrite meta.json as "complete" (or "incomplete" with the reason: the
-    perf data stays, `qprof report --refold` redoes 4)
+ 4. perf writes its data in chunks, folded into stacks.jsonl.gz in the
+    background while sampling goes on (collectors.chunks); at the end, stop
+    perf (SIGINT: it finishes its last chunk), fold what is left on every CPU
+    (collectors.folding), rewrite meta.json as "complete" (or "incomplete"
+    with the reason: unfolded chunks stay, `qprof report --refold` adds them)
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import __version__
-from qprof.collectors import archive, elf, netstat, procfs, sysinfo
-from qprof.collectors.folding import fold_run
+from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
+from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
@@ -64,6 +65,9 @@ class AttachOptions:
     roles: dict[int, str] = field(default_factory=dict)
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
     scope: str = "system"  # system | cgroup: how perf's samples are kept to the targets (SCOPES)
+    keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
+    raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
+    chunk_bytes: int = chunks.CHUNK_BYTES  # perf data file size at which perf starts a new chunk
 
 
 # system: every task sampled, the targets' kept when folding; cgroup: filtered in the kernel, at a
@@ -110,6 +114,8 @@ def validate_options(opts: AttachOptions) -> None:
         raise QprofError(f"--duration {opts.duration:g} is out of range: give seconds > 0 (at most a week)")
     if opts.scope not in SCOPES:
         raise QprofError(f"unknown sampling scope {opts.scope!r}: use {', '.join(SCOPES)}")
+    if not 1 << 20 <= opts.chunk_bytes <= 1 << 40:
+        raise QprofError("--chunk-size is out of range: give 1M or more")
     if not 1 <= opts.frequency <= 100_000:
         raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (999 is usual)")
 
@@ -130,10 +136,12 @@ class AttachSession:
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
         self.cgroups: SampleCgroups | None = None
+        self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
         self._collecting = True
+        self._tearing_down = False
 
     # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
     # one that comes after collection ended (while stopping or folding), or a second one, skips
@@ -141,6 +149,8 @@ class AttachSession:
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._interrupts += 1
         self._stop_reason = self._stop_reason or f"interrupted ({signal.Signals(signum).name})"
+        if self._tearing_down:
+            return  # helpers are being stopped, each with its own time limit
         if self._interrupts > 1 or not self._collecting:
             raise KeyboardInterrupt
 
@@ -155,17 +165,19 @@ class AttachSession:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         old_umask = os.umask(0o077)  # the archive is owner-only: it names other people's processes
         try:
+            archive.reserve_space(out)
             self._collect(perf, out)
         except KeyboardInterrupt:
-            self._finish(out, archive.STATUS_INCOMPLETE, "interrupted again while writing: "
-                         "perf data kept, run `qprof report --refold` to fold it")
+            self._abandon(out, "interrupted while writing: stacks folded so far are kept; "
+                          "`qprof report --refold` folds the rest")
+            raise QprofError(f"interrupted while writing the run: {out} is marked incomplete; "
+                             f"`qprof report --refold {out}` folds what was not folded yet") from None
         except BaseException as e:
-            if self.probes is not None:
-                self.probes.abort()
-            for r in self.recorders:
-                r.stop()
             reason = str(e) if isinstance(e, QprofError) else f"{type(e).__name__}: {e}"
-            self._finish(out, archive.STATUS_INCOMPLETE, reason)
+            self._abandon(out, reason)
+            if isinstance(e, OSError):
+                raise QprofError(f"writing the run in {out}: {e.strerror or e}; it is marked incomplete, "
+                                 "with what was written so far") from None
             raise
         finally:
             self._release_cgroups()
@@ -173,6 +185,24 @@ class AttachSession:
             for s, h in old.items():
                 signal.signal(s, h)
         return out
+
+    def _abandon(self, out: Path, reason: str) -> None:
+        """On any failure or a second interrupt: stop every helper, mark the run incomplete."""
+        self._tearing_down = True
+        if self.folder is not None:
+            self.folder.abort()
+        if self.probes is not None:
+            self.probes.abort()
+        for r in self.recorders:
+            r.stop()
+        if not self.meta:  # nothing collected yet: leave no half-made run directory
+            archive.release_space(out)
+            try:
+                out.rmdir()
+            except OSError:
+                pass
+            return
+        self._finish(out, archive.STATUS_INCOMPLETE, reason)
 
     def _describe(self, pid: int) -> dict[str, Any]:
         info = procfs.target_info(pid)
@@ -210,8 +240,10 @@ class AttachSession:
             "kernel_features": kernel_features(),
             "sampling": {"event": opts.event, "frequency": opts.frequency,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
-                                    for m, p in groups.items()]},
+                                    for m, p in groups.items()],
+                         "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},
             "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
+            "collector": procfs.process_identity(os.getpid()),
             "start_time": None, "end_time": None,
         }
         archive.write_json_atomic(out / archive.META, self.meta)
@@ -221,14 +253,17 @@ class AttachSession:
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
                                out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
-                               self._sampling_cgroups(pids))
+                               self._sampling_cgroups(pids), switch_output=opts.chunk_bytes)
             self.recorders.append(rec)
             self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
             rec.start()
+        self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
+                                         raw_budget=opts.raw_budget, status=self.status)
+        self.folder.start()
         start = time.monotonic()
         self.meta["start_time"] = _now()
         archive.write_json_atomic(out / archive.META, self.meta)
-        self.probes.wait_ready()
+        self.probes.wait_ready(should_stop=lambda: self._stop_reason is not None)
         self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
                                                           else " until every target exits; Ctrl-C stops"))
         if self.on_ready is not None:
@@ -246,9 +281,18 @@ class AttachSession:
         self._release_cgroups()
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
-        stats = fold_run(perf, out, self.meta)
+        assert self.folder is not None
+        stats = self.folder.finish()
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                               "bad_examples": stats.bad_examples}
+        self.meta["chunks"] = chunks.summary(self.folder.state)
+        # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
+        broken = {m: rc for m, rc in self.meta["perf_exit"].items() if rc not in (0, None, -signal.SIGINT)}
+        if broken or (self._stop_reason or "").startswith("perf exited"):
+            codes = ", ".join(f"{m}: exit {rc}" for m, rc in broken.items()) or "exit 0"
+            raise QprofError(f"perf record ended before qprof stopped it ({codes}; "
+                             f"{self.recorders[0].log_tail()}): {out} is marked incomplete and keeps "
+                             "the samples written until then")
         self._finish(out, archive.STATUS_COMPLETE, None)
 
     def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
@@ -292,7 +336,7 @@ class AttachSession:
                     procf.flush()
                     next_reading = now + opts.proc_interval
                 if self.probes is not None:
-                    self.probes.tick_stats()
+                    self.probes.tick()  # every poll tick: the statistics window is 0.1 s
                     if now >= next_sockets:
                         self.probes.poll_sockets()
                 if now >= next_sockets:
@@ -321,7 +365,13 @@ class AttachSession:
         self.meta["status"] = status
         if reason:
             self.meta["incomplete_reason"] = reason
-        archive.write_json_atomic(out / archive.META, self.meta)
+        archive.release_space(out)  # a full disk still takes this last small write
+        try:
+            archive.write_json_atomic(out / archive.META, self.meta)
+        except OSError:
+            if status == archive.STATUS_COMPLETE:
+                raise
+            # meta.json keeps "collecting" with a collector that is gone: readers see "incomplete"
 
 
 def _keep_jit_maps(out: Path, pids: list[int]) -> None:
@@ -332,3 +382,8 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
         if src.is_file():
             (out / "perf-maps").mkdir(exist_ok=True)
             shutil.copyfile(src, out / "perf-maps" / src.name)
+
+
+def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
+    """Fold a run's raw perf data into its stacks file (`report --refold`)."""
+    return chunks.refold(perf, out, meta["sampling"]["groups"])

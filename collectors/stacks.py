@@ -4,6 +4,11 @@ Folding at collection time keeps the archive small and reports fast, and lets a
 report run on a machine without the targets' binaries: symbols are resolved once,
 on the host that ran them. Period sums are kept beside counts because
 attribution weighs by period (CPU nanoseconds for cpu-clock), not by count.
+
+The file may start with one header line, {"qprof_stacks": {...}}, saying which
+perf data chunks it already holds (collectors.chunks folds a long run chunk by
+chunk and rewrites this file after each): data and bookkeeping are replaced in
+one atomic rename, so a run killed at any moment never counts a chunk twice.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from qprof.collectors.perfscript import Frame, Sample
 from qprof.errors import QprofError
@@ -45,11 +50,26 @@ def fold(samples: Iterable[Sample]) -> list[StackRecord]:
     return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()]
 
 
-def write_stacks(path: Path, records: Iterable[StackRecord]) -> int:
-    """Write records to `path` (gzip JSON lines) atomically; return how many were written."""
+HEADER_KEY = "qprof_stacks"
+
+
+def write_stacks(path: Path, records: Iterable[StackRecord], header: dict[str, Any] | None = None) -> int:
+    """Write records to `path` (gzip JSON lines) atomically; return how many were written.
+
+    On any failure (a full disk) the temporary file is removed and `path` is left as it was."""
     tmp = path.with_name(path.name + ".tmp")
+    try:
+        return _write(tmp, path, records, header)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[str, Any] | None) -> int:
     n = 0
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+        if header is not None:
+            f.write(json.dumps({HEADER_KEY: header}, separators=(",", ":")) + "\n")
         for r in records:
             f.write(
                 json.dumps(
@@ -64,6 +84,23 @@ def write_stacks(path: Path, records: Iterable[StackRecord]) -> int:
     return n
 
 
+def read_header(path: Path) -> dict[str, Any] | None:
+    """The header of a stacks file, or None (no file, no header: a run folded in one go)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            obj = json.loads(f.readline() or "null")
+    except FileNotFoundError:
+        return None
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
+                         "on the host that recorded the run") from None
+    if isinstance(obj, dict) and HEADER_KEY in obj:
+        if not isinstance(obj[HEADER_KEY], dict):
+            raise QprofError(f"{path}:1: damaged stacks header")
+        return obj[HEADER_KEY]
+    return None
+
+
 def read_stacks(path: Path) -> Iterator[StackRecord]:
     """Stream records back; a damaged file gives a one-line error naming the line."""
     try:
@@ -71,7 +108,10 @@ def read_stacks(path: Path) -> Iterator[StackRecord]:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                yield _record(json.loads(line), path, lineno)
+                obj = json.loads(line)
+                if lineno == 1 and isinstance(obj, dict) and HEADER_KEY in obj:
+                    continue
+                yield _record(obj, path, lineno)
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
                          "on the host that recorded the run") from None

@@ -16,12 +16,11 @@ How it runs, and why:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from qprof.probes.children import ProbeProcess, die_with_parent
 
@@ -87,45 +86,3 @@ class BpftraceProcess(ProbeProcess):
         if self.proc is not None and self.proc.returncode == 97:
             return f"could not mount tracefs at {TRACEFS}"
         return super().log_tail()
-
-
-class MapTail:
-    """Follow a probe output file: each `read()` parses only lines added since the last one.
-
-    Probe children (bpftrace and probes/libbpf.py alike) print their maps as JSON
-    lines, {"type": "map", "data": {"@name": {"k1,k2": v}}} for counters and
-    "hist" entries as lists of {min, max, count} (bpftrace 0.17's format); an
-    empty map may be printed as {} or not at all. The last value printed for
-    each map wins; a line cut off by a kill (no newline yet) is left for later.
-    """
-
-    def __init__(self, output: Path) -> None:
-        self.output = output
-        self.maps: dict[str, Any] = {}
-        self._offset = 0
-
-    def read(self, final: bool = False) -> dict[str, Any]:
-        """`final`: the writer is gone, so a last line without its newline is parsed too."""
-        try:
-            f = open(self.output, "rb")
-        except OSError:
-            return self.maps
-        with f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = len(chunk) if final else chunk.rfind(b"\n") + 1
-        self._offset += end
-        for line in chunk[:end].splitlines():
-            try:
-                obj = json.loads(line.decode("utf-8", errors="replace"))
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and obj.get("type") in ("map", "hist", "stats") and \
-                    isinstance(obj.get("data"), dict):
-                self.maps.update(obj["data"])
-        return self.maps
-
-
-def read_maps(output: Path) -> dict[str, Any]:
-    """The last value printed for each map of a probe output file (see MapTail)."""
-    return dict(MapTail(output).read(final=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from qprof.errors import QprofError
+from qprof.probes.mapsout import last_path, read_maps
 
 PR_SET_PDEATHSIG = 1
 
@@ -49,21 +51,26 @@ class ProbeProcess:
         self.started_at: float | None = None
 
     def _popen(self, cmd: list[str], preexec: Callable[[], None], env: dict[str, str] | None = None) -> None:
-        with open(self.output, "wb") as out, open(self.log, "wb") as log:
+        # O_APPEND: compact() may empty the output under the child, whose next print then lands at 0
+        with open(self.output, "ab") as out, open(self.log, "wb") as log:
+            out.truncate(0)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                          preexec_fn=preexec, env=env)
 
-    def wait_attached(self, timeout: float = 60.0) -> None:
-        """Return once every probe is attached (the child printed its readiness line)."""
+    def wait_attached(self, timeout: float = 60.0, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """True once every probe is attached (the child printed its readiness line); False if
+        `should_stop` said to give up first (the child is then stopped with the rest)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if should_stop():
+                return False
             if self.proc.poll() is not None:
                 raise QprofError(f"probes {self.name} failed to start: {self.log_tail()}")
             os.getppid()  # fires bpftrace's readiness probe once it is attached
             if self._attached():
                 self.started_at = time.monotonic()
-                return
+                return True
             time.sleep(0.01)
         self.stop()
         raise QprofError(f"probes {self.name} did not attach within {timeout:.0f}s: {self.log_tail()}")
@@ -89,6 +96,19 @@ class ProbeProcess:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def compact(self) -> None:
+        """Keep the streamed output small on long runs (the maps are printed in full every second):
+        the last value of every map goes to last_path(output) atomically, then the stream starts
+        again empty; a print cut by the truncation is superseded a second later."""
+        maps = read_maps(self.output)
+        if not maps:
+            return
+        last = last_path(self.output)
+        tmp = last.with_name(last.name + ".tmp")
+        tmp.write_text(json.dumps({"type": "map", "data": maps}) + "\n", encoding="utf-8")
+        tmp.replace(last)
+        os.truncate(self.output, 0)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT: the child prints its maps a last time and detaches."""

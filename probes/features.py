@@ -55,12 +55,42 @@ def require_sampling_privileges() -> None:
                          f"(perf_event_paranoid={perf_event_paranoid()}): run qprof as root, e.g. with sudo")
 
 
+MIN_PERF = (5, 10)  # perf record -D -1 with --control fifo:ctl,ack
+MIN_BPFTRACE = (0, 17)  # the probe scripts' syntax and its JSON output
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    return tuple(int(x) for x in text.split(".")) if text else None
+
+
 def require_perf() -> str:
-    """Path of a working perf binary; Debian's wrapper without a matching perf_X.Y fails here."""
+    """Path of a working perf binary of a version qprof can drive; one clear line otherwise
+    (Debian's wrapper without a matching perf_X.Y fails here too: it prints no version)."""
     path = shutil.which("perf")
     if path is None:
         raise QprofError("perf not found on PATH: install it (Debian: apt-get install linux-perf)")
+    version = tool_version("perf")
+    if version is None:
+        raise QprofError(f"{path} does not run or print its version (`perf --version`): install "
+                         "the perf matching this kernel (Debian: apt-get install linux-perf)")
+    if version_tuple(version) < MIN_PERF:  # type: ignore[operator]
+        raise QprofError(f"perf {version} is too old: qprof needs perf {'.'.join(map(str, MIN_PERF))} "
+                         "or newer (Debian: apt-get install linux-perf)")
     return path
+
+
+def bpftrace_problem() -> str | None:
+    """Why qprof's probes cannot run with the bpftrace on PATH, or None when they can."""
+    path = shutil.which("bpftrace")
+    if path is None:
+        return "bpftrace not found (Debian: apt-get install bpftrace)"
+    version = tool_version("bpftrace")
+    if version is None:
+        return f"{path} does not run or print its version (`bpftrace --version`)"
+    if version_tuple(version) < MIN_BPFTRACE:  # type: ignore[operator]
+        return (f"bpftrace {version} is too old: qprof's probes need "
+                f"{'.'.join(map(str, MIN_BPFTRACE))} or newer")
+    return None
 
 
 def tool_version(tool: str) -> str | None:

@@ -39,7 +39,23 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineGroup(click.Group):
+    """Usage errors (a bad option, a pid that is not a number) in the same one-line form as
+    every other error: `qprof: error: ...` and exit 2, instead of click's usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.ClickException as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if getattr(e, "ctx", None) is not None else ""
+            _fail(e.format_message() + where)
+        except click.exceptions.Abort:
+            _fail("interrupted")
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="qprof")
 def main() -> None:
     """Profile QUIC endpoints and attribute their CPU time: Packet I/O, Crypto,
@@ -80,11 +96,18 @@ def _default_out() -> Path:
               help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
                    "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
                    "uprobes on AEAD and header-protection calls).")
+@click.option("--keep-raw", is_flag=True,
+              help="Keep all raw perf data (by default each chunk is deleted once folded into stacks).")
+@click.option("--raw-budget", default="256M", show_default=True,
+              help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G).")
+@click.option("--chunk-size", default="64M", show_default=True,
+              help="perf data is folded in chunks of this size while sampling goes on.")
 @click.option("-q", "--quiet", is_flag=True,
               help="Print only the run directory (no live panel; it also stays off when stdout is not a terminal).")
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
-           out: Path | None, frequency: int, unwind: str, scope: str, probes: str, quiet: bool) -> None:
+           out: Path | None, frequency: int, unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str,
+           chunk_size: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
@@ -96,11 +119,13 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     """
     from qprof.collectors.probes import parse_groups
     from qprof.collectors.session import AttachOptions, AttachSession
+    from qprof.endpoints import parse_size
 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
                          frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
-                         scope=scope)
+                         scope=scope, keep_raw=keep_raw, raw_budget=parse_size(raw_budget),
+                         chunk_bytes=parse_size(chunk_size))
     if not quiet and sys.stdout.isatty():
         from qprof.viewer.live import LiveView
 
@@ -140,6 +165,13 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     if refold:
         _refold(run)
     run.require_stacks()
+    status, reason = run.status
+    if status != "complete":
+        click.echo(f"qprof: warning: {run_path} is {status}" + (f": {reason}" if reason else ""), err=True)
+    unfolded = run.unfolded_chunks()
+    if unfolded:
+        click.echo(f"qprof: warning: {len(unfolded)} perf data chunk(s) of {run_path} are not folded yet; "
+                   f"`qprof report --refold {run_path}` adds them", err=True)
     return run
 
 
@@ -265,7 +297,7 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
 
 def _refold(run: Any) -> None:
     from qprof.collectors import archive
-    from qprof.collectors.folding import fold_run
+    from qprof.collectors.session import fold_run
     from qprof.probes.features import require_perf
 
     stats = fold_run(require_perf(), run.path, run.meta)

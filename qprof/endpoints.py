@@ -38,7 +38,7 @@ def parse_size(text: str) -> int:
     num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
     try:
         n = int(float(num) * units[unit])
-    except ValueError:
+    except (ValueError, OverflowError):
         raise QprofError(f"size {text!r} is not a size: write e.g. 1G, 256M or 65536") from None
     if not 0 < n <= 64 << 30:
         raise QprofError(f"size {text!r} is out of range: give 1 byte to 64G")

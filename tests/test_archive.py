@@ -268,6 +268,11 @@ def test_create_run_dir_refuses(tmp_path: Path) -> None:
     (["srv", "--token"], ["srv", "--token"]),
     (["srv", "127.0.0.1", "4433", "--cert=/etc/c.pem", "-q", "--htdocs", "/var/www", "token"],
      ["srv", "127.0.0.1", "4433", "--cert=/etc/c.pem", "-q", "--htdocs", "/var/www", "token"]),
+    (["env", "API_KEY=abc", "Password=p", "SSLKEYLOGFILE=/tmp/k", "PORT=443", "srv"],
+     ["env", f"API_KEY={REDACTED}", f"Password={REDACTED}", f"SSLKEYLOGFILE={REDACTED}", "PORT=443", "srv"]),
+    (["srv", "--key", "/etc/k.pem", "-auth-token=t", "--secret", "-"],
+     ["srv", "--key", REDACTED, f"-auth-token={REDACTED}", "--secret", "-"]),
+    (["srv", "x=token", "--level=key"], ["srv", "x=token", "--level=key"]),
     ([], []),
 ])
 def test_redact_cmdline(argv: list[str], expected: list[str]) -> None:

@@ -32,12 +32,33 @@ def test_no_such_pid(kernel_facing: None, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args,needle", [
     (["0"], "not a valid pid"),
+    (["--", "-5"], "not a valid pid"),
+    (["99999999999999999999"], "not a valid pid"),
+    (["abc"], "'abc' is not a valid integer"),
+    (["--server", "x1"], "'x1' is not a valid integer"),
+    (["--bogus", "1"], "No such option"),
     (["-d", "-5", "1"], "--duration"),
     (["-d", "1e12", "1"], "--duration"),
+    (["-d", "nan", "1"], "--duration"),
+    (["-d", "inf", "1"], "--duration"),
+    (["-d", "0", "1"], "--duration"),
     (["-F", "0", "1"], "--frequency"),
+    (["-F", "99999999999999999999", "1"], "--frequency"),
+    (["--raw-budget", "inf", "1"], "is not a size"),
+    (["--chunk-size", "-1M", "1"], "out of range"),
+    (["--chunk-size", "1K", "1"], "--chunk-size"),
+    (["--probes", "packetio,evil", "1"], "unknown probe group evil"),
 ])
 def test_bad_arguments(tmp_path: Path, args: list[str], needle: str) -> None:
-    one_line_error(qprof("attach", *args, "-o", str(tmp_path / "r"), check=False), needle)
+    sep = args.index("--") if "--" in args else len(args)  # options go before a `--`
+    one_line_error(qprof("attach", *args[:sep], "-o", str(tmp_path / "r"), *args[sep:], check=False), needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_usage_errors(tmp_path: Path) -> None:
+    one_line_error(qprof("report", check=False), "Missing argument")
+    one_line_error(qprof("report", str(tmp_path), "--top", "0", check=False), "--top")
+    one_line_error(qprof("nosuch", check=False), "No such command")
 
 
 def test_output_path_problems(kernel_facing: None, tmp_path: Path) -> None:
@@ -118,3 +139,46 @@ def test_report_with_broken_mapping(tmp_path: Path) -> None:
 
     write_stacks(run / "stacks.jsonl.gz", [])
     one_line_error(qprof("report", str(run), "--mapping", str(m), check=False), f"{m}:5:", "regular expression")
+
+
+def _run_with_symbol(tmp_path: Path, symbol: str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "status": "complete",
+                                               "targets": []}))
+    from qprof.collectors.perfscript import Sample
+    from qprof.collectors.stacks import fold, write_stacks
+
+    write_stacks(run / "stacks.jsonl.gz", fold([Sample(7, 7, "x", 1000, ((symbol, "/usr/bin/x"),))]))
+    return run
+
+
+def test_catastrophic_mapping_pattern_refused_with_file_line(tmp_path: Path) -> None:
+    m = tmp_path / "m.toml"
+    m.write_text('[mapping]\nname = "x"\n\n[[rule]]\nsymbol = \'(a+)+$\'\ncategory = "Crypto"\n')
+    run = _run_with_symbol(tmp_path, "a" * 5000 + "!")
+    one_line_error(qprof("report", str(run), "--mapping", str(m), check=False), f"{m}:5:", "nested repeats")
+    one_line_error(qprof("mappings", "check", str(m), check=False), f"{m}:5:")
+
+
+def test_catastrophic_pattern_that_loads_stops_in_bounded_time(tmp_path: Path) -> None:
+    m = tmp_path / "m.toml"
+    m.write_text('[mapping]\nname = "x"\n\n[[rule]]\nsymbol = \'(a|aa)+$\'\ncategory = "Crypto"\n')
+    run = _run_with_symbol(tmp_path, "a" * 80 + "!")
+    t0 = time.monotonic()
+    r = qprof("report", str(run), "--mapping", str(m), check=False, timeout=60)
+    assert time.monotonic() - t0 < 30
+    one_line_error(r, f"{m}:5:", "catastrophic backtracking")
+
+
+def test_mapping_file_is_data_not_code(tmp_path: Path) -> None:
+    """Strings that would run if anything evaluated them are only patterns and names."""
+    canary = tmp_path / "canary"
+    m = tmp_path / "m.toml"
+    m.write_text('[mapping]\nname = "x"\ndescription = "__import__(\'os\').system(\'touch %s\')"\n'
+                 '[[rule]]\nsymbol = "__import__\\\\(.os.\\\\)"\nsubcategory = "$(touch %s)"\n'
+                 'category = "Crypto"\n' % (canary, canary))
+    run = _run_with_symbol(tmp_path, "__import__('os')")
+    rep = json.loads(qprof("report", str(run), "--mapping", str(m), "--format", "json").stdout)
+    assert rep["processes"][0]["categories"]["Crypto"] == 1.0
+    assert not canary.exists()

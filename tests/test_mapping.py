@@ -323,3 +323,72 @@ def test_bad_user_dir_file_is_an_error(_no_real_user_dir: Path) -> None:
     write(_no_real_user_dir / "qprof" / "mappings", "bad.toml", "[mapping\n")
     with pytest.raises(MappingError, match=r"bad\.toml:1: "):
         MappingSet.load()
+
+
+# ---------------------------------------------------------------- bounded regex cost
+
+
+@pytest.mark.parametrize("pat", [r"(a+)+$", r"^(\w+\s?)*$", r"(a*)*b", r"(?:x+x+)+y", r"(a)\1",
+                                 r"(?P<x>a)(?(x)b|c)"])
+def test_catastrophic_patterns_refused_at_load(pat: str) -> None:
+    text = rule(f"symbol = '{pat}'", 'category = "Crypto"')
+    assert err_line(text) == 5
+    with pytest.raises(MappingError, match="refused"):
+        parse_mapping(text, "m.toml")
+
+
+@pytest.mark.parametrize("pat", [r"^(\.\w+\.\d+)*$", r"^f(\.(part|cold)(\.\d+)?)*$", r"(ab|cd)+", r"^a.*b.*c$"])
+def test_linear_nested_shapes_load(pat: str) -> None:
+    parse_mapping(rule(f"symbol = '{pat}'", 'category = "Crypto"'), "m.toml")
+
+
+@pytest.mark.parametrize("pat", ["(?:a|a)+$", "(a|aa)+$"])
+def test_catastrophic_pattern_that_loads_is_stopped_by_the_timeout(pat: str) -> None:
+    import time
+
+    from qprof.attribution.engine import Classifier
+    from qprof.attribution.patterns import MATCH_TIMEOUT_S
+
+    # the parser folds a|a into a set and a|aa into a(|a): the shape check lets them through
+    mf = parse_mapping(rule(f"symbol = '{pat}'", 'category = "Crypto"'), "m.toml")
+    t0 = time.monotonic()
+    with pytest.raises(QprofError) as ei:
+        Classifier([mf]).classify((("a" * 60 + "b", "/usr/bin/x"),))
+    msg = str(ei.value)
+    assert time.monotonic() - t0 < 10 * MATCH_TIMEOUT_S
+    assert msg.startswith("m.toml:5: `symbol`") and "catastrophic backtracking" in msg and "\n" not in msg
+
+
+_rx_atoms = st.sampled_from(["a", "b", r"\w", ".", "[ab]", "(a|b)", "(a|ab)", "x", r"\d", "$", "^"])
+_rx_quant = st.sampled_from(["", "", "*", "+", "?", "{2,}", "{1,3}", "*?"])
+
+
+@st.composite
+def _regexes(draw: st.DrawFn, depth: int = 2) -> str:
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        if depth > 0 and draw(st.booleans()):
+            inner = draw(_regexes(depth - 1))
+            parts.append(f"({inner})" + draw(_rx_quant))
+        else:
+            parts.append(draw(_rx_atoms) + draw(_rx_quant))
+    return "".join(parts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_regexes(), st.sampled_from(["a" * 28 + "!", "ab" * 14 + "c", "x" * 30, ""]))
+def test_any_pattern_is_refused_or_bounded(pat: str, subject: str) -> None:
+    import time
+
+    from qprof.attribution.patterns import MATCH_TIMEOUT_S, BoundedPattern, PatternError, PatternTimeout
+
+    try:
+        p = BoundedPattern(pat, "p.toml:1")
+    except (PatternError, re.error):
+        return
+    t0 = time.monotonic()
+    try:
+        p.search(subject)
+    except PatternTimeout as e:
+        assert str(e).startswith("p.toml:1 ")
+    assert time.monotonic() - t0 < 8 * MATCH_TIMEOUT_S

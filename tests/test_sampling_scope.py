@@ -19,9 +19,15 @@ from qprof.probes.features import find_hierarchy
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 
-def _pids_in(perf_data: Path) -> set[int]:
-    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid"], capture_output=True, text=True)
-    return {int(x) for x in out.stdout.split() if x.isdigit()}
+def _pids_in(run: Path) -> set[int]:
+    """Every pid with a sample in the run's raw perf data (kept with --keep-raw), all chunks."""
+    from qprof.collectors.chunks import chunk_files
+
+    pids: set[int] = set()
+    for data in chunk_files(run, "perf-dwarf.data", include_current=True):
+        out = subprocess.run(["perf", "script", "-i", str(data), "-F", "pid"], capture_output=True, text=True)
+        pids |= {int(x) for x in out.stdout.split() if x.isdigit()}
+    return pids
 
 
 def _cgroup_line(pid: int) -> str:
@@ -46,12 +52,13 @@ def test_cgroup_scope_samples_only_the_target_and_puts_it_back(kernel_facing: No
     target, other = busy_pair
     before = _cgroup_line(target.pid)
     run = tmp_path / "run"
-    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "cgroup")
+    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "cgroup",
+          "--keep-raw")
     meta = json.loads((run / "meta.json").read_text())
     scope = meta["sampling"]["scope"]
     assert scope["mode"] == "cgroup" and scope["cgroups"][0].rsplit("/", 1)[-1].startswith(PREFIX)
     # filtered in the kernel: the busy neighbour on the other core left no sample at all
-    assert _pids_in(run / "perf-dwarf.data") == {target.pid}
+    assert _pids_in(run) == {target.pid}
     # the target itself is fully sampled: sampled CPU time matches its /proc CPU time
     proc = json.loads(qprof("report", str(run), "--format", "json").stdout)["processes"][0]
     assert proc["cpu_seconds"] == pytest.approx(proc["proc_cpu_seconds"], rel=0.15)
@@ -63,10 +70,11 @@ def test_system_scope_samples_everything_and_keeps_the_target(kernel_facing: Non
                                                               busy_pair: tuple) -> None:
     target, other = busy_pair
     run = tmp_path / "run"
-    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "system")
+    qprof("attach", str(target.pid), "-d", "1.5", "-o", str(run), "--probes", "none", "--scope", "system",
+          "--keep-raw")
     meta = json.loads((run / "meta.json").read_text())
     assert meta["sampling"]["scope"]["mode"] == "system"
-    assert {target.pid, other.pid} <= _pids_in(run / "perf-dwarf.data")
+    assert {target.pid, other.pid} <= _pids_in(run)
     rep = json.loads(qprof("report", str(run), "--format", "json").stdout)
     assert [p["pid"] for p in rep["processes"]] == [target.pid]
 

@@ -1,0 +1,129 @@
+"""Regular expressions from mapping files, matched at a bounded cost.
+
+Mapping files are data anyone may write; a pattern such as `(a+)+$` takes
+exponential time on a symbol like "aaaa...b" in a backtracking engine, and
+Python's `re` has no timeout. Two bounds, both real:
+
+1. At load time, the classic catastrophic shapes are refused with a file:line
+   error: backreferences, an unbounded repeat whose body is itself only an
+   unbounded repeat plus optional parts (`(a+)+`, `(\\w+\\s?)*`, `(a*)*`). Nested
+   repeats separated by a required literal (`(\\.\\w+\\.\\d+)*`, used by shipped
+   files) are linear and allowed. Other exponential shapes, such as repeated
+   overlapping alternatives (`(a|aa)+`), are not recognised reliably from the
+   parse tree (the parser refactors them), so:
+2. At match time every search runs with the `regex` engine's timeout
+   (MATCH_TIMEOUT_S); a pattern that exceeds it on some symbol stops the report
+   with one line naming the rule, the pattern and the symbol. Rules are matched
+   once per distinct frame (attribution.engine caches), so a report makes at
+   most one search per rule and distinct symbol.
+The `regex` module's default (VERSION0) syntax is Python's `re` syntax.
+"""
+
+from __future__ import annotations
+
+import re
+import re._constants as C  # noqa: N812  (sre opcodes: what a pattern parses into)
+import re._parser as sre
+from typing import Any
+
+import regex
+
+from qprof.errors import QprofError
+
+MATCH_TIMEOUT_S = 0.25
+_REPEATS = (C.MAX_REPEAT, C.MIN_REPEAT)
+
+
+class PatternError(ValueError):
+    """A pattern refused at load time; the message says why and how to fix it."""
+
+
+class PatternTimeout(QprofError):
+    """A search exceeded MATCH_TIMEOUT_S: the report stops with the rule, pattern and symbol."""
+
+
+def _min_width(items: list[tuple[Any, Any]]) -> int:
+    """Fewest characters the sequence matches."""
+    total = 0
+    for op, av in items:
+        if op in (C.LITERAL, C.NOT_LITERAL, C.IN, C.ANY):
+            total += 1
+        elif op == C.SUBPATTERN:
+            total += _min_width(list(av[3]))
+        elif op in _REPEATS or op == C.POSSESSIVE_REPEAT:
+            total += av[0] * _min_width(list(av[2]))
+        elif op == C.BRANCH:
+            total += min(_min_width(list(b)) for b in av[1])
+        elif op == C.ATOMIC_GROUP:
+            total += _min_width(list(av))
+    return total
+
+
+def _unwrap(items: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """A body that is a single (capturing or not) group stands for its content."""
+    while len(items) == 1 and items[0][0] == C.SUBPATTERN:
+        items = list(items[0][1][3])
+    return items
+
+
+def _check(items: Any, pattern: str) -> None:
+    for op, av in items:
+        if op in (C.GROUPREF, C.GROUPREF_EXISTS):
+            raise PatternError("backreferences are not allowed (their matching cost is unbounded)")
+        if op in _REPEATS:
+            _lo, hi, body = av
+            if hi == C.MAXREPEAT:
+                _check_repeat_body(list(body), pattern)
+            _check(body, pattern)
+        elif op == C.SUBPATTERN:
+            _check(av[3], pattern)
+        elif op == C.BRANCH:
+            for b in av[1]:
+                _check(b, pattern)
+        elif op in (C.ASSERT, C.ASSERT_NOT):
+            _check(av[1], pattern)
+        elif op == C.ATOMIC_GROUP:
+            _check(av, pattern)
+        elif op == C.POSSESSIVE_REPEAT:
+            _check(av[2], pattern)
+
+
+def _check_repeat_body(body: list[tuple[Any, Any]], pattern: str) -> None:
+    items = _unwrap(body)
+    inner = [(op, av) for op, av in items if op in _REPEATS and av[1] > 1]
+    required = [(op, av) for op, av in items if not (op in _REPEATS and av[1] > 1) and _min_width([(op, av)]) > 0]
+    if inner and not required:
+        raise PatternError("nested repeats such as (a+)+ or (\\w+\\s?)* backtrack exponentially: "
+                           "drop the outer repeat or put a required literal between the repeats")
+
+
+def check_pattern(pattern: str) -> None:
+    """Refuse pattern shapes with catastrophic backtracking (raises PatternError)."""
+    _check(sre.parse(pattern), pattern)
+
+
+class BoundedPattern:
+    """A compiled mapping pattern whose every search is bounded in time."""
+
+    __slots__ = ("pattern", "where", "_rx")
+
+    def __init__(self, pattern: str, where: str = "") -> None:
+        """`where` (file:line: `key`) names the pattern in a timeout error."""
+        # the stdlib parser gives the usual syntax errors (and its tree for the shape check)
+        re.compile(pattern)
+        check_pattern(pattern)
+        self.pattern, self.where = pattern, where
+        self._rx = regex.compile(pattern)
+
+    def search(self, subject: str) -> Any:
+        """The first match in `subject` or None; PatternTimeout past MATCH_TIMEOUT_S."""
+        try:
+            return self._rx.search(subject, timeout=MATCH_TIMEOUT_S)
+        except TimeoutError:
+            shown = subject if len(subject) <= 60 else subject[:57] + "..."
+            raise PatternTimeout(f"{self.where or 'pattern'} {self.pattern!r} took more than "
+                                 f"{MATCH_TIMEOUT_S:g} s on {shown!r} (catastrophic backtracking): "
+                                 "simplify the pattern") from None
+
+    def __repr__(self) -> str:
+        return f"BoundedPattern({self.pattern!r})"

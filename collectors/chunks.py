@@ -1,0 +1,275 @@
+"""Fold perf data chunk by chunk while sampling goes on: bounded disk and memory for long runs.
+
+Why: DWARF unwinding copies 8 KiB of user stack per sample, about 13 MB/s of
+perf data on two busy CPUs (47 GB an hour). So perf record runs with
+`--switch-output=SIZE`: when its file reaches SIZE, perf finishes it (header
+written) and renames it perf-<mode>.data.<timestamp>, then starts a new one; a
+timestamped file is therefore complete. A background thread folds each finished
+chunk with the same path as a whole run (collectors.folding: KSYMBOL retyping,
+`perf script` in time slices, streamed folding) into one table of distinct stacks, rewrites stacks.jsonl.gz
+with a header naming the chunks it holds (one atomic rename: a chunk is never
+counted twice), then deletes the chunk unless raw data is kept (--keep-raw).
+
+What stays on disk: the chunk perf is writing (<= SIZE), chunks waiting to be
+folded (<= the raw budget: past it the oldest waiting chunk is dropped and
+recorded as lost, never silently), and the folded stacks, which grow with
+distinct stacks, not with time. Memory: the table of distinct stacks.
+
+If qprof dies, perf (SIGINT on qprof's death) still finishes its last chunk;
+stacks.jsonl.gz holds every chunk folded so far, `report` reads it and names
+the chunks not folded, and `report --refold` folds them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from qprof.collectors import archive
+from qprof.collectors.folding import fold_file
+from qprof.collectors.perfscript import Frame, ParseStats
+from qprof.collectors.stacks import StackRecord, read_header, read_stacks, write_stacks
+from qprof.errors import QprofError
+
+CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
+DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
+POLL_S = 0.5  # how often the folding thread looks for finished chunks
+_TIMESTAMP = re.compile(r"^\.\d{8,}$")  # perf's --switch-output suffix: .YYYYmmddHHMMSScc
+
+_Key = tuple[int, int, str, tuple[Frame, ...]]
+
+
+def chunk_files(out: Path, perf_data: str, include_current: bool) -> list[Path]:
+    """A group's finished chunks in time order; with `include_current`, also the file perf writes
+    into (after perf exited it is complete too, and a run recorded in one piece has only that)."""
+    found = sorted(p for p in out.glob(perf_data + ".*") if _TIMESTAMP.match(p.name[len(perf_data):]))
+    base = out / perf_data
+    if include_current and base.is_file() and base.stat().st_size > 0:
+        found.append(base)
+    return found
+
+
+@dataclass
+class FoldState:
+    """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
+
+    acc: dict[_Key, list[int]] = field(default_factory=dict)
+    frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
+    folded: list[str] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: list[dict[str, Any]] = field(default_factory=list)
+    stats: ParseStats = field(default_factory=ParseStats)
+
+    @classmethod
+    def load(cls, path: Path) -> "FoldState":
+        """Resume from a stacks file (its records and header)."""
+        st = cls()
+        head = read_header(path) or {}
+        for r in read_stacks(path) if path.is_file() else ():
+            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period)
+        st.folded = [str(x) for x in head.get("folded", [])]
+        st.dropped = list(head.get("dropped", []))
+        st.unreadable = list(head.get("unreadable", []))
+        st.stats = ParseStats(int(head.get("samples", 0)), int(head.get("bad_lines", 0)),
+                              [str(x) for x in head.get("bad_examples", [])][:5])
+        return st
+
+    def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int) -> None:
+        _add(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
+
+    def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """The stack built from shared frame objects: thousands of distinct stacks repeat the same
+        few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
+        return tuple(self.frames.setdefault(f, f) for f in frames)
+
+    def merge(self, chunk: dict[_Key, list[int]]) -> None:
+        for k, (n, period) in chunk.items():
+            if k not in self.acc:
+                k = (k[0], k[1], k[2], self.shared(k[3]))
+            _add(self.acc, k, n, period)
+
+    def header(self) -> dict[str, Any]:
+        return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
+                "samples": self.stats.samples, "bad_lines": self.stats.bad_lines,
+                "bad_examples": self.stats.bad_examples}
+
+    def save(self, path: Path) -> None:
+        write_stacks(path, (StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in self.acc.items()),
+                     self.header())
+
+
+class ChunkFolder:
+    """Folds a run's finished perf chunks in a background thread, and the rest at the end."""
+
+    def __init__(self, perf: str, out: Path, groups: list[dict[str, Any]], *, keep_raw: bool = False,
+                 raw_budget: int = DEFAULT_RAW_BUDGET, state: FoldState | None = None,
+                 status: Callable[[str], None] | None = None) -> None:
+        self.perf, self.out, self.groups = perf, out, groups
+        self.keep_raw, self.raw_budget = keep_raw, raw_budget
+        self.state = state or FoldState()
+        self.status = status or (lambda msg: None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # -- the background pass
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="qprof-fold", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(POLL_S):
+                self.fold_pass(final=False)
+        except BaseException as e:  # reported by finish(); collection goes on without folding
+            self.error = e
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def abort(self) -> None:
+        """Stop folding after the chunk in progress; what was saved stays, the rest stays raw."""
+        self._halt()
+
+    def finish(self) -> ParseStats:
+        """After perf stopped: fold every chunk left, in this thread; the parse statistics."""
+        self._halt()
+        if self.error is not None:
+            raise _as_qprof_error(self.error, self.out)
+        self._stop.clear()
+        try:
+            self.fold_pass(final=True)
+        except OSError as e:
+            raise _as_qprof_error(e, self.out) from None
+        return self.state.stats
+
+    # -- one pass over the finished chunks
+    def fold_pass(self, final: bool) -> None:
+        waiting = [(p, g) for g in self.groups
+                   for p in chunk_files(self.out, g["perf_data"], include_current=final)
+                   if p.name not in self.state.folded]
+        waiting.sort(key=lambda pg: pg[0].name)
+        if not final:
+            self._enforce_budget(waiting)
+        for path, group in waiting:
+            if path.exists():
+                self._fold_chunk(path, group)
+
+    def _enforce_budget(self, waiting: list[tuple[Path, dict[str, Any]]]) -> None:
+        sizes = {p: _size(p) for p, _ in waiting}
+        total = sum(sizes.values())
+        while total > self.raw_budget and len(waiting) > 1:
+            path, _ = waiting.pop(0)
+            total -= sizes[path]
+            path.unlink(missing_ok=True)
+            self.state.dropped.append({"chunk": path.name, "bytes": sizes[path],
+                                       "reason": "folding fell behind sampling: raw budget exceeded"})
+            self.status(f"warning: dropped {path.name} ({sizes[path] >> 20} MiB unfolded): folding is "
+                        "slower than sampling; lower -F or use --unwind fp")
+            self._save()
+
+    def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
+        st = self.state
+        log = self.out / f"perf-{group['unwind']}.log"
+        chunk: dict[_Key, list[int]] = {}  # merged only once the chunk is read: a failure counts nothing
+        stats = ParseStats()
+        # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
+        background = threading.current_thread() is not threading.main_thread()
+        try:
+            records, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None)
+            for r in records:
+                _add(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+        except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
+            st.unreadable.append({"chunk": path.name, "reason": str(e)})
+            self.status(f"warning: {path.name}: {e}")
+        st.merge(chunk)
+        st.stats.samples += stats.samples
+        st.stats.bad_lines += stats.bad_lines
+        st.stats.bad_examples = (st.stats.bad_examples + stats.bad_examples)[:5]
+        st.folded.append(path.name)
+        self._save()
+        if not self.keep_raw:
+            path.unlink(missing_ok=True)
+        _return_free_memory()
+
+    def _save(self) -> None:
+        self.state.save(self.out / archive.STACKS)
+
+
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
+except (AttributeError, OSError):  # another libc: nothing to do
+    _malloc_trim = None
+
+
+def _return_free_memory() -> None:
+    """Folding a chunk allocates tens of MB of short-lived strings in the folding thread's malloc
+    arena; glibc keeps freed arena memory, so qprof's RSS crept up chunk after chunk (soak).
+    malloc_trim hands it back: RSS then follows what is live (the distinct stacks)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _add(acc: dict[_Key, list[int]], key: _Key, samples: int, period: int) -> None:
+    slot = acc.get(key)
+    if slot is None:
+        acc[key] = [samples, period]
+    else:
+        slot[0] += samples
+        slot[1] += period
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
+    if isinstance(e, OSError):
+        return QprofError(f"writing folded stacks in {out}: {e.strerror or e}; the perf data is kept: "
+                          f"free space and run `qprof report --refold {out}`")
+    return e
+
+
+def summary(state: FoldState) -> dict[str, Any]:
+    """What meta.json says about the chunks of a finished run."""
+    return {"folded": len(state.folded), "dropped": state.dropped, "unreadable": state.unreadable}
+
+
+def refold(perf: str, out: Path, groups: list[dict[str, Any]], status: Callable[[str], None] | None = None
+           ) -> ParseStats:
+    """`report --refold`: fold what is raw. From scratch when every folded chunk is still on
+    disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
+    adding only the chunks it does not hold (a run cut short). Raw data is kept."""
+    stacks = out / archive.STACKS
+    head = read_header(stacks) or {}
+    folded = [str(x) for x in head.get("folded", [])]
+    raw = {p.name for g in groups for p in chunk_files(out, g["perf_data"], include_current=True)}
+    fresh = all(name in raw for name in folded)
+    state = FoldState() if fresh else FoldState.load(stacks)
+    folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)
+    archive.release_space(out)  # left by a run that was killed
+    return folder.finish()
+
+
+def unfolded_chunks(out: Path, groups: list[dict[str, Any]]) -> list[str]:
+    """Raw chunks a run's stacks file does not hold yet (a run cut short, or still collecting).
+    A stacks file without a header was folded in one piece from all its raw data."""
+    stacks = out / archive.STACKS
+    head = read_header(stacks)
+    if head is None and stacks.is_file():
+        return []
+    folded = set((head or {}).get("folded", []))
+    return [p.name for g in groups for p in chunk_files(out, str(g.get("perf_data", "")), include_current=True)
+            if p.name not in folded]
+
+

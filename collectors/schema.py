@@ -1,0 +1,212 @@
+"""The shapes of meta.json and probes.json, checked once when a run is opened.
+
+An archive is data from another machine or an older qprof, possibly cut or edited:
+reports must not crash deep in the analysis on a field of the wrong type. Each
+document is checked against the shape qprof writes (fields may be absent; when
+present they have this type), and a mismatch is one line naming the file and the
+field: `meta.json: targets[0].pid must be an integer`. NaN and Infinity, which
+Python's json accepts but JSON does not, are refused while parsing (`loads`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from qprof.errors import QprofError
+
+
+class Of:
+    """A spec node: `check(value, where)` returns a complaint or None."""
+
+    desc = "?"
+
+    def check(self, value: Any, where: str) -> str | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class T(Of):
+    """A scalar type: int (not bool), float (any finite number), str, bool; or None when `null`."""
+
+    def __init__(self, *types: type | None) -> None:
+        self.types = types
+        names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", None: "null"}
+        self.desc = " or ".join(names[t] for t in types)
+
+    def check(self, value: Any, where: str) -> str | None:
+        for t in self.types:
+            if t is None and value is None:
+                return None
+            if t is bool and isinstance(value, bool):
+                return None
+            if t is int and isinstance(value, int) and not isinstance(value, bool):
+                return None
+            if t is float and isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                    math.isfinite(value):
+                return None
+            if t is str and isinstance(value, str):
+                return None
+        return f"{where} must be {self.desc}"
+
+
+ANY = T(int, float, str, bool, None)
+
+
+class Anything(Of):
+    desc = "anything"
+
+    def check(self, value: Any, where: str) -> str | None:
+        return None
+
+
+class List(Of):
+    def __init__(self, item: Any) -> None:
+        self.item = spec(item)
+        self.desc = "a list"
+
+    def check(self, value: Any, where: str) -> str | None:
+        if not isinstance(value, list):
+            return f"{where} must be a list"
+        for i, v in enumerate(value):
+            bad = self.item.check(v, f"{where}[{i}]")
+            if bad:
+                return bad
+        return None
+
+
+class Obj(Of):
+    """A JSON object with known fields (each optional; others allowed)."""
+
+    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()) -> None:
+        self.fields = {k: spec(v) for k, v in fields.items()}
+        self.required = required
+        self.desc = "an object"
+
+    def check(self, value: Any, where: str) -> str | None:
+        if not isinstance(value, dict):
+            return f"{where} must be an object"
+        for k in self.required:
+            if k not in value:
+                return f"{where} lacks `{k}`"
+        for k, s in self.fields.items():
+            if k in value:
+                bad = s.check(value[k], f"{where}.{k}" if where else k)
+                if bad:
+                    return bad
+        return None
+
+
+class MapOf(Of):
+    """A JSON object with free keys whose values all have one shape."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = spec(item)
+        self.desc = "an object"
+
+    def check(self, value: Any, where: str) -> str | None:
+        if not isinstance(value, dict):
+            return f"{where} must be an object"
+        for k, v in value.items():
+            bad = self.item.check(v, f"{where}[{k!r}]")
+            if bad:
+                return bad
+        return None
+
+
+class Either(Of):
+    def __init__(self, *options: Any) -> None:
+        self.options = [spec(o) for o in options]
+        self.desc = " or ".join(o.desc for o in self.options)
+
+    def check(self, value: Any, where: str) -> str | None:
+        if any(o.check(value, where) is None for o in self.options):
+            return None
+        return f"{where} must be {self.desc}"
+
+
+def spec(s: Any) -> Of:
+    if isinstance(s, Of):
+        return s
+    if isinstance(s, dict):
+        return Obj(s)
+    if isinstance(s, list):
+        return List(s[0])
+    if s is Any:
+        return Anything()
+    return T(s)
+
+
+INT, NUM, STR, BOOL = T(int), T(float), T(str), T(bool)
+OPT_INT, OPT_NUM, OPT_STR = T(int, None), T(float, None), T(str, None)
+
+_OBJECT = Obj({"path": STR, "build_id": OPT_STR, "symbols": OPT_STR, "go": T(bool, None),
+               "frame_pointers": T(bool, None), "dynamic": T(bool, None)}, required=("path",))
+META = Obj({
+    "format": STR, "version": ANY, "status": STR, "incomplete_reason": OPT_STR, "qprof_version": OPT_STR,
+    "host": Obj({"kernel": OPT_STR, "kernel_build": OPT_STR, "machine": OPT_STR, "cpu_model": OPT_STR,
+                 "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT),
+                 "nics": [Obj({"name": STR, "numa_node": OPT_INT}, required=("name", "numa_node"))]}),
+    "tools": MapOf(OPT_STR), "kernel_features": MapOf(ANY),
+    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL,
+                     "groups": [{"unwind": STR, "pids": [INT], "perf_data": STR}]}),
+    "targets": [Obj({"pid": INT, "comm": STR, "cmdline": [STR], "exe": OPT_STR, "objects": [_OBJECT],
+                     "threads": MapOf(STR), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,
+                     "unwind_reason": OPT_STR}, required=("pid",))],
+    "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
+    "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
+    "exited": [INT], "perf_exit": MapOf(OPT_INT),
+    "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},
+    "chunks": {"folded": INT, "dropped": [MapOf(ANY)], "unreadable": [MapOf(ANY)]},
+})
+
+_HIST = [{"min": OPT_NUM, "max": OPT_NUM, "count": NUM}]
+_MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))
+_SNAPSHOT = {"softirq_seconds": MapOf(NUM), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
+             "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
+_COUNTERS = MapOf(OPT_NUM)
+PROBES = Obj({
+    "groups": [STR], "unavailable": [{"probe": STR, "reason": STR}], "bpftrace_version": OPT_STR,
+    "programs": MapOf({"maps": MapOf(_MAP), "output": STR, "script": STR, "exit": OPT_INT,
+                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM}),
+    "before": _SNAPSHOT, "after": _SNAPSHOT,
+    "cost": Obj({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM, "measured_run_cnt": NUM,
+                 "measured_run_time_ns": NUM, "probes_s": NUM, "stats_on_s": NUM, "method": STR,
+                 "programs": [{"id": OPT_INT, "name": OPT_STR, "type": OPT_STR, "run_cnt": OPT_NUM,
+                               "run_time_ns": OPT_NUM}],
+                 "by_group": MapOf({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM})},
+                required=("bpf_run_cnt", "bpf_run_time_ns")),
+    "drop_reason_names": MapOf(STR), "sockets_error": OPT_STR,
+    "sockets": [{"fds": [INT], "pids": [INT], "port": OPT_INT, "local": STR, "peer": STR,
+                 "first": _COUNTERS, "last": _COUNTERS, "first_time": NUM, "last_time": NUM}],
+    "crypto": MapOf(Any),
+})
+
+PROC_READING = Obj({
+    "t": NUM, "mono": NUM,
+    "threads": MapOf([{"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
+                       "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT}]),
+    "cgroups": MapOf(Either(T(None), {"version": STR, "path": STR, "quota_cores": OPT_NUM,
+                                      "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM})),
+})
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(text: str) -> Any:
+    """json.loads without NaN/Infinity (ValueError like any other malformed JSON)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def validate(doc: Any, shape: Of, name: str) -> None:
+    """Raise one line naming `name` and the first field that has the wrong shape."""
+    bad = shape.check(doc, "")
+    if bad:
+        raise QprofError(f"{name}: {bad.lstrip() if not bad.startswith(' must') else 'the document' + bad}; "
+                         "the archive is damaged or from an incompatible qprof")
+
+
+def conforms(doc: Any, shape: Of) -> bool:
+    return shape.check(doc, "") is None

@@ -1,0 +1,150 @@
+"""Long runs: perf data rotated in chunks, folded while sampling goes on, never counted twice.
+
+One real capture with small chunks, all raw data kept (module-scoped); the tests fold, cut
+and refold copies of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import qprof
+from qprof.collectors.chunks import ChunkFolder, FoldState, chunk_files
+from qprof.collectors.perfscript import Sample
+from qprof.collectors.stacks import fold, read_header, read_stacks, write_stacks
+from qprof.probes.mapsout import read_maps
+from qprof.probes.features import require_perf
+
+pytestmark = [pytest.mark.root]
+BUSY = "import time\nend = time.time() + 30\nx = 0\nwhile time.time() < end:\n    x += 1\n"
+
+
+@pytest.fixture(scope="module")
+def capture(kernel_facing: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("chunks") / "run"
+    target = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        qprof("attach", str(target.pid), "-d", "5", "--unwind", "dwarf", "--chunk-size", "2M", "--keep-raw",
+              "--probes", "none", "-o", str(run), "-q")
+    finally:
+        target.kill()
+        target.wait()
+    return run
+
+
+def totals(run: Path) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in read_stacks(run / "stacks.jsonl.gz"):
+        out[r.pid] = out.get(r.pid, 0) + r.samples
+    return out
+
+
+def groups(run: Path) -> list[dict]:
+    return json.loads((run / "meta.json").read_text())["sampling"]["groups"]
+
+
+def test_rotated_and_folded_while_sampling(capture: Path) -> None:
+    meta = json.loads((capture / "meta.json").read_text())
+    head = read_header(capture / "stacks.jsonl.gz")
+    raw = [p.name for p in chunk_files(capture, "perf-dwarf.data", include_current=True)]
+    assert meta["status"] == "complete" and meta["chunks"]["folded"] >= 3, meta["chunks"]
+    assert head is not None and sorted(head["folded"]) == sorted(raw), "every chunk folded once"
+    assert head["samples"] == meta["parse"]["samples"] == sum(totals(capture).values()) > 2000
+    assert not (capture / "perf-dwarf.data").exists(), "perf renamed its last file too"
+
+
+def test_later_chunks_resolve_symbols_too(capture: Path) -> None:
+    """Chunks after the first hold no mmap records of a process that started before: perf still
+    names its frames (a chunk folded alone resolves as well as the first)."""
+    chunks = chunk_files(capture, "perf-dwarf.data", include_current=False)
+    last = chunks[-2]  # the last full chunk (the very last is what perf wrote after the stop)
+    run = capture.parent / "last-only"
+    run.mkdir()
+    shutil.copy(last, run / last.name)
+    st = ChunkFolder(require_perf(), run, groups(capture), keep_raw=True).finish()
+    recs = list(read_stacks(run / "stacks.jsonl.gz"))
+    named = sum(r.samples for r in recs if any(sym != "[unknown]" for sym, _ in r.frames))
+    assert st.samples > 100 and named / st.samples > 0.95
+
+
+def test_refold_from_scratch_matches(capture: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    r = qprof("report", "--refold", str(run), "--format", "json")
+    assert "refolded" in r.stderr
+    assert totals(run) == totals(capture)
+
+
+def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Path) -> None:
+    """As if qprof was killed after folding two chunks (deleted once folded): report reads those
+    two and warns; --refold adds the others; nothing is counted twice."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
+    (run / "stacks.jsonl.gz").unlink()
+    folder = ChunkFolder(require_perf(), run, groups(run))
+    for c in chunks[:2]:
+        folder._fold_chunk(c, groups(run)[0])
+    assert not chunks[0].exists() and not chunks[1].exists()
+    meta = json.loads((run / "meta.json").read_text())
+    meta["status"] = "collecting"  # its collector is long gone
+    (run / "meta.json").write_text(json.dumps(meta))
+    r = qprof("report", str(run), "--format", "json")
+    assert "is incomplete" in r.stderr and f"{len(chunks) - 2} perf data chunk(s)" in r.stderr
+    assert json.loads(r.stdout)["run"]["status"] == "incomplete"
+    partial = sum(totals(run).values())
+    assert 0 < partial < sum(totals(capture).values())
+    qprof("report", "--refold", str(run), "--format", "json")
+    assert totals(run) == totals(capture)
+
+
+def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
+    said: list[str] = []
+    folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=chunks[-1].stat().st_size + 1,
+                         status=said.append)
+    folder.fold_pass(final=False)
+    head = read_header(run / "stacks.jsonl.gz") or {}
+    assert len(head["dropped"]) == len(chunks) - 1 and head["folded"] == [chunks[-1].name]
+    assert all(not c.exists() for c in chunks)
+    assert any("folding is slower than sampling" in s for s in said)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b c"]),
+                          st.integers(0, 10**9), st.sampled_from([(), (("f", "[kernel.kallsyms]"),)])),
+                max_size=20),
+       st.lists(st.text(max_size=12), max_size=4))
+def test_header_round_trip(tmp_path_factory: pytest.TempPathFactory, samples: list, folded: list) -> None:
+    p = tmp_path_factory.mktemp("h") / "s.jsonl.gz"
+    recs = fold(samples)
+    write_stacks(p, recs, {"folded": folded, "samples": len(samples)})
+    assert list(read_stacks(p)) == recs
+    assert read_header(p) == {"folded": folded, "samples": len(samples)}
+    st_ = FoldState.load(p)
+    assert st_.folded == folded and sum(v[0] for v in st_.acc.values()) == len(samples)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from([
+    '{"type": "map", "data": {"@a": {"1,2": 3}}}', '{"type": "map", "data": {"@a": {"1,2": 5}}',
+    '{"type": "hist", "data": {"@h": [{"min": 0, "max": 4, "count": 2}]}}', '{"type": "map"}',
+    '{"type": "map", "data": []}', "[" * 5000, '{"type": "printf", "data": "x"}'])), max_size=12))
+def test_read_maps_never_raises(tmp_path_factory: pytest.TempPathFactory, lines: list[str]) -> None:
+    p = tmp_path_factory.mktemp("m") / "probe-x.jsonl"
+    p.write_text("\n".join(lines), encoding="utf-8")
+    maps = read_maps(p)
+    assert isinstance(maps, dict)
+    if '{"type": "map", "data": {"@a": {"1,2": 3}}}' in lines:
+        assert "@a" in maps
