@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,6 +33,9 @@ STACKS = "stacks.jsonl.gz"
 PROC = "proc.jsonl"
 PROBES = "probes.json"
 
+# perf --switch-output names a finished chunk <perf data>.YYYYmmddHHMMSScc (collectors.chunks)
+_CHUNK_SUFFIX = re.compile(r"^\.\d{8,}$")
+
 STATUS_COLLECTING = "collecting"
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
@@ -41,6 +45,16 @@ RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk 
 
 def perf_data_name(unwind: str) -> str:
     return f"perf-{unwind}.data"
+
+
+def chunk_files(out: Path, perf_data: str, include_current: bool) -> list[Path]:
+    """A group's finished chunks in time order; with `include_current`, also the file perf writes
+    into (after perf exited it is complete too, and a run recorded in one piece has only that)."""
+    found = sorted(p for p in out.glob(perf_data + ".*") if _CHUNK_SUFFIX.match(p.name[len(perf_data):]))
+    base = out / perf_data
+    if include_current and base.is_file() and base.stat().st_size > 0:
+        found.append(base)
+    return found
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

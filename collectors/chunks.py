@@ -23,13 +23,13 @@ the chunks not folded, and `report --refold` folds them.
 from __future__ import annotations
 
 import ctypes
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from qprof.collectors import archive
+from qprof.collectors.archive import chunk_files
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import Frame, ParseStats
 from qprof.collectors.stacks import StackRecord, read_header, read_stacks, write_stacks
@@ -38,19 +38,8 @@ from qprof.errors import QprofError
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
-_TIMESTAMP = re.compile(r"^\.\d{8,}$")  # perf's --switch-output suffix: .YYYYmmddHHMMSScc
 
 _Key = tuple[int, int, str, tuple[Frame, ...]]
-
-
-def chunk_files(out: Path, perf_data: str, include_current: bool) -> list[Path]:
-    """A group's finished chunks in time order; with `include_current`, also the file perf writes
-    into (after perf exited it is complete too, and a run recorded in one piece has only that)."""
-    found = sorted(p for p in out.glob(perf_data + ".*") if _TIMESTAMP.match(p.name[len(perf_data):]))
-    base = out / perf_data
-    if include_current and base.is_file() and base.stat().st_size > 0:
-        found.append(base)
-    return found
 
 
 @dataclass

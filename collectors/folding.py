@@ -115,9 +115,8 @@ def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
     """The slices of every perf data file of a run, in time order within a file, files in group order."""
     specs = []
     for g in meta["sampling"]["groups"]:
-        data = out / g["perf_data"]
-        if data.is_file() and data.stat().st_size > 0:
-            pids = [int(p) for p in g["pids"]]
+        pids = [int(p) for p in g["pids"]]
+        for data in archive.chunk_files(out, g["perf_data"], include_current=True):
             for window in time_slices(prepare(data, jobs, pids).cuts):
                 specs.append(SliceSpec(data, out / f"perf-{g['unwind']}.log", pids, window))
     return specs

@@ -132,14 +132,14 @@ def test_prepare_without_a_common_time_field_does_not_cut(tmp_path: Path) -> Non
 @pytest.fixture(scope="module", params=["dwarf", "fp"])
 def capture(request: pytest.FixtureRequest, ngtcp2_tools: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return capture_ngtcp2(tmp_path_factory.mktemp(f"fold-{request.param}") / "run", 1 << 30,
-                          unwind=request.param, probes=())
+                          unwind=request.param, probes=(), keep_raw=True, chunk_bytes=1 << 40)
 
 
 def _copy(run: Path, dest: Path) -> Path:
     """The run's metadata and perf data (hard links) without its stacks: a place to fold again."""
     dest.mkdir()
     shutil.copy(run / "meta.json", dest / "meta.json")
-    for f in run.glob("perf-*.data"):
+    for f in run.glob("perf-*.data*"):
         (dest / f.name).hardlink_to(f)
     return dest
 
@@ -159,7 +159,9 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     assert perf is not None
     meta = json.loads((capture / "meta.json").read_text())
     (group,) = meta["sampling"]["groups"]
-    data = capture / group["perf_data"]
+    from qprof.collectors.archive import chunk_files
+
+    (data,) = chunk_files(capture, group["perf_data"], include_current=True)  # one chunk: chunk_bytes is 1 TiB
     # the cuts split the target samples into slices that each do a share of the work
     cuts = perfdata.prepare(data, 3, group["pids"]).cuts
     parts = run_slices(perf, [SliceSpec(data, tmp_path / "perf.log", group["pids"], w) for w in time_slices(cuts)], 3)
