@@ -32,21 +32,20 @@ from qprof.collectors import archive
 from qprof.collectors.archive import chunk_files
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import Frame, ParseStats
-from qprof.collectors.stacks import StackRecord, read_header, read_stacks, write_stacks
+from qprof.collectors.stacks import StackKey, add_counts, read_header, read_stacks, records, write_stacks
 from qprof.errors import QprofError
 
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
 
-_Key = tuple[int, int, str, tuple[Frame, ...]]
 
 
 @dataclass
 class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
-    acc: dict[_Key, list[int]] = field(default_factory=dict)
+    acc: dict[StackKey, list[int]] = field(default_factory=dict)
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
@@ -68,18 +67,18 @@ class FoldState:
         return st
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int) -> None:
-        _add(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
+        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
         """The stack built from shared frame objects: thousands of distinct stacks repeat the same
         few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
-    def merge(self, chunk: dict[_Key, list[int]]) -> None:
+    def merge(self, chunk: dict[StackKey, list[int]]) -> None:
         for k, (n, period) in chunk.items():
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            _add(self.acc, k, n, period)
+            add_counts(self.acc, k, n, period)
 
     def header(self) -> dict[str, Any]:
         return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
@@ -87,8 +86,7 @@ class FoldState:
                 "bad_examples": self.stats.bad_examples}
 
     def save(self, path: Path) -> None:
-        write_stacks(path, (StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in self.acc.items()),
-                     self.header())
+        write_stacks(path, records(self.acc), self.header())
 
 
 class ChunkFolder:
@@ -167,21 +165,19 @@ class ChunkFolder:
     def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
         st = self.state
         log = self.out / f"perf-{group['unwind']}.log"
-        chunk: dict[_Key, list[int]] = {}  # merged only once the chunk is read: a failure counts nothing
+        chunk: dict[StackKey, list[int]] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
         background = threading.current_thread() is not threading.main_thread()
         try:
-            records, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None)
-            for r in records:
-                _add(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+            part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None)
+            for r in part:
+                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             st.unreadable.append({"chunk": path.name, "reason": str(e)})
             self.status(f"warning: {path.name}: {e}")
         st.merge(chunk)
-        st.stats.samples += stats.samples
-        st.stats.bad_lines += stats.bad_lines
-        st.stats.bad_examples = (st.stats.bad_examples + stats.bad_examples)[:5]
+        st.stats.absorb(stats)
         st.folded.append(path.name)
         self._save()
         if not self.keep_raw:
@@ -204,15 +200,6 @@ def _return_free_memory() -> None:
     malloc_trim hands it back: RSS then follows what is live (the distinct stacks)."""
     if _malloc_trim is not None:
         _malloc_trim(0)
-
-
-def _add(acc: dict[_Key, list[int]], key: _Key, samples: int, period: int) -> None:
-    slot = acc.get(key)
-    if slot is None:
-        acc[key] = [samples, period]
-    else:
-        slot[0] += samples
-        slot[1] += period
 
 
 def _size(p: Path) -> int:

@@ -31,7 +31,7 @@ from qprof.collectors import archive
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
-from qprof.collectors.stacks import StackRecord, write_stacks
+from qprof.collectors.stacks import StackKey, StackRecord, add_counts, records, write_stacks
 from qprof.collectors.streamfold import StreamFolder
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
@@ -94,21 +94,13 @@ def run_slices(perf: str, specs: list[SliceSpec], jobs: int) -> list[tuple[list[
 
 def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[StackRecord], ParseStats]:
     """Records of consecutive slices as one fold of the whole text: same keys summed, first-occurrence order."""
-    acc: dict[tuple[Any, ...], list[int]] = {}
+    acc: dict[StackKey, list[int]] = {}
     stats = ParseStats()
-    for records, st in parts:
-        for r in records:
-            key = (r.pid, r.tid, r.comm, r.frames)
-            slot = acc.get(key)
-            if slot is None:
-                acc[key] = [r.samples, r.period]
-            else:
-                slot[0] += r.samples
-                slot[1] += r.period
-        stats.samples += st.samples
-        stats.bad_lines += st.bad_lines
-        stats.bad_examples.extend(st.bad_examples[:max(0, 5 - len(stats.bad_examples))])
-    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()], stats
+    for part, st in parts:
+        for r in part:
+            add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+        stats.absorb(st)
+    return records(acc), stats
 
 
 def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:

@@ -37,29 +37,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from qprof.collectors.procfs import SAMPLING_CGROUP_NAME as _NAME
+from qprof.collectors.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
+from qprof.collectors.procfs import process_identity
 from qprof.probes.features import Hierarchy
 
-PREFIX = "qprof-sample-"
-_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-\d+$")
-
-
-def outer_path(path: str) -> str:
-    """A cgroup path without qprof's sampling child: where the target's quota lives."""
-    head, _, leaf = path.rstrip("/").rpartition("/")
-    return (head or "/") if _NAME.match(leaf) else path
-
-
-def _starttime(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+def _starttime(pid: int) -> str:
+    return str(process_identity(pid)["start_ticks"])
 
 
 def _procs(cg: Path) -> list[int]:

@@ -57,6 +57,12 @@ class ParseStats:
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
 
+    def absorb(self, other: "ParseStats") -> None:
+        """Add another part's statistics (a slice, a chunk), keeping the first five bad lines."""
+        self.samples += other.samples
+        self.bad_lines += other.bad_lines
+        self.bad_examples.extend(other.bad_examples[:max(0, 5 - len(self.bad_examples))])
+
     def bad(self, line: str) -> None:
         self.bad_lines += 1
         if len(self.bad_examples) < 5:

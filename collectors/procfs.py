@@ -12,7 +12,6 @@ import re
 import time
 from typing import Any
 
-from qprof.collectors.perfcgroup import outer_path
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -138,6 +137,17 @@ def thread_times(pid: int) -> list[dict[str, Any]]:
             "cpu": int(f[36]) if len(f) > 36 else -1,
         })
     return out
+
+
+# the child cgroup `--scope cgroup` moves targets into: qprof-sample-<owner pid>-<owner start ticks>-<n>
+SAMPLING_CGROUP_PREFIX = "qprof-sample-"
+SAMPLING_CGROUP_NAME = re.compile(re.escape(SAMPLING_CGROUP_PREFIX) + r"(\d+)-(\d+)-\d+$")
+
+
+def outer_path(path: str) -> str:
+    """A cgroup path without qprof's sampling child (collectors.perfcgroup): where the quota lives."""
+    head, _, leaf = path.rstrip("/").rpartition("/")
+    return (head or "/") if SAMPLING_CGROUP_NAME.match(leaf) else path
 
 
 def _cgroup_path(pid: int) -> tuple[str, str] | None:

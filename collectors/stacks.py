@@ -36,18 +36,30 @@ class StackRecord:
     frames: tuple[Frame, ...]
 
 
+StackKey = tuple[int, int, str, tuple[Frame, ...]]  # pid, tid, comm, frames
+
+
+def add_counts(acc: dict[Any, list[int]], key: Any, samples: int, period: int) -> None:
+    """Add to a key's [samples, period]: every fold (whole run, slices, chunks) sums this way."""
+    slot = acc.get(key)
+    if slot is None:
+        acc[key] = [samples, period]
+    else:
+        slot[0] += samples
+        slot[1] += period
+
+
+def records(acc: dict[StackKey, list[int]]) -> list[StackRecord]:
+    """The records of an accumulator keyed by StackKey, in first-occurrence order."""
+    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()]
+
+
 def fold(samples: Iterable[Sample]) -> list[StackRecord]:
     """Aggregate samples; memory grows with distinct stacks, not with samples."""
-    acc: dict[tuple[int, int, str, tuple[Frame, ...]], list[int]] = {}
+    acc: dict[StackKey, list[int]] = {}
     for s in samples:
-        key = (s.pid, s.tid, s.comm, s.frames)
-        slot = acc.get(key)
-        if slot is None:
-            acc[key] = [1, s.period]
-        else:
-            slot[0] += 1
-            slot[1] += s.period
-    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()]
+        add_counts(acc, (s.pid, s.tid, s.comm, s.frames), 1, s.period)
+    return records(acc)
 
 
 HEADER_KEY = "qprof_stacks"

@@ -23,7 +23,7 @@ garbage without blank lines could) is read line by line as it arrives.
 from __future__ import annotations
 
 from qprof.collectors.perfscript import Frame, LineParser, ParseStats, Sample, parse_frame, parse_header
-from qprof.collectors.stacks import StackRecord
+from qprof.collectors.stacks import StackRecord, add_counts
 
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by
 _MISSING = object()
@@ -190,12 +190,7 @@ class StreamFolder:
                 assert comm_pid_tid is not None and frames is not None
                 comm, pid, tid = comm_pid_tid
                 key = (pid, tid, comm, frames[0])
-            slot = folded.get(key)
-            if slot is None:
-                folded[key] = [n, period]
-            else:
-                slot[0] += n
-                slot[1] += period
+            add_counts(folded, key, n, period)
         self.stats.samples += self._fast
         self._fast = 0
         self._texts.clear()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import qprof
-from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers, outer_path
+from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers
+from qprof.collectors.procfs import outer_path
 from qprof.probes.features import find_hierarchy
 
 BUSY = [sys.executable, "-c", "while True: pass"]
