@@ -4,7 +4,7 @@
 //!   quiche-bulk client ADDR BYTES      download BYTES on one bidirectional stream
 //!
 //! quiche leaves the network to the application: this program owns a plain
-//! non-blocking std::net::UdpSocket, waits with poll(2) until a datagram
+//! non-blocking std::net::UdpSocket, waits with ppoll(2) until a datagram
 //! arrives or quiche's next timeout, and sends one datagram per sendto (no
 //! GSO, no pacing). The client sends an 8-byte big-endian count; the server
 //! answers with that many bytes written from one reused buffer, then the
@@ -71,12 +71,14 @@ fn socket(addr: SocketAddr) -> Res<UdpSocket> {
 
 /// Wait until the socket is readable or `timeout` passes (None: forever).
 fn wait_readable(sock: &UdpSocket, timeout: Option<Duration>) {
-    let ms = match timeout {
-        None => -1,
-        Some(t) => t.as_millis().min(60_000) as libc::c_int,
-    };
+    // ppoll to the nanosecond: poll's milliseconds would round a sub-millisecond timer
+    // down to 0 and spin until it expires
+    let wait = timeout.map(|t| {
+        let t = t.min(Duration::from_secs(60));
+        libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long }
+    });
     let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    unsafe { libc::poll(&mut pfd, 1, ms) };
+    unsafe { libc::ppoll(&mut pfd, 1, wait.as_ref().map_or(std::ptr::null(), |w| w as *const _), std::ptr::null()) };
 }
 
 /// Send everything quiche has queued, one datagram per sendto.

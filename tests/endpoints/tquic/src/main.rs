@@ -5,19 +5,22 @@
 //!
 //! tquic is driven through its Endpoint (callbacks for connection and stream
 //! events, a send handler for outgoing packets); this program owns a plain
-//! non-blocking std::net::UdpSocket, waits with poll(2) until a datagram
-//! arrives or the endpoint's next timeout, and sends one datagram per sendto.
+//! non-blocking UDP socket, waits with ppoll(2) until a datagram arrives or the
+//! endpoint's next timeout, receives with recvmsg(2) and sends one datagram per
+//! sendto. Each datagram's receive time is the kernel's stamp (SO_TIMESTAMPNS),
+//! not a clock read per wake-up in this program.
 //! The client sends an 8-byte big-endian count; the server answers with that
 //! many bytes (slices of one reused buffer) and the stream's FIN. The client
 //! reads to the end, checks the count, prints `bytes=N seconds=S` and closes.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::ErrorKind;
-use std::net::{SocketAddr, UdpSocket};
+use std::cell::Cell;
+use std::io::{self, ErrorKind};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tquic::{Config, Connection, Endpoint, PacketInfo, PacketSendHandler, TlsConfig, TransportHandler};
@@ -68,11 +71,79 @@ fn socket(addr: SocketAddr) -> Res<Rc<UdpSocket>> {
     let s = UdpSocket::bind(addr)?;
     s.set_nonblocking(true)?;
     // a larger receive buffer (capped by net.core.rmem_max) keeps bursts from being dropped
-    unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF as *const _ as *const libc::c_void,
-                         std::mem::size_of::<libc::c_int>() as libc::socklen_t);
-    }
+    setsockopt(&s, libc::SO_RCVBUF, RCVBUF)?;
+    setsockopt(&s, libc::SO_TIMESTAMPNS, 1)?;
     Ok(Rc::new(s))
+}
+
+fn setsockopt(s: &UdpSocket, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    let rc = unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, opt, &value as *const _ as *const libc::c_void,
+                         std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Turns the kernel's receive stamps (CLOCK_REALTIME) into Instants, from one pair of
+/// clock readings taken at start-up.
+struct StampClock {
+    mono: Instant,
+    real: Duration,
+}
+
+impl StampClock {
+    fn new() -> Self {
+        let real = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        StampClock { mono: Instant::now(), real }
+    }
+
+    /// The stamp's Instant, or a clock reading when there is no stamp or it is before start-up
+    /// (the wall clock was stepped back).
+    fn instant(&self, stamp: Option<Duration>) -> Instant {
+        stamp.and_then(|s| s.checked_sub(self.real)).map_or_else(Instant::now, |d| self.mono + d)
+    }
+}
+
+/// One datagram into `buf`: its length, sender and kernel receive stamp.
+fn recv_stamped(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<Duration>)> {
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+    let mut control = [0u64; 8]; // room for one aligned SCM_TIMESTAMPNS message
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &mut addr as *mut _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut stamp = None;
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                stamp = Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    let from = match addr.ss_family as libc::c_int {
+        libc::AF_INET => {
+            let a = unsafe { *(&addr as *const _ as *const libc::sockaddr_in) };
+            SocketAddr::from((Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            let a = unsafe { *(&addr as *const _ as *const libc::sockaddr_in6) };
+            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a.sin6_addr.s6_addr), u16::from_be(a.sin6_port),
+                                             a.sin6_flowinfo, a.sin6_scope_id))
+        }
+        f => return Err(io::Error::new(ErrorKind::InvalidData, format!("address family {f}"))),
+    };
+    Ok((n as usize, from, stamp))
 }
 
 /// Sends the endpoint's packets, one datagram per sendto.
@@ -94,29 +165,30 @@ impl PacketSendHandler for Sender {
 /// Run the endpoint until `stop()` says so: receive, time out, process, send.
 fn run(ep: &mut Endpoint, sock: &UdpSocket, stop: impl Fn() -> bool) -> Res<()> {
     let local = sock.local_addr()?;
+    let clock = StampClock::new();
     let mut buf = vec![0u8; 65535];
     loop {
         ep.process_connections()?;
         if stop() {
             return Ok(());
         }
-        let ms = match ep.timeout() {
-            None => -1,
-            Some(t) => t.as_millis().min(60_000) as libc::c_int,
-        };
+        // ppoll to the nanosecond: poll's milliseconds would round a sub-millisecond timer
+        // down to 0 and spin until it expires
+        let wait = ep.timeout().map(|t| {
+            let t = t.min(Duration::from_secs(60));
+            libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long }
+        });
         let mut pfd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        unsafe { libc::poll(&mut pfd, 1, ms) };
+        unsafe { libc::ppoll(&mut pfd, 1, wait.as_ref().map_or(std::ptr::null(), |w| w as *const _), std::ptr::null()) };
         let mut got_any = false;
-        // one clock reading per batch of datagrams drained after a wake-up
-        let now = Instant::now();
         loop {
-            let (len, from) = match sock.recv_from(&mut buf) {
+            let (len, from, stamp) = match recv_stamped(sock, &mut buf) {
                 Ok(v) => v,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e.into()),
             };
             got_any = true;
-            let info = PacketInfo { src: from, dst: local, time: now };
+            let info = PacketInfo { src: from, dst: local, time: clock.instant(stamp) };
             // packets the endpoint cannot use (old connections) are dropped by it
             let _ = ep.recv(&mut buf[..len], &info);
         }
@@ -271,9 +343,11 @@ fn client(addr: &str, bytes: &str) -> Res<()> {
     // stop once the last byte arrived (the close frame went out with it) or the connection ended
     let st = state.clone();
     let deadline = Instant::now() + Duration::from_secs(600);
+    let turns = Cell::new(0u32); // the deadline is read every 4096 turns, not per wake-up
     run(&mut ep, &sock, move || {
         let s = st.borrow();
-        s.seconds.is_some() || s.closed || s.error.is_some() || Instant::now() > deadline
+        turns.set(turns.get().wrapping_add(1));
+        s.seconds.is_some() || s.closed || s.error.is_some() || (turns.get() % 4096 == 0 && Instant::now() > deadline)
     })?;
     let s = state.borrow();
     if let Some(e) = &s.error {
