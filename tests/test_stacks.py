@@ -1,0 +1,106 @@
+"""quinn, s2n-quic, quiche, tquic, quic-go and aioquic: a real profiled bulk transfer per
+stack, both ends attached.
+
+The endpoints are small programs under tests/endpoints/ (specs_rust.py,
+specs_go_python.py), built into a cache outside the repository and reused while
+their sources and toolchain are unchanged. Each test checks the JSON report's
+contract, that auto-detection loaded the stack's mapping file and its crypto and
+runtime files for both processes (and no other stack's), that the mappings leave
+at most 5% of either side Uncategorized, and that packet I/O and crypto are both seen.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, qprof
+from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+# Mapping coverage is measured on sampling alone (probes=()): probe handlers'
+# own cost is Uncategorized ("eBPF probes") and would blur what the mappings miss.
+
+MAX_UNCATEGORIZED = 0.05
+CRYPTO_FILES = {"ring", "rustls", "aws-lc", "boringssl", "crypto"}
+
+
+@dataclass(frozen=True)
+class Expect:
+    files: tuple[str, ...]  # the library/runtime mapping files that must load beside the stack file
+    unwind: str  # qprof's automatic unwinding choice for both processes
+    max_dso_only: float = 0.0  # share decided by rules naming only an object
+    extra_crypto: frozenset[str] = frozenset()  # crypto files that may load beside `files`
+    hp_both_sides: bool = True  # header protection seen on the sender too
+
+
+# The Rust endpoints are built with frame pointers but link glibc dynamically, whose
+# malloc/free and memcpy have none: `auto` chooses DWARF so those samples keep their
+# callers (with frame pointers, ~3% of quiche's client lost its callers). Their
+# senders' header protection (one AES block per packet, 0.1-1.7%) is too small to be
+# sure of a sample in a short run. Go keeps frame pointers; CPython does not.
+STACKS = {
+    "quinn": Expect(("ring", "rustls", "tokio", "rust-std"), "dwarf", hp_both_sides=False),
+    "s2nquic": Expect(("aws-lc", "tokio", "rust-std"), "dwarf", hp_both_sides=False),
+    "quiche": Expect(("boringssl", "rust-std"), "dwarf", hp_both_sides=False),
+    # payload AEAD in BoringSSL; its header protection in ring is detected only when a sample
+    # lands there (statically linked: detection reads the run's symbols), not in every short run
+    "tquic": Expect(("boringssl", "rust-std"), "dwarf", extra_crypto=frozenset({"ring"}), hp_both_sides=False),
+    "quicgo": Expect(("go-runtime",), "fp"),
+    # OpenSSL's libcrypto through cryptography; its Rust extension and aioquic's _buffer
+    # extension are matched by object
+    "aioquic": Expect(("python", "crypto"), "dwarf", max_dso_only=0.05),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STACKS))
+def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoint_build, tmp_path: Path) -> None:
+    from endpoints.transfer import profile
+
+    want = STACKS[name]
+    built = endpoint_build(name)
+    run, xfer = profile(built, out=tmp_path / "run", unwind="auto", probes=())
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    by_role = {p["role"]: p for p in report["processes"]}
+    assert set(by_role) == {"server", "client"}, [p["role"] for p in report["processes"]]
+    print(f"\n{name}: {xfer.client_output}, {xfer.goodput_gbps() or 0:.2f} Gbit/s profiled")
+    unwinding = report["run"]["unwinding"]
+    for role, p in sorted(by_role.items()):
+        shares = p["categories"]
+        print(f"  {role:6s} " + "  ".join(f"{c} {shares[c]:5.1%}" for c in CATEGORIES)
+              + f"  (dso-only {p['dso_only_share']:.1%}, {p['samples']} samples, "
+              f"unwind {unwinding[str(p['pid'])]['mode']})")
+        # the report's contract
+        assert set(shares) == set(CATEGORIES)
+        assert abs(sum(shares.values()) - 1.0) < 0.001
+        assert p["cpu_seconds"] > 0 and p["samples"] > 100
+        assert unwinding[str(p["pid"])]["mode"] == want.unwind, unwinding
+        # auto-detection: the stack file and its crypto/runtime files, named in the report
+        loaded = {m["name"] for m in p["mappings"]}
+        assert {built.spec.mapping, *want.files} <= loaded, loaded
+        # ... and no other stack's or crypto library's file
+        assert {m["name"] for m in p["mappings"] if m["kind"] == "stack"} == {built.spec.mapping}, loaded
+        assert loaded & CRYPTO_FILES <= set(want.files) & CRYPTO_FILES | want.extra_crypto, loaded
+        # the mappings cover the run; statically linked crypto is matched by symbols, not by the binary
+        top_unknown = [(s["symbol"], s["share"]) for s in p["top_symbols"][UNCATEGORIZED][:5]]
+        assert shares[UNCATEGORIZED] <= MAX_UNCATEGORIZED, (role, shares[UNCATEGORIZED], top_unknown)
+        assert shares["Packet I/O"] > 0.02 and shares["Crypto"] > 0.02, (role, shares)
+        assert shares["Connection Mgmt"] > 0.05, (role, shares)
+        assert p["dso_only_share"] <= want.max_dso_only, "no rule may cover a whole application binary"
+        subs = p["subcategories"]["Crypto"]
+        assert subs.get("aead", 0) > 0.02, subs
+        if role == "client" or want.hp_both_sides:
+            assert subs.get("header protection", 0) > 0, subs
+
+
+@pytest.mark.parametrize("name", sorted(STACKS))
+def test_cached_build_is_reused(name: str, endpoint_build) -> None:
+    from endpoints.build import build
+
+    first = endpoint_build(name)
+    again = build(name)
+    assert again.directory == first.directory and again.build_seconds == 0.0
+    assert first.directory.is_dir() and not str(first.directory).startswith(str(ROOT))
