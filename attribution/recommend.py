@@ -37,6 +37,10 @@ def _first_int(value: object) -> int:
     return int(parts[0]) if parts and parts[0].isdigit() else 0
 
 
+def _one_at_a_time(per_call: float | None) -> bool:
+    return per_call is not None and per_call < ONE_PER_CALL
+
+
 def recommend(pio: PacketIO, comms: dict[int, str],
               mmsg_seen: dict[int, set[str]] | None = None) -> list[Recommendation]:
     """`mmsg_seen`: batching calls seen in each process's samples (counted only by opt-in probes)."""
@@ -61,8 +65,9 @@ def recommend(pio: PacketIO, comms: dict[int, str],
                 f"raise the receive buffer to {_kib(target)} or more (setsockopt SO_RCVBUF; the kernel caps it "
                 f"at net.core.rmem_max = {_kib(rmem_max)}, raise that too or use SO_RCVBUFFORCE)"))
         rx, tx = p.rx, p.tx
-        # batching advice only for the direction that carries the data, not for ACKs
-        if rx.bytes >= tx.bytes and rx.dgrams >= MIN_DATAGRAMS and (rx.per_syscall() or 0) < ONE_PER_CALL \
+        # batching advice only for the direction that carries the data, not for ACKs, and only when
+        # the calls were counted (a damaged archive can hold datagrams without calls)
+        if rx.bytes >= tx.bytes and rx.dgrams >= MIN_DATAGRAMS and _one_at_a_time(rx.per_syscall()) \
                 and not rx.offload_socket_msgs and not rx.mmsg_calls and "recvmmsg" not in mmsg_seen.get(pid, set()):
             out.append(Recommendation(
                 pid, "receive batching",
@@ -70,7 +75,7 @@ def recommend(pio: PacketIO, comms: dict[int, str],
                 f"({rx.per_syscall():.2f} per call), no UDP_GRO and no recvmmsg",
                 "enable UDP_GRO (setsockopt SOL_UDP, UDP_GRO) or receive with recvmmsg to move many datagrams "
                 "per system call"))
-        if tx.bytes >= rx.bytes and tx.dgrams >= MIN_DATAGRAMS and (tx.per_syscall() or 0) < ONE_PER_CALL \
+        if tx.bytes >= rx.bytes and tx.dgrams >= MIN_DATAGRAMS and _one_at_a_time(tx.per_syscall()) \
                 and not tx.offload_skbs and not tx.mmsg_calls and "sendmmsg" not in mmsg_seen.get(pid, set()):
             out.append(Recommendation(
                 pid, "send batching",

@@ -98,16 +98,20 @@ class Obj(Of):
 
 
 class MapOf(Of):
-    """A JSON object with free keys whose values all have one shape."""
+    """A JSON object with free keys whose values all have one shape; `numbered`: the keys are
+    decimal numbers (CPUs, pids, thread ids), which readers turn into ints."""
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: Any, numbered: bool = False) -> None:
         self.item = spec(item)
+        self.numbered = numbered
         self.desc = "an object"
 
     def check(self, value: Any, where: str) -> str | None:
         if not isinstance(value, dict):
             return f"{where} must be an object"
         for k, v in value.items():
+            if self.numbered and not (isinstance(k, str) and k.isascii() and k.isdigit()):
+                return f"{where} keys must be decimal numbers, not {k!r}"
             bad = self.item.check(v, f"{where}[{k!r}]")
             if bad:
                 return bad
@@ -145,13 +149,13 @@ _OBJECT = Obj({"path": STR, "build_id": OPT_STR, "symbols": OPT_STR, "go": T(boo
 META = Obj({
     "format": STR, "version": ANY, "status": STR, "incomplete_reason": OPT_STR, "qprof_version": OPT_STR,
     "host": Obj({"kernel": OPT_STR, "kernel_build": OPT_STR, "machine": OPT_STR, "cpu_model": OPT_STR,
-                 "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT),
+                 "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT, numbered=True),
                  "nics": [Obj({"name": STR, "numa_node": OPT_INT}, required=("name", "numa_node"))]}),
     "tools": MapOf(OPT_STR), "kernel_features": MapOf(ANY),
     "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL,
                      "groups": [{"unwind": STR, "pids": [INT], "perf_data": STR}]}),
     "targets": [Obj({"pid": INT, "comm": STR, "cmdline": [STR], "exe": OPT_STR, "objects": [_OBJECT],
-                     "threads": MapOf(STR), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,
+                     "threads": MapOf(STR, numbered=True), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,
                      "unwind_reason": OPT_STR}, required=("pid",))],
     "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
     "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
@@ -162,7 +166,7 @@ META = Obj({
 
 _HIST = [{"min": OPT_NUM, "max": OPT_NUM, "count": NUM}]
 _MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))
-_SNAPSHOT = {"softirq_seconds": MapOf(NUM), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
+_SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
              "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
 _COUNTERS = MapOf(OPT_NUM)
 PROBES = Obj({
@@ -176,19 +180,26 @@ PROBES = Obj({
                                "run_time_ns": OPT_NUM}],
                  "by_group": MapOf({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM})},
                 required=("bpf_run_cnt", "bpf_run_time_ns")),
-    "drop_reason_names": MapOf(STR), "sockets_error": OPT_STR,
+    "drop_reason_names": MapOf(STR, numbered=True), "sockets_error": OPT_STR,
     "sockets": [{"fds": [INT], "pids": [INT], "port": OPT_INT, "local": STR, "peer": STR,
                  "first": _COUNTERS, "last": _COUNTERS, "first_time": NUM, "last_time": NUM}],
     "crypto": MapOf(Any),
 })
 
+# every field is always written: a reading lacking one is damaged, and skipped
+_THREAD = ("tid", "comm", "state", "utime_s", "stime_s", "on_cpu_s", "run_delay_s", "syscall", "cpu")
+_CGROUP = ("version", "path", "quota_cores", "nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
     "t": NUM, "mono": NUM,
-    "threads": MapOf([{"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
-                       "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT}]),
-    "cgroups": MapOf(Either(T(None), {"version": STR, "path": STR, "quota_cores": OPT_NUM,
-                                      "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM})),
-})
+    "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
+                           "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT},
+                          required=_THREAD)],
+                     numbered=True),
+    "cgroups": MapOf(Either(T(None), Obj({"version": STR, "path": STR, "quota_cores": OPT_NUM,
+                                          "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM},
+                                         required=_CGROUP)),
+                     numbered=True),
+}, required=("t", "mono", "threads"))
 
 
 def _no_constant(name: str) -> Any:

@@ -15,6 +15,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tests"
 QPROF = [sys.executable, "-m", "qprof.cli"]
+# QPROF_FUZZ_SCALE=20 multiplies every property test's example count, for a deeper hunt than CI's
+FUZZ_SCALE = int(os.environ.get("QPROF_FUZZ_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    """A property test's example count under QPROF_FUZZ_SCALE."""
+    return n * FUZZ_SCALE
 
 
 def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,

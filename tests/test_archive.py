@@ -20,6 +20,7 @@ from qprof.collectors.procfs import REDACTED, redact_cmdline
 from qprof.collectors.stacks import StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
+from conftest import examples
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -61,7 +62,7 @@ _rec = st.builds(StackRecord, st.integers(-1, 2**31), st.integers(-1, 2**31), _t
                  st.lists(st.tuples(_txt, _txt), max_size=5).map(tuple))
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(100), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_rec, max_size=8))
 def test_round_trip_property(tmp_path: Path, recs: list[StackRecord]) -> None:
     p = tmp_path / "s.jsonl.gz"
@@ -80,7 +81,7 @@ def test_fold_aggregates_counts_and_periods() -> None:
     assert fold([]) == []
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b"]),
                           st.integers(0, 10**9), st.sampled_from([(), (("f", K),), (("g", APP), ("f", K))]))))
 def test_fold_preserves_totals(samples: list[Sample]) -> None:
@@ -279,7 +280,7 @@ def test_redact_cmdline(argv: list[str], expected: list[str]) -> None:
     assert redact_cmdline(argv) == expected
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), max_size=8))
 def test_redact_keeps_shape(argv: list[str]) -> None:
     out = redact_cmdline(argv)

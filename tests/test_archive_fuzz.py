@@ -1,5 +1,5 @@
-"""Damaged archives: a real capture, then its files cut, corrupted or given values of the wrong
-type. `report` (every format) either works or stops with one line naming the problem; never a
+"""Damaged archives: a real capture, then its files cut, corrupted, given values of the wrong
+type or missing fields. `report` (every format) either works or stops with one line naming the problem; never a
 traceback. Property-based: hypothesis picks the field and the value."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import qprof
+from conftest import examples, qprof
 from qprof.cli import print_report
 from qprof.errors import QprofError
 
@@ -61,31 +61,40 @@ def _paths(obj: Any, pre: tuple = ()) -> list[tuple]:
     return out
 
 
+_DELETE = object()  # the field is removed instead of given a value
 _values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
                     st.text(max_size=8), st.just([]), st.just({}), st.just([1, "x"]), st.just({"a": 1}),
-                    st.just([{"min": "x"}]))
+                    st.just([{"min": "x"}]), st.just(_DELETE))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(data=st.data())
-def test_wrong_types_anywhere(capture: Path, tmp_path: Path, data: st.DataObject) -> None:
-    fname = data.draw(st.sampled_from(["meta.json", "probes.json"]))
-    doc = json.loads((capture / fname).read_text())
+def test_wrong_types_or_missing_fields_anywhere(capture: Path, tmp_path: Path, data: st.DataObject) -> None:
+    fname = data.draw(st.sampled_from(["meta.json", "probes.json", "proc.jsonl"]))
+    text = (capture / fname).read_text()
+    # proc.jsonl: one of its readings (a JSON document per line)
+    docs = [json.loads(line) for line in text.splitlines()] if fname.endswith(".jsonl") else [json.loads(text)]
+    i = data.draw(st.integers(0, len(docs) - 1))
+    doc = docs[i]
     path = data.draw(st.sampled_from([p for p in _paths(doc) if p]))
     value = data.draw(_values)
     node = doc
     for k in path[:-1]:
         node = node[k]
-    node[path[-1]] = value
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
     run = tmp_path / "r"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(capture, run)
-    (run / fname).write_text(json.dumps(doc))
+    (run / fname).write_text("".join(json.dumps(d) + "\n" for d in docs) if fname.endswith(".jsonl")
+                             else json.dumps(doc))
     report_ok_or_qprof_error(run, data.draw(st.sampled_from(["json", "text", "folded"])))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["meta.json", "probes.json", "proc.jsonl", "probe-packetio.jsonl", "stacks.jsonl.gz"]),
        cut=st.floats(0.0, 1.0), flip=st.booleans())
 def test_cut_or_corrupted_files(capture: Path, tmp_path: Path, name: str, cut: float, flip: bool) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import qprof
+from conftest import examples, qprof
 from qprof.collectors.chunks import ChunkFolder, FoldState, chunk_files
 from qprof.collectors.perfscript import Sample
 from qprof.collectors.stacks import fold, read_header, read_stacks, write_stacks
@@ -121,7 +121,7 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
     assert any("folding is slower than sampling" in s for s in said)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b c"]),
                           st.integers(0, 10**9), st.sampled_from([(), (("f", "[kernel.kallsyms]"),)])),
                 max_size=20),
@@ -136,7 +136,7 @@ def test_header_round_trip(tmp_path_factory: pytest.TempPathFactory, samples: li
     assert st_.folded == folded and sum(v[0] for v in st_.acc.values()) == len(samples)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from([
     '{"type": "map", "data": {"@a": {"1,2": 3}}}', '{"type": "map", "data": {"@a": {"1,2": 5}}',
     '{"type": "hist", "data": {"@h": [{"min": 0, "max": 4, "count": 2}]}}', '{"type": "map"}',

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, is_kernel_dso
 from qprof.attribution.mapping import MappingSet, parse_mapping
+from conftest import examples
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -295,7 +296,7 @@ POOL = (
 _PROP_CLF = Classifier([f for f, _ in _shipped_set().for_process([d for _, d in POOL], [s for s, _ in POOL])])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.sampled_from(POOL), max_size=25))
 def test_classify_total_and_deterministic(frames: list[tuple[str, str]]) -> None:
     c = _PROP_CLF

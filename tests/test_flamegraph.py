@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, qprof
+from conftest import ROOT, examples, qprof
 from test_archive import CLIENT, SERVER, _fake_run
 from test_bad_input import one_line_error
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
@@ -84,7 +84,7 @@ def flame_of(root: FrameNode) -> Flame:
     return Flame(root, "t <&> \"title\"", "s", 1e-9, [])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(stacks_st)
 def test_tree_totals_and_majority(stacks: list) -> None:
     root = tree_of(stacks)
@@ -129,7 +129,7 @@ def test_colours_one_family_per_category_shade_by_name() -> None:
 
 # ------------------------------------------------------------------ SVG
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(stacks_st)
 def test_svg_carries_any_name_as_text(stacks: list) -> None:
     """Hostile names (markup, quotes, NUL, lone surrogates, CR) stay data: the SVG parses, every frame's
@@ -183,7 +183,7 @@ def _unnest(d: dict) -> list[tuple[int, str, int]]:
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(stacks_st)
 def test_html_data_round_trips_and_cannot_close_its_script(stacks: list) -> None:
     root = tree_of(stacks)

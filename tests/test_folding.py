@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import capture_ngtcp2
+from conftest import capture_ngtcp2, examples
 from qprof.collectors import perfdata
 from qprof.collectors.archive import Run
 from qprof.collectors.folding import SliceSpec, fold_run, merge, run_slices, run_specs, time_slices
@@ -30,7 +30,7 @@ def _inside(t: int, window: tuple[int | None, int | None]) -> bool:
     return (start is None or t >= start) and (end is None or t <= end)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(st.integers(0, 2**63), max_size=8), st.lists(st.integers(0, 2**63), max_size=30))
 def test_time_slices_cover_every_timestamp_once(cuts: list[int], times: list[int]) -> None:
     slices = time_slices(cuts)
@@ -45,7 +45,7 @@ _samples = st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.s
                                                              max_size=3).map(tuple)), max_size=40)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(_samples, st.lists(st.integers(0, 40), max_size=4))
 def test_merge_of_consecutive_parts_is_the_whole_fold(samples: list[Sample], cuts: list[int]) -> None:
     bounds = [0, *sorted(c for c in cuts if c <= len(samples)), len(samples)]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import QPROF
+from conftest import QPROF, examples
 from qprof.attribution.live import LiveMonitor
 from qprof.collectors.session import LiveData
 
@@ -57,7 +57,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                      max_leaves=20)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.dictionaries(st.text(max_size=12), _json, max_size=6), st.dictionaries(st.text(max_size=6), _json,
                                                                                   max_size=4))
 def test_garbage_live_data_never_raises(maps: dict, threads: dict) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.mapping import MappingError, MappingSet, load_file, parse_mapping, shipped
+from conftest import examples
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 NGTCP2 = "/usr/lib/x86_64-linux-gnu/libngtcp2.so.16"
@@ -233,7 +234,7 @@ _toml_bits = st.sampled_from([
 ])
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=300), st.lists(_toml_bits, max_size=12).map("\n".join)))
 def test_arbitrary_text_raises_only_mapping_error(text: str) -> None:
     try:
@@ -375,7 +376,7 @@ def _regexes(draw: st.DrawFn, depth: int = 2) -> str:
     return "".join(parts)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_regexes(), st.sampled_from(["a" * 28 + "!", "ab" * 14 + "c", "x" * 30, ""]))
 def test_any_pattern_is_refused_or_bounded(pat: str, subject: str) -> None:
     import time

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qprof.collectors.perfscript import (
+from conftest import examples
     KERNEL_DSO,
     UNKNOWN,
     ParseStats,
@@ -195,7 +196,7 @@ def test_stats_optional() -> None:
 _no_ctl = st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"))
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=400))
 def test_arbitrary_text_never_raises(text: str) -> None:
     stats = ParseStats()
@@ -207,7 +208,7 @@ def test_arbitrary_text_never_raises(text: str) -> None:
     assert stats.bad_lines + sum(1 + len(s.frames) for s in samples) == len(nonblank)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.sampled_from([
     "  server 1/2 100", "\tffffffff8e0a1234 f ([kernel.kallsyms])", "\t    7f00 g (/x.so (deleted))",
     "", "   ", "garbage", "\t", "\tabc", "  a b 1/2 3 ev:", "\t 7f [unknown] ([unknown])",
@@ -262,7 +263,7 @@ def _render(comm: str, pid: int, tid: int, period: int, frames: list[tuple[int, 
     return "\n".join(out) + "\n"
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_sample, max_size=6), st.booleans())
 def test_round_trip(samples: list, trailing_blank: bool) -> None:
     text = "\n".join(_render(*s) for s in samples)

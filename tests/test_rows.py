@@ -14,6 +14,7 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import median
 from qprof.viewer import rows as R
 from test_archive import CLIENT, SERVER, _fake_run
+from conftest import examples
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ _row = st.fixed_dictionaries({
     "share": st.floats(0, 1), "cpu_seconds": st.floats(0, 100)})
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(_row, max_size=60), st.randoms(use_true_random=False))
 def test_summary_groups_and_is_invariant_to_order(rows: list[dict], rnd: random.Random) -> None:
     summary = R.summary_rows(rows)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qprof.attribution.stats import median, median_ci, min_n
+from conftest import examples
 
 _values = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60)
 
@@ -50,7 +51,7 @@ def test_nan_and_bad_level_refused() -> None:
         median([])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(_values)
 def test_interval_contains_the_median_and_coverage_reaches_the_level(xs: list[float]) -> None:
     ci = median_ci(xs)
@@ -64,7 +65,7 @@ def test_interval_contains_the_median_and_coverage_reaches_the_level(xs: list[fl
         assert not ci.available
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(_values, st.randoms(use_true_random=False))
 def test_invariant_to_order(xs: list[float], rnd: random.Random) -> None:
     ys = xs[:]
@@ -72,7 +73,7 @@ def test_invariant_to_order(xs: list[float], rnd: random.Random) -> None:
     assert median_ci(xs) == median_ci(ys)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(_values, st.floats(0.5, 100), st.floats(-100, 100))
 def test_moves_with_an_increasing_transform(xs: list[float], a: float, b: float) -> None:
     ci, cj = median_ci(xs), median_ci([a * x + b for x in xs])

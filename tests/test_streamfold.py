@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from qprof.collectors.perfscript import KERNEL_DSO, ParseStats, parse_samples
 from qprof.collectors.stacks import StackRecord, fold
 from qprof.collectors.streamfold import StreamFolder
+from conftest import examples
 
 SAMPLE = ("      gtlsserver  9926/9926     1001001 \n"
           "\tffffffff8e0a1234 udp_sendmsg ([kernel.kallsyms])\n"
@@ -118,13 +119,13 @@ _text = st.builds(lambda blocks, seps: "".join(b + s for b, s in zip(blocks, sep
                   st.lists(_block, max_size=12), st.lists(_sep, min_size=12, max_size=12))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(_text, st.lists(st.integers(0, 600), max_size=8), st.integers(1, 6), st.integers(8, 400))
 def test_same_as_line_parser(text: str, cuts: list[int], max_texts: int, max_block: int) -> None:
     same(streamed(text, cuts, max_texts, max_block), reference(text))
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=300), st.lists(st.integers(0, 300), max_size=6), st.integers(1, 4), st.integers(4, 200))
 def test_same_as_line_parser_on_any_text(text: str, cuts: list[int], max_texts: int, max_block: int) -> None:
     # io.StringIO splits on "\n" only, as the folder does (perf's pipe is decoded with universal newlines first)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qprof.attribution.verdict import THRESHOLDS, judge, side_evidence
+from conftest import examples
 
 VERDICTS = {"server-limited", "client-limited", "both", "neither"}
 
@@ -87,7 +88,7 @@ def test_thresholds_are_reported() -> None:
     assert v.to_json()["thresholds"] == THRESHOLDS
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.floats(0, 2), st.floats(0, 1), st.floats(0, 2), st.floats(0, 1),
        st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64))
 def test_always_one_of_four(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
