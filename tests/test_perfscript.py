@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qprof.collectors.perfscript import (
 from conftest import examples
+from qprof.collectors.perfscript import (
     KERNEL_DSO,
     UNKNOWN,
     ParseStats,
