@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qprof.attribution.packetio import analyse
+from qprof.collectors import schema
 from qprof.collectors.session import LiveData
 
 
@@ -78,7 +79,8 @@ class LiveMonitor:
 
     def update(self, d: LiveData) -> LiveFrame:
         pids = [int(t["pid"]) for t in d.targets]
-        pio = analyse({"programs": {"packetio": {"maps": d.maps}}}, pids) if d.maps else None
+        maps = schema.probe_maps(d.maps)
+        pio = analyse({"programs": {"packetio": {"maps": maps}}}, pids) if maps else None
         packets = {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
                    for p, v in (pio.processes.items() if pio else [])}
         now = _Counters(float(d.reading.get("mono", 0.0)), _on_cpu(d.reading), packets,

@@ -170,7 +170,7 @@ _SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NU
              "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
 _COUNTERS = MapOf(OPT_NUM)
 PROBES = Obj({
-    "groups": [STR], "unavailable": [{"probe": STR, "reason": STR}], "bpftrace_version": OPT_STR,
+    "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))], "bpftrace_version": OPT_STR,
     "programs": MapOf({"maps": MapOf(_MAP), "output": STR, "script": STR, "exit": OPT_INT,
                        "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM}),
     "before": _SNAPSHOT, "after": _SNAPSHOT,
@@ -186,9 +186,9 @@ PROBES = Obj({
     "crypto": MapOf(Any),
 })
 
-# every field is always written: a reading lacking one is damaged, and skipped
-_THREAD = ("tid", "comm", "state", "utime_s", "stime_s", "on_cpu_s", "run_delay_s", "syscall", "cpu")
-_CGROUP = ("version", "path", "quota_cores", "nr_periods", "nr_throttled", "throttled_s")
+# fields that readers index: a reading lacking one is damaged, and skipped
+_THREAD = ("tid", "comm", "utime_s", "stime_s")
+_CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
     "t": NUM, "mono": NUM,
     "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
@@ -199,7 +199,7 @@ PROC_READING = Obj({
                                           "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM},
                                          required=_CGROUP)),
                      numbered=True),
-}, required=("t", "mono", "threads"))
+}, required=("mono", "threads"))
 
 
 def _no_constant(name: str) -> Any:
@@ -221,3 +221,11 @@ def validate(doc: Any, shape: Of, name: str) -> None:
 
 def conforms(doc: Any, shape: Of) -> bool:
     return shape.check(doc, "") is None
+
+
+def probe_maps(maps: Any) -> dict[str, Any]:
+    """The maps of one probe snapshot that have a map's shape; for readers that go on without
+    the others (the live view), where an archive's reader refuses the whole document."""
+    if not isinstance(maps, dict):
+        return {}
+    return {k: v for k, v in maps.items() if isinstance(k, str) and _MAP.check(v, "") is None}

@@ -221,8 +221,9 @@ def test_run_open_missing_dir_and_file(tmp_path: Path) -> None:
 
 def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
     (tmp_path / archive.META).write_text(json.dumps(_meta()))
-    (tmp_path / archive.PROC).write_text('{"t": 1}\n[1]\n{"t": 2, "thr')
-    assert list(Run.open(tmp_path).proc_readings()) == [{"t": 1}]
+    whole = {"t": 1, "mono": 1, "threads": {}}
+    (tmp_path / archive.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
+    assert list(Run.open(tmp_path).proc_readings()) == [whole]
 
 
 def test_create_run_dir(tmp_path: Path) -> None:
