@@ -33,6 +33,16 @@ def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
     return r
 
 
+@pytest.fixture
+def user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty XDG_CONFIG_HOME of the test's own (inherited by the qprof it runs), so that no
+    developer's per-user mapping files take part."""
+    cfg = tmp_path / "xdg"
+    cfg.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cfg))
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def kernel_facing() -> None:
     """Root and perf: what sampling other processes' kernel stacks needs."""

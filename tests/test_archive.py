@@ -29,9 +29,7 @@ GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"
 APP = "/usr/bin/gtlsserver"
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 ODD = [

@@ -10,9 +10,7 @@ from conftest import qprof
 from test_archive import _fake_run
 
 
-@pytest.fixture(autouse=True)
-def _no_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def test_mappings_lists_shipped_files() -> None:

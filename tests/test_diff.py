@@ -32,9 +32,7 @@ SEAL = (("gnutls_cipher_encrypt2", GNUTLS), ("ngtcp2_conn_write_pkt", NGTCP2))
 MS = 1_000_000  # one sample's period: 1 ms of CPU
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def make_run(path: Path, procs: list[dict[str, Any]]) -> Path:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,9 +20,7 @@ NETTLE = "/usr/lib/x86_64-linux-gnu/libnettle.so.8.8"
 APP = "/usr/bin/gtlsserver"
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def clf(*texts: str) -> Classifier:

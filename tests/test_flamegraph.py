@@ -39,9 +39,7 @@ K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def hls(colour: str) -> tuple[float, float, float]:

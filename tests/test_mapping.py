@@ -20,12 +20,7 @@ NGTCP2 = "/usr/lib/x86_64-linux-gnu/libngtcp2.so.16"
 GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30"
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cfg = tmp_path / "xdg"
-    cfg.mkdir()
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(cfg))
-    return cfg
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def err_line(text: str, path: str = "m.toml") -> int:
@@ -273,10 +268,10 @@ def test_for_process_selects_by_detect() -> None:
     assert [f.name for f, _ in ms.for_process(["/usr/lib/libuv.so.1"], [])] == ["eventloop", "common"]
 
 
-def test_user_files_first_in_given_order(tmp_path: Path, _no_real_user_dir: Path) -> None:
+def test_user_files_first_in_given_order(tmp_path: Path, user_config: Path) -> None:
     a = write(tmp_path, "a.toml", user_map("zzz"))
     b = write(tmp_path, "b.toml", user_map("aaa"))
-    udir = _no_real_user_dir / "qprof" / "mappings"
+    udir = user_config / "qprof" / "mappings"
     write(udir, "2.toml", user_map("u2"))
     write(udir, "1.toml", user_map("u1"))
     write(udir, "notes.txt", "ignored")
@@ -320,8 +315,8 @@ def test_detect_by_symbol() -> None:
     assert "s" not in [f.name for f, _ in ms.for_process([], ["main"])]
 
 
-def test_bad_user_dir_file_is_an_error(_no_real_user_dir: Path) -> None:
-    write(_no_real_user_dir / "qprof" / "mappings", "bad.toml", "[mapping\n")
+def test_bad_user_dir_file_is_an_error(user_config: Path) -> None:
+    write(user_config / "qprof" / "mappings", "bad.toml", "[mapping\n")
     with pytest.raises(MappingError, match=r"bad\.toml:1: "):
         MappingSet.load()
 

@@ -9,8 +9,6 @@ and the shipped mappings classify each stack as its code says.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from qprof.attribution.categories import CONNECTION, CRYPTO, PACKET_IO
@@ -34,9 +32,7 @@ SEND_KERNEL = [(s, K) for s in ("ip_finish_output2", "ip_output", "ip_send_skb",
                                 "do_syscall_64", "entry_SYSCALL_64_after_hwframe")]
 
 
-@pytest.fixture(autouse=True)
-def _no_real_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+pytestmark = pytest.mark.usefixtures("user_config")
 
 
 def at(dso: str, *syms: str) -> list[Frame]:
