@@ -314,24 +314,24 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
     return case
 
 
-def case_perf_missing(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "3", path=lab.path_without("perf"))
-    rc, err = _finish(att)
-    ok, detail = _expect(rc, err, 2, "perf not found")
-    return ok and not run.exists(), detail, run, {att.pid}
+def _perf_refused(make_path: Callable[[Lab], str],
+                  needle: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[int]]]:
+    """perf unusable before sampling starts: attach refuses in one line and writes no archive."""
+    def case(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+        t = lab.target()
+        run = lab.root / "run"
+        att = lab.attach([t.pid], run, "-d", "3", path=make_path(lab))
+        rc, err = _finish(att)
+        ok, detail = _expect(rc, err, 2, needle)
+        return ok and not run.exists(), detail, run, {att.pid}
+    return case
 
 
-def case_perf_too_old(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
-    path = lab.wrapper_path("perf-old", "perf",
-                            'case "$1" in --version|version) echo "perf version 4.19.0"; exit 0;; esac')
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "3", path=path)
-    rc, err = _finish(att)
-    ok, detail = _expect(rc, err, 2, "too old")
-    return ok and not run.exists(), detail, run, {att.pid}
+case_perf_missing = _perf_refused(lambda lab: lab.path_without("perf"), "perf not found")
+case_perf_too_old = _perf_refused(
+    lambda lab: lab.wrapper_path("perf-old", "perf",
+                                 'case "$1" in --version|version) echo "perf version 4.19.0"; exit 0;; esac'),
+    "too old")
 
 
 def case_perf_crashes(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
