@@ -170,7 +170,8 @@ _SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NU
              "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
 _COUNTERS = MapOf(OPT_NUM)
 PROBES = Obj({
-    "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))], "bpftrace_version": OPT_STR,
+    "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))],
+    "bpftrace_version": OPT_STR,
     "programs": MapOf({"maps": MapOf(_MAP), "output": STR, "script": STR, "exit": OPT_INT,
                        "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM}),
     "before": _SNAPSHOT, "after": _SNAPSHOT,

@@ -67,14 +67,14 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.flo
                     st.just([{"min": "x"}]), st.just(_DELETE))
 
 
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_wrong_types_or_missing_fields_anywhere(capture: Path, tmp_path: Path, data: st.DataObject) -> None:
     fname = data.draw(st.sampled_from(["meta.json", "probes.json", "proc.jsonl"]))
     text = (capture / fname).read_text()
-    # proc.jsonl: one of its readings (a JSON document per line)
-    docs = [json.loads(line) for line in text.splitlines()] if fname.endswith(".jsonl") else [json.loads(text)]
+    jsonl = fname.endswith(".jsonl")  # proc.jsonl: one of its readings (a JSON document per line)
+    docs = [json.loads(line) for line in text.splitlines()] if jsonl else [json.loads(text)]
     i = data.draw(st.integers(0, len(docs) - 1))
     doc = docs[i]
     path = data.draw(st.sampled_from([p for p in _paths(doc) if p]))
@@ -89,12 +89,12 @@ def test_wrong_types_or_missing_fields_anywhere(capture: Path, tmp_path: Path, d
     run = tmp_path / "r"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(capture, run)
-    (run / fname).write_text("".join(json.dumps(d) + "\n" for d in docs) if fname.endswith(".jsonl")
-                             else json.dumps(doc))
+    (run / fname).write_text("".join(json.dumps(d) + "\n" for d in docs) if jsonl else json.dumps(doc))
     report_ok_or_qprof_error(run, data.draw(st.sampled_from(["json", "text", "folded"])))
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["meta.json", "probes.json", "proc.jsonl", "probe-packetio.jsonl", "stacks.jsonl.gz"]),
        cut=st.floats(0.0, 1.0), flip=st.booleans())
 def test_cut_or_corrupted_files(capture: Path, tmp_path: Path, name: str, cut: float, flip: bool) -> None:
