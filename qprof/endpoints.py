@@ -117,19 +117,22 @@ def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one role's process runs: a network namespace and a cgroup, entered before exec.
+    """Where one role's process runs: a network namespace, a cgroup and CPUs, entered before exec.
 
     `netns` is a namespace file (e.g. /run/netns/NAME, what `ip netns add`
     makes); `cgroups` are cgroup directories (one per hierarchy) the process
-    joins. `preexec()` runs in the child between fork and exec, so the program
+    joins; `cpus` its CPU affinity (empty: any CPU). `preexec()` runs in the child between fork and exec, so the program
     starts there, capped from its first instruction; `check(pid)` confirms it
     from the parent.
     """
 
     netns: str | None = None
     cgroups: tuple[str, ...] = ()
+    cpus: tuple[int, ...] = ()
 
     def preexec(self) -> None:
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
         if self.netns:
             fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -150,6 +153,8 @@ class Placement:
             with open(os.path.join(cg, "cgroup.procs"), encoding="ascii") as f:
                 if str(pid) not in f.read().split():
                     raise QprofError(f"pid {pid} is not in cgroup {cg}")
+        if self.cpus and os.sched_getaffinity(pid) != set(self.cpus):
+            raise QprofError(f"pid {pid} is not bound to CPUs {list(self.cpus)}")
 
 
 def _trace_me() -> None:

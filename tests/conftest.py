@@ -121,20 +121,28 @@ def attach_held(cmd: list[str], run: Path, **options: Any) -> Any:
 
 # Real ngtcp2 transfers for the flame graph and diff tests: name -> gtlsserver options.
 NGTCP2_CAPTURES = {"gso": (), "no-gso": ("--max-gso-dgrams=1",)}
+# ... with server and client on one CPU. Left to the scheduler, each arm of the diff is bimodal
+# (the server's Packet I/O at ~25% or ~48% with GSO, ~43% or ~60% without: where the loopback
+# receive path runs) and 5 of 13 paired runs failed the diff test; on one CPU, 14 of 14 passed
+# (+14 to +22 pp, 3.1-4.3x the CPU s/GB).
+NGTCP2_CAPTURE_CPUS = (0,)
 
 
-def capture_ngtcp2(run: Path, size: int = 128 << 20, server_args: tuple[str, ...] = (), **options: Any) -> Path:
+def capture_ngtcp2(run: Path, size: int = 128 << 20, server_args: tuple[str, ...] = (), cpus: tuple[int, ...] = (),
+                   **options: Any) -> Path:
     """Attach qprof (AttachOptions `**options`) to a real ngtcp2 server (started with `server_args`) and
-    client, both with roles, from the client's first packet until it has downloaded `size` bytes."""
+    client, both with roles and bound to `cpus` (empty: any), from the client's first packet until it has
+    downloaded `size` bytes."""
     from qprof.collectors.session import AttachOptions, AttachSession
-    from qprof.endpoints import Ngtcp2Transfer
+    from qprof.endpoints import Ngtcp2Transfer, Placement
 
     class Transfer(Ngtcp2Transfer):
         def server_command(self, key: Path, cert: Path) -> list[str]:
             cmd = super().server_command(key, cert)
             return [cmd[0], *server_args, *cmd[1:]]
 
-    with Transfer(size) as xfer:
+    placement = {role: Placement(cpus=cpus) for role in ("server", "client")} if cpus else {}
+    with Transfer(size, placement=placement) as xfer:
         server = xfer.start_server()
         client = xfer.start_client_stopped()
         AttachSession(AttachOptions(pids=[server, client], out=run, roles={server: "server", client: "client"},
@@ -153,7 +161,7 @@ def ngtcp2_capture(ngtcp2_tools: None, probes_available: None, tmp_path_factory:
     def get(name: str) -> Path:
         if name not in made:
             made[name] = capture_ngtcp2(tmp_path_factory.mktemp(f"ngtcp2-{name}") / "run", 512 << 20,
-                                        NGTCP2_CAPTURES[name])
+                                        NGTCP2_CAPTURES[name], NGTCP2_CAPTURE_CPUS)
         return made[name]
 
     return get
