@@ -23,6 +23,9 @@ from qprof.collectors.stacks import StackRecord
 Visitor = Callable[[StackRecord, Decision], None]
 
 NS_EVENTS = ("cpu-clock", "task-clock")
+# where the mappings put probe frames (mappings/common.toml), and the share past which the report warns
+PROBES = ("Uncategorized", "eBPF probes")
+PROBE_SHARE_LIMIT = 0.02
 # Batching system calls, as their kernel entry points show in samples: evidence that a process uses
 # sendmmsg/recvmmsg even when the opt-in syscall probes (which count calls) are off.
 _MMSG_ENTRIES = {"sendmmsg": {"__x64_sys_sendmmsg", "__sys_sendmmsg", "__do_sys_sendmmsg"},
@@ -76,6 +79,13 @@ class ProcessProfile:
     decided_by_dso_only: int = 0  # period decided by rules that name only an object
     mmsg_seen: set[str] = field(default_factory=set)  # "sendmmsg"/"recvmmsg" kernel entry points in its stacks
     proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
+
+    @property
+    def probe_share(self) -> float:
+        """Share of its sampled CPU time spent in eBPF probes (qprof's or any tool's): what
+        observing it cost it, and so how far every other share is off."""
+        return self.breakdown.subcategories[(PROBES[0], PROBES[1])] / self.breakdown.period \
+            if self.breakdown.period else 0.0
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis, verdict_of
-from qprof.attribution.profile import Breakdown, Profile
+from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 
 
 def _r(x: float) -> float:
@@ -49,6 +49,8 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d.update(breakdown_dict(p.breakdown, profile, top))
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
+        d["probe_share"] = _r(p.probe_share)
+        d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT
         d["mmsg_seen"] = sorted(p.mmsg_seen)
         d["mappings"] = p.mappings
         d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
