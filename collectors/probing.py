@@ -250,7 +250,7 @@ class ProbeCollector:
             rc = p.stop()
             maps = read_maps(p.output)
             self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
-                                                   maps=maps)
+                                                   maps=maps, cpu_s=p.cpu_s)
             GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
         self.poll_sockets()
         self.record["after"] = netstat.snapshot(self.pids)

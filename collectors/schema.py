@@ -159,7 +159,7 @@ META = Obj({
                      "unwind_reason": OPT_STR}, required=("pid",))],
     "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
     "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
-    "exited": [INT], "perf_exit": MapOf(OPT_INT),
+    "exited": [INT], "perf_exit": MapOf(OPT_INT), "perf_cpu_s": MapOf(OPT_NUM),
     "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},
     "chunks": {"folded": INT, "dropped": [MapOf(ANY)], "unreadable": [MapOf(ANY)]},
 })
@@ -181,7 +181,7 @@ PROBES = Obj({
     "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))],
     "bpftrace_version": OPT_STR,
     "programs": MapOf({"maps": MapOf(Either(_MAP, _WINDOWS)), "output": STR, "script": STR, "exit": OPT_INT,
-                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM}),
+                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM, "cpu_s": OPT_NUM}),
     "before": _SNAPSHOT, "after": _SNAPSHOT,
     "cost": Obj({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM, "measured_run_cnt": NUM,
                  "measured_run_time_ns": NUM, "probes_s": NUM, "stats_on_s": NUM, "method": STR,

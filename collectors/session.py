@@ -279,6 +279,7 @@ class AttachSession:
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
+        self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")

@@ -37,7 +37,7 @@ def test_window_never_grows_with_the_rate(a: int, b: int) -> None:
 
 def test_periods_start_short_and_grow() -> None:
     assert windows.period_length(0) == windows.FIRST_PERIOD_S
-    assert windows.period_length(2.0) == pytest.approx(0.1)
+    assert windows.period_length(1.5) == pytest.approx(0.15)
     assert windows.period_length(3600) == windows.PERIOD_S
 
 

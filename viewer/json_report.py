@@ -78,6 +78,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "recommendations": [r.to_json() for r in analysis.recommendations],
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
+        "observer_cpu_s": {k: _r(v) for k, v in analysis.observer_cpu_s.items()},
     }
 
 

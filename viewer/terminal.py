@@ -216,6 +216,9 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
             "shown is what was collected", "yellow")
     for t in meta.get("targets", []):
         say(f"  pid {t['pid']} {t.get('comm')}: {t.get('unwind')} unwinding ({t.get('unwind_reason')})")
+    if analysis.observer_cpu_s:
+        say("  qprof's own helpers: " + ", ".join(f"{k} {v:.2f} CPU s" for k, v in analysis.observer_cpu_s.items())
+            + " (not in the targets' samples)")
     if host.get("nics"):
         say("  NICs: " + ", ".join(f"{n['name']} (NUMA node {n['numa_node']})" for n in host["nics"]))
     for p in profile.processes:

@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PERIOD_S = 0.2  # one window per period; 5 windows a second once a run is long enough
-FIRST_PERIOD_S = 0.05  # shorter periods at first: a run of a second still gets ~20 windows
-MIN_WINDOW_S = 0.002  # attaching and detaching the four hooks takes ~0.4 ms here
+FIRST_PERIOD_S = 0.1  # shorter periods for the first seconds: a run of a second still gets ~10 windows
+# Attaching and detaching the four hooks costs the loader ~1.4 ms of CPU here (and waits ~10 ms for
+# RCU grace periods as the tracepoints' static keys flip): 0.7% of a CPU at 5 windows a second.
+MIN_WINDOW_S = 0.002
 # Hook runs the windows may cost, all tasks together: CPU_BUDGET of one CPU at EVENT_COST_S a run.
 # EVENT_COST_S is what one hook run cost a target on qprof's 2-vCPU test VM (bench/probe_overhead.py
 # --events: tracepoint dispatch with the CPU's mitigations ~80 ns, the program ~40 ns); other hosts
@@ -39,8 +41,8 @@ AUX = ("mib_in", "mib_out")
 
 def period_length(elapsed_s: float) -> float:
     """Periods start short and grow to PERIOD_S: the variance estimate needs many periods, and
-    each costs an attach and a detach of the hooks (~0.5 ms of the loader's CPU here)."""
-    return min(PERIOD_S, max(FIRST_PERIOD_S, elapsed_s / 20))
+    each sampled one costs an attach and a detach of the hooks."""
+    return min(PERIOD_S, max(FIRST_PERIOD_S, elapsed_s / 10))
 
 
 def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
