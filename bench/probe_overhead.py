@@ -62,6 +62,7 @@ from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Ngtcp2Transfer, Transfer, parse_size
 from qprof.errors import QprofError
 from qprof.probes.children import cpu_seconds
+from qprof.probes.packetio.sampler import udp_sockets
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
 BASELINE = "baseline"
@@ -207,22 +208,10 @@ def socket_drops(inode: str) -> int | None:
 
 
 def udp_socket_of(pid: int) -> tuple[int, str] | None:
-    """(local port, inode) of the process's first UDP socket, from its fds and /proc/net/udp{,6}."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return None
-    for r in _udp_rows():
-        if r[9] in inodes:
-            return int(r[1].rsplit(":", 1)[1], 16), r[9]
-    return None
+    """(local port, inode) of the process's first UDP socket."""
+    found = udp_sockets(pid)
+    inode = next(iter(found), None)
+    return (found[inode], inode) if inode is not None else None
 
 
 class ExitWatcher:

@@ -78,8 +78,8 @@ class NetnsCounters:
 Mib = dict[str, tuple[float, float]]  # netns -> (InDatagrams, OutDatagrams)
 
 
-def _socket_ports(pid: int) -> set[int]:
-    """Local ports of the process's UDP sockets (its fds' inodes in its namespace's tables)."""
+def udp_sockets(pid: int) -> dict[str, int]:
+    """The process's UDP sockets: inode -> local port (its fds' inodes in its namespace's tables)."""
     inodes = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -90,8 +90,8 @@ def _socket_ports(pid: int) -> set[int]:
             if link.startswith("socket:["):
                 inodes.add(link[8:-1])
     except OSError:
-        return set()
-    ports = set()
+        return {}
+    found = {}
     for table in ("udp", "udp6"):
         try:
             with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
@@ -99,10 +99,10 @@ def _socket_ports(pid: int) -> set[int]:
                 for ln in f:
                     cols = ln.split()
                     if len(cols) > 9 and cols[9] in inodes:
-                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
         except OSError:
             continue
-    return ports
+    return found
 
 
 @dataclass
@@ -162,7 +162,6 @@ class Sampler:
             self.netns_pids.setdefault(ns, []).append(pid)
         self.stats = windows.WindowStats(tuple(self.counts.fields))
         self.cumulative: dict[tuple[int, int], list[int]] = {}
-        self.events_total = [0] * len(self.events_struct.fields)
         self._events_seen = [0] * len(self.events_struct.fields)
         self.mib_start: Mib = {}
         self.mib_frame_end: Mib = {}
@@ -200,7 +199,7 @@ class Sampler:
     def watch_ports(self) -> None:
         """Tell the drop programs the targets' ports (those the per-packet programs saw are set already)."""
         for pid in self.pids:
-            for port in _socket_ports(pid) - self.known_ports:
+            for port in set(udp_sockets(pid).values()) - self.known_ports:
                 self.known_ports.add(port)
                 self._ports[port >> 6] |= 1 << (port & 63)
                 self.prog.update("port_owner", struct.pack("<I", port), struct.pack("<I", pid))
