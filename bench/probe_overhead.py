@@ -547,8 +547,8 @@ CPU_COLUMNS = ("server", "client", "qprof", "helpers", "loader")
 def cpu_table(configs: list[Config], pairs: list[Pair], size: int) -> list[str]:
     """CPU seconds per GiB, medians over each configuration's runs, both arms; probe frames per side."""
     gib = size / (1 << 30)
-    out = [f"CPU s per GiB (medians; qprof = this process while attached, helpers = perf record, probe loader, "
-           f"perf script; loader = the probe loader alone) and samples in probe frames per attached side:",
+    out = ["CPU s per GiB (medians; qprof = this process while attached, helpers = perf record, probe loader, "
+           "perf script; loader = the probe loader alone) and samples in probe frames per attached side:",
            f"{'config':<16} {'arm':<5} " + " ".join(f"{c:>8}" for c in CPU_COLUMNS) + "  probe frames"]
     for cfg in configs:
         ps = [p for p in pairs if p.config == cfg.name]
