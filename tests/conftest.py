@@ -33,6 +33,17 @@ def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
     return r
 
 
+def as_nobody(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    """`qprof ARGS` as uid 65534 without capabilities (qprof.unprivileged), HOME=`home`; skips
+    where root cannot be dropped."""
+    from qprof import unprivileged
+
+    try:
+        return unprivileged.run(args, home)
+    except unprivileged.Unavailable as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture
 def user_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty XDG_CONFIG_HOME of the test's own (inherited by the qprof it runs), so that no

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import qprof
+from conftest import as_nobody, qprof
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -97,14 +96,8 @@ def test_target_exits_during_attach_keeps_the_run(kernel_facing: None, tmp_path:
 
 
 def test_not_root(kernel_facing: None, tmp_path: Path) -> None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) missing: cannot drop root for this test")
     tmp_path.chmod(0o777)
-    env = {**os.environ, "HOME": str(tmp_path)}
-    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-                        sys.executable, "-m", "qprof.cli", "attach", str(os.getpid()), "-d", "1",
-                        "-o", str(tmp_path / "r")], capture_output=True, text=True, env=env)
+    r = as_nobody(["attach", str(os.getpid()), "-d", "1", "-o", str(tmp_path / "r")], tmp_path)
     one_line_error(r, "not root", "CAP_PERFMON")
 
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 
-from conftest import qprof
+from conftest import as_nobody, qprof
 
 
 def test_full_host(kernel_facing: None) -> None:
@@ -31,11 +27,6 @@ def test_without_perf_attach_cannot_run(kernel_facing: None, tmp_path: Path) -> 
 
 
 def test_not_root(kernel_facing: None, tmp_path: Path) -> None:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) missing: cannot drop root for this test")
-    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-                        sys.executable, "-m", "qprof.cli", "doctor"], capture_output=True, text=True,
-                       env={**os.environ, "HOME": str(tmp_path)})
+    r = as_nobody(["doctor"], tmp_path)
     assert r.returncode == 2
     assert "NO  privileges" in r.stdout and "fix: run as root" in r.stdout
