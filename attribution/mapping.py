@@ -44,6 +44,7 @@ from typing import Any, Iterable
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.patterns import BoundedPattern, PatternError
 from qprof.errors import QprofError
+from qprof.readlimits import read_text
 
 KINDS = ("common", "library", "stack", "user")
 # Precedence when rules of several files could match a frame: first wins.
@@ -52,6 +53,7 @@ _RULE_KEYS = {"symbol", "dso", "kernel", "within", "category", "subcategory", "t
 _HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
 _DETECT_KEYS = {"dso", "symbol"}
 MAX_PATTERN = 2000
+MAX_FILE_BYTES = 4 << 20  # the shipped files are tens of KiB
 
 
 class MappingError(QprofError):
@@ -234,7 +236,7 @@ def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
 def load_file(path: str | os.PathLike[str], default_kind: str = "user") -> MappingFile:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p, MAX_FILE_BYTES)
     except FileNotFoundError:
         raise MappingError(f"{p}: mapping file not found") from None
     except (OSError, UnicodeDecodeError) as e:

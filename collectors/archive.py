@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from qprof.collectors import procfs, schema
 from qprof.collectors.stacks import StackRecord, read_stacks
 from qprof.errors import QprofError
+from qprof.readlimits import lines, open_regular, read_text
 from qprof.probes.mapsout import read_maps
 
 FORMAT = "qprof-run"
@@ -41,6 +42,8 @@ STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
 RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
+# largest documents read back (qprof writes some KiB; an archive from elsewhere may be hostile)
+MAX_META_BYTES, MAX_PROBES_BYTES = 64 << 20, 256 << 20
 
 
 def perf_data_name(unwind: str) -> str:
@@ -132,7 +135,7 @@ class Run:
         if not p.is_dir():
             raise QprofError(f"{p} is not a run directory (made by `qprof attach -o DIR`)")
         try:
-            meta = schema.loads(meta_path.read_text(encoding="utf-8"))
+            meta = schema.loads(read_text(meta_path, MAX_META_BYTES))
         except FileNotFoundError:
             raise QprofError(f"{p} has no {META}: not a qprof run directory") from None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -173,12 +176,26 @@ class Run:
     def has_stacks(self) -> bool:
         return self.stacks_path.is_file()
 
+    def fold_refusal(self) -> str | None:
+        """Why a reader here may not fold the run's raw perf data unasked (None: it may). Symbols,
+        kernel ones too, resolve as they were only on the boot that recorded the run, and only its
+        owner's perf data goes through `perf script` without being asked for."""
+        collector = self.meta.get("collector")
+        recorded_boot = collector.get("boot_id") if isinstance(collector, dict) else None
+        if recorded_boot is None or recorded_boot != procfs.process_identity(os.getpid()).get("boot_id"):
+            return "it was recorded on another host or before a reboot"
+        owner = self.path.stat().st_uid
+        if owner != os.geteuid():
+            return f"it belongs to uid {owner}, not to you"
+        return None
+
     def require_stacks(self) -> None:
         """Analysis reads the folded stacks: say how to make them when collection stopped before folding."""
         if not self.has_stacks():
+            why = self.fold_refusal()
             raise QprofError(f"{self.path} has no folded stacks (collection was cut short: "
-                             f"{self.meta.get('status')}); run `qprof report --refold {self.path}` on the host "
-                             "that recorded it")
+                             f"{self.meta.get('status')}" + (f"; not folded here: {why}" if why else "") +
+                             f"); run `qprof report --refold {self.path}` on the host that recorded it")
 
     def stacks(self) -> Iterator[StackRecord]:
         return read_stacks(self.stacks_path)
@@ -187,7 +204,7 @@ class Run:
         """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
         p = self.path / PROBES
         try:
-            data = schema.loads(p.read_text(encoding="utf-8"))
+            data = schema.loads(read_text(p, MAX_PROBES_BYTES))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -205,10 +222,10 @@ class Run:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
         reading, is skipped."""
         p = self.path / PROC
-        if not p.is_file():
+        if not p.exists():
             return
-        with p.open(encoding="utf-8") as f:
-            for line in f:
+        with open_regular(p) as f:
+            for line in lines(f, p):
                 try:
                     obj = schema.loads(line)
                 except (ValueError, RecursionError):

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from qprof.collectors.perfscript import Frame, Sample
 from qprof.errors import QprofError
+from qprof.readlimits import lines, open_gzip_text
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,8 @@ def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[s
 def read_header(path: Path) -> dict[str, Any] | None:
     """The header of a stacks file, or None (no file, no header: a run folded in one go)."""
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            obj = json.loads(f.readline() or "null")
+        with open_gzip_text(path) as f:
+            obj = json.loads(next(lines(f, path), "null"))
     except FileNotFoundError:
         return None
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -116,8 +117,8 @@ def read_header(path: Path) -> dict[str, Any] | None:
 def read_stacks(path: Path) -> Iterator[StackRecord]:
     """Stream records back; a damaged file gives a one-line error naming the line."""
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open_gzip_text(path) as f:
+            for lineno, line in enumerate(lines(f, path), 1):
                 if not line.strip():
                     continue
                 obj = json.loads(line)

@@ -14,14 +14,17 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from qprof.errors import QprofError
+from qprof.readlimits import lines, open_regular
+
 
 def last_path(output: Path) -> Path:
     """Where compaction keeps the last value of every map: probe-<group>.last.json."""
     return output.with_name(output.name.removesuffix(".jsonl") + ".last.json")
 
 
-def _read_lines(lines: Iterable[str | bytes], maps: dict[str, Any]) -> None:
-    for line in lines:
+def _read_lines(stream: Iterable[str | bytes], maps: dict[str, Any]) -> None:
+    for line in stream:
         try:
             obj = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -37,11 +40,11 @@ def read_maps(output: Path) -> dict[str, Any]:
     maps: dict[str, Any] = {}
     for path in (last_path(output), output):
         try:
-            f = open(path, encoding="utf-8", errors="replace")
-        except OSError:
+            f = open_regular(path)
+        except (OSError, QprofError):
             continue
         with f:
-            _read_lines(f, maps)
+            _read_lines(lines(f, path), maps)
     return maps
 
 
