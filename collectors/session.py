@@ -40,6 +40,10 @@ DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms time
 POLL_TICK = 0.05  # s between checks of the stop conditions
 SOCKET_INTERVAL = 1.0  # s between socket-table readings (ss: ~10 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
+# A signal repeated within this is one stop delivered twice: `timeout` sends its two copies
+# microseconds apart, while a person's second Ctrl-C comes after reading qprof's "stopping"
+# line, well over a visual reaction time (~0.2 s) later.
+REPEAT_WINDOW_S = 0.5
 
 
 @dataclass
@@ -141,13 +145,20 @@ class AttachSession:
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._interrupts = 0
+        self._last_signal, self._last_signal_at = 0, 0.0
         self._collecting = True
         self._tearing_down = False
 
     # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
     # one that comes after collection ended (while stopping or folding), or a second one, skips
-    # folding: the perf data stays and `qprof report --refold` redoes it
+    # folding: the perf data stays and `qprof report --refold` redoes it. The same signal again
+    # within REPEAT_WINDOW_S is the same stop delivered twice (`timeout` signals its child and
+    # then its process group; service managers do alike), not a person pressing Ctrl-C again.
     def _on_signal(self, signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if signum == self._last_signal and now - self._last_signal_at < REPEAT_WINDOW_S:
+            return
+        self._last_signal, self._last_signal_at = signum, now
         self._interrupts += 1
         self._stop_reason = self._stop_reason or f"interrupted ({signal.Signals(signum).name})"
         if self._tearing_down:
