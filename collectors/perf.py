@@ -10,7 +10,7 @@ Per-CPU events never hang up.
 perf is started disabled (-D -1) with a control FIFO and enabled through it,
 so qprof knows the moment sampling really runs (perf's ack), and a caller can
 release a stopped target only then: no lost start of a transfer. perf runs in
-its own session (Ctrl-C reaches qprof, which stops perf in order) and gets
+its own process group (Ctrl-C reaches qprof, which stops perf in order) and gets
 SIGINT if qprof dies, so it still finishes its data file.
 """
 

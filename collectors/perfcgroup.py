@@ -150,10 +150,11 @@ class SampleCgroups:
         return names
 
     def _start_watchdog(self) -> None:
-        # its own session: a Ctrl-C to qprof's terminal must not kill it before qprof closes the pipe
+        # its own process group (and it ignores SIGINT/SIGTERM/SIGHUP): a Ctrl-C to qprof's terminal
+        # must not kill it before qprof closes the pipe; in qprof's session like every helper
         self._watchdog = subprocess.Popen([sys.executable, "-m", "qprof.collectors.perfcgroup"],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          start_new_session=True)
+                                          process_group=0)
 
     def _tell_watchdog(self, child: Path, original: Path) -> None:
         assert self._watchdog is not None and self._watchdog.stdin is not None

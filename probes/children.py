@@ -19,10 +19,13 @@ PR_SET_PDEATHSIG = 1
 
 def die_with_parent(sig: int) -> None:
     """Run in the child before exec: `sig` on parent death (so perf/bpftrace finish and exit),
-    and a session of its own (Ctrl-C reaches qprof, which stops helpers in order)."""
+    and a process group of its own: a terminal's Ctrl-C (or a kill of qprof's group, as `timeout`
+    sends) reaches qprof only, which stops helpers in order. The helper stays in qprof's session,
+    so everything qprof started is found by that session even after qprof is gone
+    (probes.leftovers)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    os.setsid()
+    os.setpgid(0, 0)
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -1,11 +1,18 @@
 """What a qprof run may leave in the kernel or the process table, counted from outside.
 
-Used by the tests and bench/faults.py to prove that nothing of qprof's outlives
-it, whatever ended it (normal stop, Ctrl-C, SIGTERM, SIGKILL, a crashing helper).
-Everything qprof starts names the run directory on its command line (perf -o
-RUN/..., bpftrace RUN/probe-*.bt, perf script -i RUN/...), so its processes are
-found by that; BPF programs and the perf events/uprobes they attach to are
-found with bpftool and the holders' fdinfo, the same way qprof measures probe cost.
+Used by the tests and bench/faults.py to prove that nothing of qprof's outlives it, whatever
+ended it (normal stop, Ctrl-C, SIGTERM, SIGKILL, a crashing helper). qprof's processes are
+found by what qprof started, never by names (a runner's name can be part of any path):
+- its session: every helper qprof starts takes a process group of its own but stays in
+  qprof's session (probes.children), so a caller that starts qprof as a session leader finds
+  all of them by that session id, also after qprof died and they were reparented. The kernel
+  keeps the id from being reused while any member lives.
+- its run directory: a helper whose command line has the run directory or a path under it as
+  an argument (perf -o RUN/..., bpftrace RUN/probe-*.bt, perf script -i RUN/...), or that
+  holds a file there open (the libbpf loader writes its maps through its stdout), compared
+  as whole paths, never as substrings.
+BPF programs and the perf events/uprobes they attach to are found with bpftool and the
+holders' fdinfo, the same way qprof measures probe cost.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
+from typing import Iterable
 
 
 def owned_prog_ids(pids: set[int]) -> set[int]:
@@ -65,38 +72,77 @@ def all_pids() -> set[int]:
     return {int(p) for p in os.listdir("/proc") if p.isdigit()}
 
 
-def _cmdline(pid: int) -> str:
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]; None if gone."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(fields: list[str] | None) -> bool:
+    return fields is not None and fields[0] not in ("Z", "X")  # a zombie holds nothing
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return ""
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _holds_file_under(pid: int, path: Path) -> bool:
+def _describe(pid: int) -> str:
+    return " ".join(_cmdline(pid))[:160]
+
+
+def session_members(sid: int) -> set[int]:
+    """Live processes of session `sid`: what a session leader started, however deep, wherever
+    it was reparented (unless it made a session of its own, which qprof's helpers never do)."""
+    found = set()
+    for pid in all_pids():
+        fields = _stat(pid)
+        if _alive(fields) and fields is not None and fields[3] == str(sid):
+            found.add(pid)
+    return found
+
+
+def _within(path: str, root: str, cwd: str | None) -> bool:
+    """Is `path` (relative ones taken from `cwd`) `root` or a path under it, as whole components?"""
+    if not path.startswith("/"):
+        if cwd is None:
+            return False
+        path = os.path.join(cwd, path)
+    path = os.path.normpath(path.removesuffix(" (deleted)"))
+    return path == root or path.startswith(root + "/")
+
+
+def _names_path(pid: int, roots: list[str]) -> bool:
+    try:
+        cwd: str | None = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        cwd = None
+    if any(_within(arg, r, cwd) for arg in _cmdline(pid)[1:] for r in roots):
+        return True
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(path)):
-                return True
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
+        if target.startswith("/") and any(_within(target, r, None) for r in roots):
+            return True
     return False
 
 
-def processes_naming(path: Path, exclude: set[int] = frozenset()) -> dict[int, str]:
-    """Live processes whose command line names `path` (perf, bpftrace) or that hold a file under it
-    (the libbpf probe runner writes there through its stdout), pid -> cmdline."""
-    found = {}
-    for pid in all_pids() - exclude - {os.getpid()}:
-        cmd = _cmdline(pid)
-        if "pytest" in cmd or "bench/faults.py" in cmd:
-            continue
-        if str(path) in cmd or _holds_file_under(pid, path):
-            found[pid] = cmd[:160]
-    return found
+def processes_naming(path: Path, exclude: Iterable[int] = ()) -> set[int]:
+    """Live processes with `path` or a path under it as an argument, or a file under it open."""
+    roots = sorted({os.path.normpath(os.path.abspath(path)), os.path.realpath(path)})
+    skip = {os.getpid(), *exclude}
+    return {pid for pid in all_pids() - skip if _alive(_stat(pid)) and _names_path(pid, roots)}
 
 
 def orphan_programs(before: set[int]) -> set[int]:
@@ -123,22 +169,28 @@ class Leftovers:
                 f"{self.uprobes} uprobes, {len(self.processes)} processes")
 
 
-def leftovers(run: Path, progs_before: set[int], dead_pids: set[int] = frozenset(),
+def find_leftovers(run: Path | None, progs_before: set[int], sessions: Iterable[int] = ()) -> Leftovers:
+    """One look: the processes of `sessions` (qprof started as their leader) and those naming
+    `run`, the BPF programs they hold or that nobody holds, their perf events and uprobes."""
+    pids = set().union(*(session_members(s) for s in sessions)) - {os.getpid()}
+    if run is not None:
+        pids |= processes_naming(run)
+    orphans = orphan_programs(progs_before)
+    held = owned_prog_ids(pids) - progs_before
+    attached = [a for a in perf_attachments() if a.get("pid") in pids]
+    uprobes = sum(1 for a in attached if a.get("fd_type") in ("uprobe", "uretprobe"))
+    return Leftovers({p: _describe(p) for p in sorted(pids)}, len(orphans | held),
+                     len(attached) - uprobes, uprobes)
+
+
+def leftovers(run: Path | None, progs_before: set[int], sessions: Iterable[int] = (),
               timeout: float = 15.0) -> Leftovers:
-    """What of the run in `run` is still there: its processes (still alive after `timeout`: a
-    helper told to stop may take a moment), BPF programs held by them or by nobody, and perf
-    events/uprobes attached by them or by `dead_pids` (qprof itself, a killed target)."""
+    """What of a run is still there once `timeout` has passed (a helper told to stop may take a
+    moment, a freed program an RCU grace period): see find_leftovers."""
+    sessions = list(sessions)
     deadline = time.monotonic() + timeout
     while True:
-        procs = processes_naming(run)
-        orphans = orphan_programs(progs_before)
-        held = owned_prog_ids(set(procs))
-        owners = set(procs) | set(dead_pids)
-        attached = [a for a in perf_attachments() if a.get("pid") in owners]
-        found = Leftovers(procs, len(orphans | (held - progs_before)),
-                          sum(1 for a in attached if a.get("fd_type") != "uprobe"
-                              and a.get("fd_type") != "uretprobe"),
-                          sum(1 for a in attached if a.get("fd_type") in ("uprobe", "uretprobe")))
+        found = find_leftovers(run, progs_before, sessions)
         if found.total == 0 or time.monotonic() > deadline:
             return found
         time.sleep(0.2)

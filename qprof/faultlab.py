@@ -5,8 +5,10 @@ How faults are made: signals sent to qprof or its target at a chosen moment (rea
 directory as qprof writes it), small wrapper executables placed first on PATH (a perf that prints
 an old version, or execs the real perf and is then killed with SIGSEGV; a bpftrace that adds a
 probe the kernel does not have), PATHs without a tool (a directory of links to everything but it),
-and small or read-only tmpfs mounts. After each case: what of qprof's is left (probes.leftovers:
-processes, BPF programs, perf events, uprobes) and what data `qprof report` can still read.
+small, full or read-only tmpfs mounts, and files written by an untrusted user. qprof starts as
+the leader of a session of its own, so after each case what of qprof's is left is found by what
+it started (probes.leftovers: the session's processes and those naming the run directory, BPF
+programs, perf events, uprobes), together with what data `qprof report` can still read.
 
 Used by tests/test_faults.py (one test per case) and bench/faults.py (the table).
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from qprof import unprivileged
 from qprof.probes.leftovers import Leftovers, bpf_programs, leftovers
 
 QPROF = [sys.executable, "-m", "qprof.cli"]
@@ -121,6 +124,7 @@ class Lab:
         self.real = {t: shutil.which(t) for t in ("perf", "bpftrace")}
         self.procs: list[subprocess.Popen] = []
         self.mounts: list[Path] = []
+        self.sessions: list[int] = []  # one per qprof started: everything it started is in it
 
     # -- tools
     def wrapper_path(self, name: str, tool: str, body: str) -> str:
@@ -166,11 +170,14 @@ class Lab:
         return p
 
     def attach(self, pids: list[int], run: Path, *args: str, path: str | None = None,
-               quiet: bool = True) -> subprocess.Popen[str]:
+               quiet: bool = True, wrap: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+        """`qprof attach` (run by `wrap`, e.g. `timeout`, when given) as a session leader."""
         env = {**os.environ, **({"PATH": path} if path else {})}
-        cmd = [*QPROF, "attach", *map(str, pids), "-o", str(run), *(["-q"] if quiet else []), *args]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        cmd = [*wrap, *QPROF, "attach", *map(str, pids), "-o", str(run), *(["-q"] if quiet else []), *args]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
         self.procs.append(p)
+        self.sessions.append(p.pid)
         return p
 
     def close(self) -> None:
@@ -206,9 +213,11 @@ def _stderr_reader(att: subprocess.Popen[str]) -> tuple[list[str], threading.Thr
 
 
 # ---------------------------------------------------------------- the cases
-# Each returns (survived, detail, run dir or None, pids that are gone: qprof, targets).
+# Each returns (survived, detail, run dir or None); what qprof left is found from the sessions
+# the lab started it in and the run directory (probes.leftovers).
 
-CaseFn = Callable[[Lab], tuple[bool, str, "Path | None", set[int]]]
+CaseResult = tuple[bool, str, "Path | None"]
+CaseFn = Callable[[Lab], CaseResult]
 
 
 def _expect(rc: int, err: str, want_rc: int, needle: str = "") -> tuple[bool, str]:
@@ -217,7 +226,7 @@ def _expect(rc: int, err: str, want_rc: int, needle: str = "") -> tuple[bool, st
     return ok, detail if ok else f"expected exit {want_rc} with {needle!r}; got {detail}"
 
 
-def case_target_exits(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def case_target_exits(lab: Lab) -> CaseResult:
     t = lab.target(secs=6)
     run = lab.root / "run"
     att = lab.attach([t.pid], run, "-d", "60")
@@ -225,10 +234,10 @@ def case_target_exits(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
     ok, detail = _expect(rc, err, 0)
     meta = _json(run / "meta.json")
     ok = ok and meta.get("stop_reason") == "every target exited" and meta.get("status") == "complete"
-    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run, {att.pid, t.pid}
+    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
 
 
-def case_target_sigkill(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def case_target_sigkill(lab: Lab) -> CaseResult:
     t = lab.target()
     run = lab.root / "run"
     att = lab.attach([t.pid], run, "-d", "60")
@@ -239,10 +248,10 @@ def case_target_sigkill(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
     ok, detail = _expect(rc, err, 0)
     meta = _json(run / "meta.json")
     ok = ok and meta.get("exited") == [t.pid] and meta.get("status") == "complete"
-    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run, {att.pid, t.pid}
+    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
 
 
-def case_one_of_two_exits(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def case_one_of_two_exits(lab: Lab) -> CaseResult:
     short, long = lab.target(secs=5), lab.target()
     run = lab.root / "run"
     att = lab.attach([short.pid, long.pid], run, "-d", "8")
@@ -253,12 +262,12 @@ def case_one_of_two_exits(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
     rep = subprocess.run([*QPROF, "report", str(run), "--format", "json"], capture_output=True, text=True)
     pids = {p["pid"]: p["samples"] for p in json.loads(rep.stdout or "{}").get("processes", [])}
     ok = ok and pids.get(short.pid, 0) > 0 and pids.get(long.pid, 0) > pids.get(short.pid, 0)
-    return ok, f"{detail}; samples per target {pids}", run, {att.pid, short.pid}
+    return ok, f"{detail}; samples per target {pids}", run
 
 
 def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
-                 ) -> Callable[[Lab], tuple[bool, str, Path | None, set[int]]]:
-    def case(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+                 ) -> Callable[[Lab], CaseResult]:
+    def case(lab: Lab) -> CaseResult:
         run = lab.root / "run"
         if crypto:
             if shutil.which("openssl") is None:
@@ -293,7 +302,7 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
         except subprocess.TimeoutExpired:
             att.kill()
             att.wait()
-            return False, "hung after the signal", run, {att.pid, t.pid}
+            return False, "hung after the signal", run
         reader.join(10)
         rc, err = att.returncode, "".join(lines)
         if sig == signal.SIGKILL:
@@ -310,20 +319,20 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
             ok = ok and _json(run / "meta.json").get("status") == "complete"
         if when == "start-up":
             detail += "; signalled before probes attached" if started_early else "; probes had attached"
-        return ok, detail, run, {att.pid}
+        return ok, detail, run
     return case
 
 
 def _perf_refused(make_path: Callable[[Lab], str],
-                  needle: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[int]]]:
+                  needle: str) -> Callable[[Lab], CaseResult]:
     """perf unusable before sampling starts: attach refuses in one line and writes no archive."""
-    def case(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+    def case(lab: Lab) -> CaseResult:
         t = lab.target()
         run = lab.root / "run"
         att = lab.attach([t.pid], run, "-d", "3", path=make_path(lab))
         rc, err = _finish(att)
         ok, detail = _expect(rc, err, 2, needle)
-        return ok and not run.exists(), detail, run, {att.pid}
+        return ok and not run.exists(), detail, run
     return case
 
 
@@ -334,7 +343,7 @@ case_perf_too_old = _perf_refused(
     "too old")
 
 
-def case_perf_crashes(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def case_perf_crashes(lab: Lab) -> CaseResult:
     # the real perf record, killed with SIGSEGV 3 s in (the killer's command line names no run dir)
     path = lab.wrapper_path("perf-crash", "perf",
                             '[ "$1" = record ] && sh -c \'sleep 3; kill -SEGV "$1"\' killer $$ &')
@@ -343,11 +352,11 @@ def case_perf_crashes(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
     att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", path=path)
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 2, "perf record ended before qprof stopped it")
-    return ok, detail, run, {att.pid}
+    return ok, detail, run
 
 
-def _probe_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[int]]]:
-    def case(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def _probe_case(kind: str) -> Callable[[Lab], CaseResult]:
+    def case(lab: Lab) -> CaseResult:
         last_bt = 'for a in "$@"; do last="$a"; done; case "$last" in *.bt) BT=1;; *) BT=0;; esac'
         if kind == "missing":
             path, needle = lab.path_without("bpftrace"), "bpftrace not found"
@@ -380,22 +389,22 @@ def _probe_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[
         else:
             ok = ok and needle in unavailable
             detail += f"; unavailable: {unavailable[:140]}"
-        return ok and _json(run / "meta.json").get("status") == "complete", detail, run, {att.pid}
+        return ok and _json(run / "meta.json").get("status") == "complete", detail, run
     return case
 
 
-def case_disk_full(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def case_disk_full(lab: Lab) -> CaseResult:
     run = lab.tmpfs("small", "size=24m,mode=0700") / "run"
     t = lab.target()
     # --keep-raw: without it, folding keeps the raw data within 4 MiB chunks and this disk never fills
     att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", "--keep-raw")
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 2, "No space left on device")
-    return ok, detail, run, {att.pid}
+    return ok, detail, run
 
 
-def _output_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set[int]]]:
-    def case(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
+def _output_case(kind: str) -> Callable[[Lab], CaseResult]:
+    def case(lab: Lab) -> CaseResult:
         t = lab.target()
         if kind == "exists":
             run = lab.root / "full"
@@ -406,6 +415,16 @@ def _output_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set
             run = lab.root / "link"
             run.symlink_to(lab.root / "elsewhere")
             needle = "symbolic link"
+        elif kind == "full":
+            mnt = lab.tmpfs("full", "size=4m,mode=0700")
+            with open(mnt / "filler", "wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(b"\0" * (1 << 16))
+                except OSError:
+                    pass
+            run = mnt / "run"
+            needle = "No space left on device"
         else:
             run = lab.tmpfs("ro", "ro,size=1m") / "run"
             needle = "cannot write"
@@ -416,21 +435,253 @@ def _output_case(kind: str) -> Callable[[Lab], tuple[bool, str, Path | None, set
             ok = ok and (run / "precious").read_text() == "keep me" and len(list(run.iterdir())) == 1
         if kind == "symlink":
             ok = ok and not (lab.root / "elsewhere").exists()
-        return ok, detail, None, {att.pid}
+        if kind == "full":
+            ok = ok and not run.exists()
+        return ok, detail, None
     return case
 
 
-def case_not_root(lab: Lab) -> tuple[bool, str, Path | None, set[int]]:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise CaseSkipped("setpriv (util-linux) is missing: cannot drop root")
+def case_not_root(lab: Lab) -> CaseResult:
     lab.root.chmod(0o777)
     t = lab.target()
-    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-                        *QPROF, "attach", str(t.pid), "-d", "1", "-o", str(lab.root / "run")],
-                       capture_output=True, text=True, env={**os.environ, "HOME": str(lab.root)}, timeout=60)
+    try:
+        r = unprivileged.run(["attach", str(t.pid), "-d", "1", "-o", str(lab.root / "run")], lab.root, 60)
+    except unprivileged.Unavailable as e:
+        raise CaseSkipped(str(e)) from None
     ok, detail = _expect(r.returncode, r.stderr, 2, "CAP_PERFMON")
-    return ok, detail, None, set()
+    return ok, detail, None
+
+
+def case_stop_delivered_twice(lab: Lab) -> CaseResult:
+    """One stop delivered twice: `timeout` passes a SIGINT on to qprof and then to its whole process
+    group (copies microseconds apart often merge into one), and a process-group kill 20 ms later
+    (as a supervisor sends it) surely arrives apart. That is one stop: the archive is written whole."""
+    if shutil.which("timeout") is None:
+        raise CaseSkipped("timeout (coreutils) is missing")
+    t = lab.target()
+    run = lab.root / "run"
+    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", wrap=("timeout", "-s", "INT", "600"))
+    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    time.sleep(0.5)
+    att.send_signal(signal.SIGINT)  # to timeout, which signals qprof, then its process group
+    time.sleep(0.02)
+    os.killpg(att.pid, signal.SIGINT)
+    rc, err = _finish(att)
+    ok, detail = _expect(rc, err, 0)
+    meta = _json(run / "meta.json")
+    ok = ok and meta.get("status") == "complete" and meta.get("stop_reason") == "interrupted (SIGINT)"
+    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
+
+
+def case_second_ctrl_c(lab: Lab) -> CaseResult:
+    """A person's second Ctrl-C, after qprof said it is stopping: it still aborts the writing."""
+    from qprof.collectors.session import REPEAT_WINDOW_S
+
+    t = lab.target()
+    run = lab.root / "run"
+    att = lab.attach([t.pid], run, "-d", "60", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G",
+                     quiet=False)
+    lines, reader = _stderr_reader(att)
+    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    time.sleep(6)  # samples enough (one chunk, folded at the end) that the final fold takes seconds
+    att.send_signal(signal.SIGINT)
+    first = time.monotonic()
+    _wait(lambda: any("folding stacks" in ln for ln in lines) or att.poll() is not None, 60, "the final fold")
+    time.sleep(max(0.0, first + REPEAT_WINDOW_S + 0.1 - time.monotonic()))
+    att.send_signal(signal.SIGINT)
+    try:
+        att.wait(180)
+    except subprocess.TimeoutExpired:
+        att.kill()
+        att.wait()
+        return False, "hung after the second Ctrl-C", run
+    reader.join(10)
+    ok, detail = _expect(att.returncode, "".join(lines), 2, "interrupted while writing")
+    return ok, f"{detail}; second Ctrl-C {time.monotonic() - first:.1f} s after the first", run
+
+
+# busy until told to go on (the file argv[1] exists), busy 2 s more, then exec a busy shell
+EXEC_LATER = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    pass\n"
+              "end = time.time() + 2\nwhile time.time() < end:\n    pass\n"
+              "os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done'])\n")
+
+
+def case_target_execs(lab: Lab) -> CaseResult:
+    """The target replaces its program (exec) while attached: both programs' samples are kept,
+    under the same pid, and the archive describes the program it ended as."""
+    from qprof.collectors.stacks import read_stacks
+
+    go = lab.root / "go"
+    t = subprocess.Popen([sys.executable, "-c", EXEC_LATER, str(go)])
+    lab.procs.append(t)
+    run = lab.root / "run"
+    att = lab.attach([t.pid], run, "-d", "6")
+    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    go.touch()
+    rc, err = _finish(att)
+    ok, detail = _expect(rc, err, 0)
+    by_comm: dict[str, int] = {}
+    try:
+        for r in read_stacks(run / "stacks.jsonl.gz"):
+            if r.pid == t.pid:
+                by_comm[r.comm] = by_comm.get(r.comm, 0) + r.samples
+    except Exception as e:  # noqa: BLE001  (reported as the case's failure)
+        return False, f"{detail}; stacks unreadable: {e}", run
+    meta = _json(run / "meta.json")
+    ended_as = (meta.get("targets") or [{}])[0].get("comm")
+    before = sum(n for c, n in by_comm.items() if c != "sh")
+    ok = ok and before > 0 and by_comm.get("sh", 0) > 0 and ended_as == "sh"
+    return ok, f"{detail}; samples by program {by_comm}; described as {ended_as!r}", run
+
+
+def case_two_attach_one_pid(lab: Lab) -> CaseResult:
+    """Two `qprof attach` on the same pid at once: each run is whole and independent."""
+    t = lab.target()
+    runs = [lab.root / "run-a", lab.root / "run-b"]
+    atts = [lab.attach([t.pid], r, "-d", "5") for r in runs]
+    results = [_finish(a) for a in atts]
+    checks = [_expect(rc, err, 0) for rc, err in results]
+    ok = all(c[0] for c in checks) and all(_json(r / "meta.json").get("status") == "complete" for r in runs)
+    other, why = data_kept(runs[1])  # the first run is checked by run_case
+    return ok and other == "yes", f"{checks[0][1]}; {checks[1][1]}; second run: {why}", runs[0]
+
+
+def _bounded(cmd: list[str], mem_bytes: int = 2 << 30, timeout: float = 60) -> tuple[int, str, float, float]:
+    """(exit status, stderr, seconds, peak RSS in MiB) of `cmd` run with its address space capped."""
+    def limit() -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit)
+    timer = threading.Timer(timeout, p.kill)
+    timer.start()
+    assert p.stderr is not None
+    err = p.stderr.read().decode(errors="replace")
+    _pid, status, usage = os.wait4(p.pid, 0)
+    timer.cancel()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, err, time.monotonic() - t0, usage.ru_maxrss / 1024
+
+
+def _as_untrusted(path: Path) -> None:
+    """Hand `path` (and what is under it) to uid/gid 65534: written by someone else."""
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        os.chown(p, unprivileged.NOBODY, unprivileged.NOBODY, follow_symlinks=False)
+
+
+def _write_gzip_lines(path: Path, line: bytes, count: int) -> None:
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        block = line * 10_000
+        for _ in range(count // 10_000):
+            f.write(block)
+
+
+def _minimal_run(root: Path, name: str, symbol: str = "main") -> Path:
+    """A run archive of the smallest shape `report` reads (one stack of one sample)."""
+    from qprof.collectors.stacks import StackRecord, write_stacks
+
+    run = root / name
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "status": "complete",
+                                               "targets": []}))
+    write_stacks(run / "stacks.jsonl.gz", [StackRecord(7, 7, "x", 1, 1000, ((symbol, "/usr/bin/x"),))])
+    return run
+
+
+def _hostile_reads(lab: Lab, what: str, commands: dict[str, tuple[list[str], int, str]]) -> CaseResult:
+    """Run each command (argv, expected exit status, text its error must name) as root on files
+    owned by uid 65534: no traceback, at most one `qprof: error:` line, within 60 s and a 2 GiB
+    address space, and nothing in them run (the canary file stays absent)."""
+    worst_t, worst_mb, bad, slowest = 0.0, 0.0, [], (0.0, "")
+    for name, (cmd, want_rc, needle) in commands.items():
+        rc, err, secs, mb = _bounded(cmd)
+        worst_t, worst_mb = max(worst_t, secs), max(worst_mb, mb)
+        good, why = _expect(rc, err, want_rc, needle)
+        if not good:
+            bad.append(f"{name}: {why}")
+        slowest = max(slowest, (secs, name))
+    canary = not (lab.root / "canary").exists()
+    ok = not bad and canary and worst_t < 30 and worst_mb < 512
+    detail = (f"{len(commands)} hostile {what}: " + ("; ".join(bad) if bad else "one-line errors") +
+              f"; slowest {worst_t:.1f} s ({slowest[1]}), peak RSS {worst_mb:.0f} MiB" +
+              ("" if canary else "; CODE RAN"))
+    return ok, detail, None
+
+
+def case_untrusted_mapping(lab: Lab) -> CaseResult:
+    """Mapping files written by another user: data, never code; bounded time and memory."""
+    run = _minimal_run(lab.root, "run", "a" * 80 + "!")
+    head = '[mapping]\nname = "x"\n\n[[rule]]\n'
+    files = {
+        "backtracking pattern": head + "symbol = '(a|aa)+$'\ncategory = \"Crypto\"\n",
+        "nested repeats": head + "symbol = '(a+)+$'\ncategory = \"Crypto\"\n",
+        "deep nesting": 'x = ' + "[" * 100_000 + "]" * 100_000 + "\n",
+        "shell and Python in strings": ('[mapping]\nname = "x"\ndescription = "$(touch {c}) __import__(\'os\')'
+                                        '.system(\'touch {c}\')"\n[[rule]]\nsymbol = "a"\n'
+                                        'subcategory = "`touch {c}`"\ncategory = "Crypto"\n').format(c=lab.root / "canary"),
+    }
+    paths = {}
+    for name, text in files.items():
+        paths[name] = lab.root / (name.replace(" ", "-") + ".toml")
+        paths[name].write_text(text)
+    paths["a FIFO"] = lab.root / "fifo.toml"
+    os.mkfifo(paths["a FIFO"])
+    paths["a link to /dev/zero"] = lab.root / "zero.toml"
+    paths["a link to /dev/zero"].symlink_to("/dev/zero")
+    paths["1 GiB"] = lab.root / "huge.toml"
+    with open(paths["1 GiB"], "wb") as f:
+        f.truncate(1 << 30)
+    for p in paths.values():
+        _as_untrusted(p)
+    expect = {"backtracking pattern": (2, "catastrophic backtracking"), "nested repeats": (2, "nested repeats"),
+              "deep nesting": (2, "deep-nesting.toml"), "shell and Python in strings": (0, ""),
+              "a FIFO": (2, "not a regular file"), "a link to /dev/zero": (2, "not a regular file"),
+              "1 GiB": (2, "larger than")}
+    cmds = {name: ([*QPROF, "report", str(run), "--mapping", str(p)], *expect[name]) for name, p in paths.items()}
+    return _hostile_reads(lab, "mapping files", cmds)
+
+
+def case_untrusted_archive(lab: Lab) -> CaseResult:
+    """Run archives written by another user: read as data within bounds, never folded unasked."""
+    runs: dict[str, Path] = {}
+    r = runs["meta.json a FIFO"] = lab.root / "fifo"
+    r.mkdir()
+    os.mkfifo(r / "meta.json")
+    r = runs["meta.json a link to /dev/zero"] = lab.root / "zero"
+    r.mkdir()
+    (r / "meta.json").symlink_to("/dev/zero")
+    r = runs["meta.json of 1 GiB"] = lab.root / "huge"
+    r.mkdir()
+    with open(r / "meta.json", "wb") as f:
+        f.truncate(1 << 30)
+    r = runs["proc.jsonl a link to /dev/zero"] = _minimal_run(lab.root, "proc")
+    (r / "proc.jsonl").symlink_to("/dev/zero")
+    r = runs["stacks: one 200 MiB line"] = _minimal_run(lab.root, "longline")
+    _write_gzip_lines(r / "stacks.jsonl.gz", b"a" * 1000, 200_000)
+    r = runs["stacks: a gzip bomb"] = _minimal_run(lab.root, "bomb")
+    _write_gzip_lines(r / "stacks.jsonl.gz", b'{"pid":1,"tid":1,"comm":"x","samples":1,"period":1,"frames":[]}\n',
+                      4_000_000)
+    r = runs["raw perf data, not folded"] = _minimal_run(lab.root, "raw")
+    (r / "stacks.jsonl.gz").unlink()
+    meta = _json(r / "meta.json")
+    meta.update(sampling={"groups": [{"unwind": "fp", "pids": [1], "perf_data": "perf-fp.data"}]},
+                collector={"pid": os.getpid(), "start_ticks": 0,
+                           "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()})
+    (r / "meta.json").write_text(json.dumps(meta))
+    (r / "perf-fp.data.2026010100000000").write_bytes(b"PERFILE2" + b"\0" * 4096)
+    r = runs["names that look like code"] = _minimal_run(lab.root, "code", f"$(touch {lab.root / 'canary'})")
+    for r in runs.values():
+        _as_untrusted(r)
+    expect = {"meta.json a FIFO": (2, "not a regular file"), "meta.json a link to /dev/zero": (2, "not a regular file"),
+              "meta.json of 1 GiB": (2, "larger than"), "proc.jsonl a link to /dev/zero": (2, "not a regular file"),
+              "stacks: one 200 MiB line": (2, "longer than"), "stacks: a gzip bomb": (2, "expands to more than"),
+              "raw perf data, not folded": (2, f"belongs to uid {unprivileged.NOBODY}"),
+              "names that look like code": (0, "")}
+    cmds = {name: ([*QPROF, "report", str(r), "--format", "json"], *expect[name]) for name, r in runs.items()}
+    return _hostile_reads(lab, "archives", cmds)
 
 
 CASES: dict[str, CaseFn] = {
@@ -444,6 +695,10 @@ CASES: dict[str, CaseFn] = {
     "qprof SIGINT while writing": _signal_case(signal.SIGINT, "writing"),
     "qprof SIGTERM while writing": _signal_case(signal.SIGTERM, "writing"),
     "qprof SIGKILL while writing": _signal_case(signal.SIGKILL, "writing"),
+    "SIGINT delivered twice at once (timeout, process group)": case_stop_delivered_twice,
+    "a second Ctrl-C while writing": case_second_ctrl_c,
+    "target execs after attach": case_target_execs,
+    "two attach on one pid at once": case_two_attach_one_pid,
     "perf missing": case_perf_missing,
     "perf too old": case_perf_too_old,
     "perf crashes mid-run": case_perf_crashes,
@@ -454,16 +709,21 @@ CASES: dict[str, CaseFn] = {
     "disk full while writing (tmpfs)": case_disk_full,
     "output path exists": _output_case("exists"),
     "output path not writable": _output_case("read-only"),
+    "output directory on a full filesystem": _output_case("full"),
     "output path is a symlink": _output_case("symlink"),
     "not root": case_not_root,
+    "mapping files from an untrusted user": case_untrusted_mapping,
+    "archives from an untrusted user": case_untrusted_archive,
 }
 # What a case must keep: nothing is collected when attach refuses to start.
 EXPECTED_DATA = {name: {"yes"} for name in CASES}
 EXPECTED_DATA.update({n: {"no"} for n in ("perf missing", "perf too old", "output path exists",
-                                          "output path not writable", "output path is a symlink", "not root")})
+                                          "output path not writable", "output directory on a full filesystem",
+                                          "output path is a symlink", "not root",
+                                          "mapping files from an untrusted user", "archives from an untrusted user")})
 EXPECTED_DATA.update({n: {"partial"} for n in ("qprof SIGKILL during collection (uprobes on)",
                                                "qprof SIGINT while writing", "qprof SIGKILL while writing",
-                                               "qprof SIGTERM while writing",
+                                               "qprof SIGTERM while writing", "a second Ctrl-C while writing",
                                                "perf crashes mid-run", "disk full while writing (tmpfs)")})
 EXPECTED_DATA["qprof SIGINT during probe start-up"] = {"yes", "partial"}
 # killed before perf sampled anything: the archive says what was attempted, and nothing more
@@ -477,8 +737,8 @@ def run_case(name: str, root: Path | None = None) -> Outcome:
     lab = Lab(root)
     progs0 = bpf_programs()
     try:
-        survived, detail, run, gone = CASES[name](lab)
-        left = leftovers(run if run is not None else root, progs0, gone)
+        survived, detail, run = CASES[name](lab)
+        left = leftovers(run if run is not None else root, progs0, lab.sessions)
         data, why = data_kept(run) if run is not None else ("no", "nothing collected")
     finally:
         lab.close()

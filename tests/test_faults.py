@@ -9,6 +9,8 @@ incomplete and readable, maybe after --refold).
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -28,3 +30,93 @@ def test_fault(probes_available: None, tmp_path: Path, case: str) -> None:
     assert o.survived, o.detail
     assert o.leftovers.total == 0, f"left behind: {o.leftovers.describe()} {o.leftovers.processes}"
     assert o.data in EXPECTED_DATA[case], o.detail
+
+
+# Leftover detection must see what it counts. Helpers started the way qprof starts them (its
+# classes, its command lines, its run directory under pytest's tmp_path) are stopped, and the
+# process that started them exits: they are reparented to a subreaper in the same session, as
+# they would be to init if qprof were killed and the helpers outlived it.
+LEAKER = """
+import json, os, signal, sys
+import os
+import time
+from pathlib import Path
+from qprof.collectors.perf import PerfRecorder
+from qprof.collectors.probes import ProbeCollector
+from qprof.probes.features import require_perf
+
+run, pid = Path(sys.argv[1]), int(sys.argv[2])
+run.mkdir()
+probes = ProbeCollector(run, [pid], ("packetio", "crypto"), lambda msg: None)
+probes.launch()
+perf = PerfRecorder(require_perf(), [pid], "fp", 99, "cpu-clock", run / "perf-fp.data", run / "perf-fp.log")
+perf.start()
+probes.wait_ready()
+helpers = [perf.proc.pid] + [p.proc.pid for p in probes.procs]
+for h in helpers:
+    os.kill(h, signal.SIGSTOP)  # the signal each gets when this process exits waits while stopped
+print(json.dumps({"helpers": helpers, "unavailable": probes.record["unavailable"]}), flush=True)
+os._exit(0)
+"""
+REAPER = """
+import ctypes, os, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the leaker's orphans come here
+subprocess.run([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], check=True)
+sys.stdin.read()  # until the test has killed the helpers
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_leftovers_found_by_session_and_run_path(probes_available: None, tmp_path: Path) -> None:
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from qprof.probes.leftovers import bpf_programs, find_leftovers, leftovers, processes_naming, session_members
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (the uprobe target)")
+    target = subprocess.Popen(["openssl", "speed", "-evp", "aes-128-gcm", "-seconds", "120"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = tmp_path / "run"
+    progs0 = bpf_programs()
+    reaper = subprocess.Popen([sys.executable, "-c", REAPER, LEAKER, str(run), str(target.pid)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    helpers: list[int] = []
+    try:
+        assert reaper.stdout is not None
+        told = json.loads(reaper.stdout.readline() or "{}")
+        helpers = told.get("helpers", [])
+        missing = [u for u in told.get("unavailable", []) if u["probe"] in ("packetio", "crypto")]
+        if missing:
+            pytest.skip(f"probe group unavailable here: {missing}")
+        assert len(helpers) == 3, told  # perf, the libbpf loader (packetio), bpftrace (crypto uprobes)
+        deadline = time.monotonic() + 30
+        while not all(parent(h) == reaper.pid for h in helpers):  # the leaker exits after printing
+            assert time.monotonic() < deadline, "the helpers were not reparented"
+            time.sleep(0.05)
+        found = find_leftovers(run, progs0, [reaper.pid])
+        print(f"\nleaked on purpose: {found.describe()} {found.processes}")
+        ours = set(helpers) | {reaper.pid}  # the reaper stands for qprof: it names the run too
+        assert set(found.processes) == ours
+        assert session_members(reaper.pid) == ours and processes_naming(run) == ours, \
+            "each criterion alone finds them"
+        assert found.bpf_programs >= 3 and found.perf_events >= 1 and found.uprobes >= 1, found.describe()
+    finally:
+        for h in helpers:
+            os.kill(h, signal.SIGKILL)
+        reaper.communicate(timeout=30)
+        target.kill()
+        target.wait()
+    after = leftovers(run, progs0, [reaper.pid])
+    assert after.total == 0, after.describe()
