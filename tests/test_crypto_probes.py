@@ -113,9 +113,9 @@ def test_openssl_calls_and_bytes_match_the_workload(probes_available: None, tmp_
     cost = probes["crypto"]["cost"]
     assert cost["target_hits"] == truth["evp_encrypt_update_calls"]
     assert cost["uprobes"] == 2
-    if cost["all_hits"] is not None:
-        # host-wide hits come from BPF statistics that are on 1 s in every 5, scaled: an estimate
-        assert cost["all_hits"] >= 0.5 * cost["target_hits"] and cost["bpf_run_time_ns"] > 0
+    # every hit is counted host-wide by the programs themselves: the target's are among them
+    assert cost["all_hits"] >= cost["target_hits"]
+    assert cost["bpf_run_time_ns"] is None or cost["bpf_run_time_ns"] > 0
     assert cost["target_estimated_ns"] >= cost["target_hits"] * cost["trap_ns_per_hit"]
     text = qprof("report", str(run)).stdout
     assert "crypto (uprobes)" in text and "crypto probes cost the targets" in text
