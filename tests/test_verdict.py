@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from qprof.attribution.verdict import THRESHOLDS, judge, side_evidence
 from conftest import examples
-
-VERDICTS = {"server-limited", "client-limited", "both", "neither"}
-
 
 def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float | None = None,
              throttled: float = 0.0, syscall: str = "232", n: int = 11) -> list[dict[str, Any]]:
@@ -88,14 +85,29 @@ def test_thresholds_are_reported() -> None:
     assert v.to_json()["thresholds"] == THRESHOLDS
 
 
+def limited_by_rule(on: float, rq: float, quota: float | None, throttled: float | None, cpus: int) -> bool:
+    """The documented rule, from the shares the readings were made with."""
+    demand = on + rq
+    capacity = min(cpus, quota) if quota else cpus
+    return (demand >= THRESHOLDS["busiest_thread_demand"]
+            or demand / capacity >= THRESHOLDS["process_demand_of_capacity"]
+            or (throttled is not None and throttled >= THRESHOLDS["throttled_periods"]))
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(st.floats(0, 2), st.floats(0, 1), st.floats(0, 2), st.floats(0, 1),
        st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64))
-def test_always_one_of_four(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
-                            thr: float, cpus: int) -> None:
+def test_verdict_follows_the_thresholds(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
+                                        thr: float, cpus: int) -> None:
+    cap1 = min(cpus, quota) if quota else cpus
+    for demand, cap in ((on1 + rq1, cap1), (on2 + rq2, cpus)):  # off the thresholds by more than rounding
+        assume(abs(demand - 0.9) > 1e-6 and abs(demand / cap - 0.9) > 1e-6)
     v = verdict(readings(1, 5, on1, rq1, quota, thr), readings(2, 5, on2, rq2), cpus)
-    assert v.limited_by in VERDICTS
-    assert v.to_json()["limited_by"] in VERDICTS
+    throttled = int(5 * 10 * thr) / (5 * 10) if quota else None  # readings(): 10 periods a second for 5 s
+    want = {(True, False): "server-limited", (False, True): "client-limited", (True, True): "both",
+            (False, False): "neither"}[(limited_by_rule(on1, rq1, quota, throttled, cpus),
+                                        limited_by_rule(on2, rq2, None, None, cpus))]
+    assert v.limited_by == want == v.to_json()["limited_by"]
 
 
 def test_cgroup_evidence_survives_the_exit_move_to_the_root() -> None:

@@ -3,8 +3,10 @@
 The same code as bench/verdict_matrix.py (qprof.netlab: SCENARIOS, calibration,
 run_scenario), one run each instead of ten: the server's cgroup capped at 0.3
 of a core, the client's capped the same, neither (both uncapped, the veth shaped
-with tbf far below what either side can do), and uncapped (no expected answer:
-the verdict must only be one of the four words).
+with tbf far below what either side can do), and uncapped (no expected answer: on
+this 2-CPU host a side's demand lands near the 90% threshold, run-queue waits
+included). Every verdict, uncapped too, must be the documented rule applied to
+the evidence the report shows: what was measured, not how the test set it up.
 """
 
 from __future__ import annotations
@@ -12,11 +14,21 @@ from __future__ import annotations
 
 import pytest
 
-from qprof.netlab import SCENARIOS, RunResult, measure_goodput, run_scenario, size_for, transfer_factory
+from qprof.netlab import (SCENARIOS, RunResult, measure_goodput, normalize_verdict, report_json, run_scenario,
+                          size_for, transfer_factory)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SECONDS = 6.0  # a profiled transfer of about this long per scenario (3-6 s measured)
-VERDICTS = {"server-limited", "client-limited", "both", "neither"}
+VERDICT_OF = {(True, False): "server-limited", (False, True): "client-limited", (True, True): "both",
+              (False, False): "neither"}
+
+
+def side_limited(ev: dict, th: dict) -> bool:
+    """The verdict's rule (attribution.verdict), from the evidence as the report prints it."""
+    demand = ev["process_cpu_cores"] + ev["process_runqueue_cores"]
+    return (ev["busiest_on_cpu"] + ev["busiest_runqueue"] >= th["busiest_thread_demand"]
+            or (ev["capacity_cores"] > 0 and demand / ev["capacity_cores"] >= th["process_demand_of_capacity"])
+            or (ev["throttled_periods"] is not None and ev["throttled_periods"] >= th["throttled_periods"]))
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +71,14 @@ def test_scenario_verdict(scenario_run, name: str) -> None:
     if SCENARIOS[name].rate_mbit:
         assert r.goodput_mbit is not None and r.goodput_mbit <= SCENARIOS[name].rate_mbit * 1.1
     assert r.has_verdict, "the report has no verdict.limited_by"
-    assert r.verdict in VERDICTS
+    verdict = report_json(r.run)["verdict"]
+    for role, ev in verdict["evidence"].items():
+        print(f"  {role}: busiest thread {ev['busiest_on_cpu']:.2f} on CPU + {ev['busiest_runqueue']:.2f} waiting, "
+              f"process {ev['process_cpu_cores']:.2f} cores, throttled {ev['throttled_periods']}, "
+              f"limited {ev['cpu_limited']}")
+    # each side's decision is the documented rule applied to the evidence the report shows
+    sides = {role: side_limited(ev, verdict["thresholds"]) for role, ev in verdict["evidence"].items()}
+    assert all(verdict["evidence"][role]["cpu_limited"] == lim for role, lim in sides.items()), verdict
+    assert r.verdict == normalize_verdict(VERDICT_OF[(sides.get("server", False), sides.get("client", False))])
     if r.expected is not None:
         assert r.verdict == r.expected, describe(r)
