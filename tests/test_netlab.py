@@ -190,9 +190,14 @@ with Lab(rate_mbit=50, cpu={{"server": 0.3}}) as lab:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_nothing_left_after_a_signal(lab_tools: None, sig: signal.Signals) -> None:
-    """SIGINT and SIGTERM tear the lab down; after SIGKILL the next cleanup() does."""
+    """SIGINT and SIGTERM tear the lab down; after SIGKILL the next cleanup() does.
+
+    The lab script gets SIGINT's default disposition, as a command run from a terminal has: when the
+    suite itself runs as a background job of a non-interactive shell (`make test &` in a script),
+    SIGINT is ignored and that would be inherited, and an ignored Ctrl-C stops nothing."""
     proc = subprocess.Popen([sys.executable, "-c", LAB_SCRIPT.format(root=str(ROOT))], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         lab_id = proc.stdout.readline().strip()
