@@ -164,8 +164,8 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     run = Run.open(run_path)
     if not refold and not run.has_stacks() and run.unfolded_chunks() and run.fold_refusal() is None:
         # killed before its first chunk was folded: the raw data is here, on the host that recorded it
-        _stderr.print(f"qprof: {run_path} was cut short before any perf data was folded: folding it now "
-                      "(as --refold does)", markup=False, highlight=False)
+        click.echo(f"qprof: {run_path} was cut short before any perf data was folded: folding it now "
+                   "(as --refold does)", err=True)
         refold = True
     if refold:
         _refold(run)

@@ -7,6 +7,7 @@ and refold copies of it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,18 +62,26 @@ def test_rotated_and_folded_while_sampling(capture: Path) -> None:
     assert not (capture / "perf-dwarf.data").exists(), "perf renamed its last file too"
 
 
-def test_later_chunks_resolve_symbols_too(capture: Path) -> None:
+def test_later_chunks_resolve_symbols_too(capture: Path, tmp_path: Path) -> None:
     """Chunks after the first hold no mmap records of a process that started before: perf still
-    names its frames (a chunk folded alone resolves as well as the first)."""
+    names its frames. Every full chunk after the first is folded alone (ChunkFolder folds each
+    chunk by itself) and their samples of the target must be named. All of them, not one: a
+    2 MiB chunk of a system-wide capture holds whatever else ran on the host too, and on a busy
+    host one chunk held only 58 of the target's samples."""
     chunks = chunk_files(capture, "perf-dwarf.data", include_current=False)
-    last = chunks[-2]  # the last full chunk (the very last is what perf wrote after the stop)
-    run = capture.parent / "last-only"
+    later = chunks[1:-1]  # the very last is what perf wrote after the stop
+    assert len(later) >= 2, "the capture rotated too few chunks"
+    run = tmp_path / "later-only"
     run.mkdir()
-    shutil.copy(last, run / last.name)
+    for c in later:
+        shutil.copy(c, run / c.name)
     st = ChunkFolder(require_perf(), run, groups(capture), keep_raw=True).finish()
+    assert read_header(run / "stacks.jsonl.gz")["folded"] == [c.name for c in later], "each chunk folded alone"
     recs = list(read_stacks(run / "stacks.jsonl.gz"))
     named = sum(r.samples for r in recs if any(sym != "[unknown]" for sym, _ in r.frames))
-    assert st.samples > 100 and named / st.samples > 0.95
+    # at >= 1000 samples the named share is measured to within 1.4 pp (two binomial standard
+    # errors at 95%): well inside the 5 pp margin
+    assert st.samples >= 1000 and named / st.samples > 0.95, (st.samples, named)
 
 
 def test_refold_from_scratch_matches(capture: Path, tmp_path: Path) -> None:
@@ -103,6 +112,28 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     partial = sum(totals(run).values())
     assert 0 < partial < sum(totals(capture).values())
     qprof("report", "--refold", str(run), "--format", "json")
+    assert totals(run) == totals(capture)
+
+
+def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path: Path) -> None:
+    """Killed before any chunk was folded: the raw data is all there, so `report` on the boot that
+    recorded the run folds it itself and says so; another user's archive is not put through perf
+    unasked (one line says why and how)."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    meta = json.loads((run / "meta.json").read_text())
+    meta["status"] = "collecting"  # its collector is long gone
+    (run / "meta.json").write_text(json.dumps(meta))
+    theirs = tmp_path / "theirs"
+    shutil.copytree(run, theirs)
+    os.chown(theirs, 65534, 65534)
+    r = qprof("report", str(theirs), "--format", "json", check=False)
+    assert r.returncode == 2 and "belongs to uid 65534" in r.stderr and "--refold" in r.stderr, r.stderr
+    assert not (theirs / "stacks.jsonl.gz").exists()
+    r = qprof("report", str(run), "--format", "json")
+    assert "cut short before any perf data was folded: folding it now" in r.stderr
+    assert json.loads(r.stdout)["run"]["status"] == "incomplete"
     assert totals(run) == totals(capture)
 
 
