@@ -313,3 +313,14 @@ def test_probe_handlers_are_kept_apart(shipped_clf: Classifier) -> None:
     assert (d.category, d.subcategory) == (UNCATEGORIZED, "eBPF probes")
     d = shipped_clf.classify(k("handle_swbp", "exc_int3", "asm_exc_int3") + u("EVP_EncryptUpdate", dso="/usr/lib/libcrypto.so.3"))
     assert (d.category, d.subcategory) == (UNCATEGORIZED, "eBPF probes")
+
+
+def test_cpu_shortfall_note_only_beyond_sampling_error() -> None:
+    from qprof.attribution.profile import cpu_shortfall_note
+
+    assert cpu_shortfall_note(3.29, 3286, 3.40, "system") is None  # -3%: within 3/sqrt(3286) = 5.2%
+    note = cpu_shortfall_note(2.79, 2790, 3.42, "system")
+    assert note is not None and "-18%" in note and "--scope cgroup" in note
+    assert "--scope cgroup" not in (cpu_shortfall_note(2.79, 2790, 3.42, "cgroup") or "")
+    assert cpu_shortfall_note(3.6, 3600, 3.42, "system") is None  # above /proc: its window is shorter
+    assert cpu_shortfall_note(1.0, 1000, None, "system") is None

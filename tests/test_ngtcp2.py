@@ -40,10 +40,21 @@ def test_demo_1gib_download_server_and_client(ngtcp2_tools: None, tmp_path: Path
     assert srv["categories"]["Packet I/O"] > 0.05
     assert srv["categories"]["Crypto"] > 0.05
     assert srv["categories"]["Uncategorized"] < 0.10
-    # sampled CPU agrees with the kernel's own accounting of the targets; the
-    # client exits, so its last /proc reading may precede its last samples
-    assert srv["cpu_seconds"] == pytest.approx(srv["proc_cpu_seconds"], rel=0.1)
-    assert 0 < cli["proc_cpu_seconds"] <= cli["cpu_seconds"] * 1.1
+    # Sampled CPU against the kernel's accounting of a window inside the sampling window. A count of
+    # n samples is off by about sqrt(n): 3/sqrt(n) is chance. Above /proc by more than chance only by
+    # what the /proc window can miss at its end: one reading interval (0.25 s) of one CPU (the
+    # client's last reading precedes its exit). Below /proc by more than chance only with the report
+    # saying so: system-wide cpu-clock sampling misses work that starts when a process wakes on a
+    # timer (the server: -10% to -19% in 3 of 11 demo runs here), a loss no tolerance should hide.
+    for p in (srv, cli):
+        chance = 3 / p["samples"] ** 0.5
+        sampled, proc = p["cpu_seconds"], p["proc_cpu_seconds"]
+        print(f"{p['role']}: sampled {sampled:.2f} s, /proc {proc:.2f} s, chance {chance:.1%}; note: {p['cpu_note']}")
+        assert 0 < proc and sampled <= proc * (1 + chance) + 0.25
+        if sampled < proc * (1 - chance):
+            assert p["cpu_note"] and "--scope cgroup" in p["cpu_note"], p
+        else:
+            assert p["cpu_note"] is None, p
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "complete"
     # the demo runs across two network namespaces (a veth link), and judges the run

@@ -48,6 +48,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d: dict[str, Any] = {"pid": p.pid, "comm": p.comm, "role": p.role}
         d.update(breakdown_dict(p.breakdown, profile, top))
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
+        d["cpu_note"] = p.cpu_note
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
         d["probe_share"] = _r(p.probe_share)
         d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT

@@ -231,6 +231,8 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
                 "every share here is off by about that much; fewer probe groups (--probes) cost less", "yellow")
         else:
             say(f"  eBPF probes: {p.probe_share:.2%} of its samples")
+        if p.cpu_note:
+            say(f"  note: {p.cpu_note}", "yellow")
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
         console.print(_symbols_table(p, top))
         if len(p.threads) > 1:
