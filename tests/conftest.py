@@ -176,3 +176,20 @@ def ngtcp2_capture(ngtcp2_tools: None, probes_available: None, tmp_path_factory:
         return made[name]
 
     return get
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: Any) -> Any:
+    """One line at the end of every run, after pytest's own summary: what was skipped and why."""
+    result = yield
+    reasons: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    total = sum(reasons.values())
+    terminalreporter.write_line(
+        f"qprof: skipped {total} test(s)" + (": " + "; ".join(f"{n} x {r}" for r, n in sorted(
+            reasons.items(), key=lambda kv: -kv[1])) if total else ": none"))
+    return result
