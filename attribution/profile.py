@@ -115,9 +115,9 @@ def cpu_shortfall_note(sampled_s: float, samples: int, proc_s: float | None, sco
     off by about sqrt(n)) explains a shortfall up to 3/sqrt(n); a larger one is samples missing.
     System-wide cpu-clock sampling misses work that starts when a process wakes on a timer: the
     sampling timer's interrupt wakes it, or sampling resumes on a CPU leaving idle, so the sample
-    lands just before the burst (measured here: -50% on a loop of 50 us runs between 50 us
-    sleeps; -10% to -19% on the ngtcp2 server in 3 of 11 demo runs). Sampling a cgroup follows
-    the target's own CPU time instead."""
+    lands just before the burst (measured here: -42% on a loop of 50 us runs between 50 us
+    sleeps; the ngtcp2 server of the demo's transfer -19% to +3%, 6 of 13 runs short beyond
+    chance). Sampling a cgroup follows the target's own CPU time instead."""
     if proc_s is None or proc_s <= 0 or samples <= 0 or sampled_s >= proc_s * (1 - 3 / samples ** 0.5):
         return None
     note = (f"samples account for {sampled_s:.2f} s of the {proc_s:.2f} s /proc measured "
