@@ -199,6 +199,27 @@ def _finish(att: subprocess.Popen[str], timeout: float = 180) -> tuple[int, str]
     return att.returncode, err
 
 
+def _wait_probes(run: Path, att: subprocess.Popen[str]) -> None:
+    """Until the run's probes are attached (or qprof has exited)."""
+    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+
+
+def _wait_final_fold(lines: list[str], att: subprocess.Popen[str]) -> None:
+    """Until qprof (not quiet) says it folds the stacks at the end (or has exited)."""
+    _wait(lambda: any("folding stacks" in ln for ln in lines) or att.poll() is not None, 60, "the final fold")
+
+
+def _exits(att: subprocess.Popen[str], timeout: float = 180) -> bool:
+    """Whether qprof exits within `timeout` (after a signal); killed if it hangs."""
+    try:
+        att.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        att.kill()
+        att.wait()
+        return False
+
+
 def _stderr_reader(att: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
     lines: list[str] = []
 
@@ -226,22 +247,26 @@ def _expect(rc: int, err: str, want_rc: int, needle: str = "") -> tuple[bool, st
     return ok, detail if ok else f"expected exit {want_rc} with {needle!r}; got {detail}"
 
 
-def case_target_exits(lab: Lab) -> CaseResult:
-    t = lab.target(secs=6)
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "60")
+def _ends_complete(att: subprocess.Popen[str], run: Path, stop: str) -> CaseResult:
+    """qprof exits 0 with its run complete and stopped for the reason `stop`."""
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
     meta = _json(run / "meta.json")
-    ok = ok and meta.get("stop_reason") == "every target exited" and meta.get("status") == "complete"
+    ok = ok and meta.get("stop_reason") == stop and meta.get("status") == "complete"
     return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
+
+
+def case_target_exits(lab: Lab) -> CaseResult:
+    t = lab.target(secs=6)
+    run = lab.root / "run"
+    return _ends_complete(lab.attach([t.pid], run, "-d", "60"), run, "every target exited")
 
 
 def case_target_sigkill(lab: Lab) -> CaseResult:
     t = lab.target()
     run = lab.root / "run"
     att = lab.attach([t.pid], run, "-d", "60")
-    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    _wait_probes(run, att)
     time.sleep(1)
     t.kill()
     rc, err = _finish(att)
@@ -289,19 +314,14 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
             _wait(lambda: (run / "probe-packetio.bpf.c").exists() or att.poll() is not None, 60, "probe spawn")
             started_early = not probes_attached(run)
         elif when == "collection":
-            _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+            _wait_probes(run, att)
             if crypto:  # kill once a chunk is folded: that part must stay readable
                 _wait(lambda: chunks_folded(run) > 0 or att.poll() is not None, 60, "a folded chunk")
             time.sleep(0.5)
         else:
-            _wait(lambda: any("folding stacks" in ln for ln in lines) or att.poll() is not None, 60,
-                  "the final fold")
+            _wait_final_fold(lines, att)
         att.send_signal(sig)
-        try:
-            att.wait(180)
-        except subprocess.TimeoutExpired:
-            att.kill()
-            att.wait()
+        if not _exits(att):
             return False, "hung after the signal", run
         reader.join(10)
         rc, err = att.returncode, "".join(lines)
@@ -461,16 +481,12 @@ def case_stop_delivered_twice(lab: Lab) -> CaseResult:
     t = lab.target()
     run = lab.root / "run"
     att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", wrap=("timeout", "-s", "INT", "600"))
-    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    _wait_probes(run, att)
     time.sleep(0.5)
     att.send_signal(signal.SIGINT)  # to timeout, which signals qprof, then its process group
     time.sleep(0.02)
     os.killpg(att.pid, signal.SIGINT)
-    rc, err = _finish(att)
-    ok, detail = _expect(rc, err, 0)
-    meta = _json(run / "meta.json")
-    ok = ok and meta.get("status") == "complete" and meta.get("stop_reason") == "interrupted (SIGINT)"
-    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
+    return _ends_complete(att, run, "interrupted (SIGINT)")
 
 
 def case_second_ctrl_c(lab: Lab) -> CaseResult:
@@ -482,18 +498,14 @@ def case_second_ctrl_c(lab: Lab) -> CaseResult:
     att = lab.attach([t.pid], run, "-d", "60", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G",
                      quiet=False)
     lines, reader = _stderr_reader(att)
-    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    _wait_probes(run, att)
     time.sleep(6)  # samples enough (one chunk, folded at the end) that the final fold takes seconds
     att.send_signal(signal.SIGINT)
     first = time.monotonic()
-    _wait(lambda: any("folding stacks" in ln for ln in lines) or att.poll() is not None, 60, "the final fold")
+    _wait_final_fold(lines, att)
     time.sleep(max(0.0, first + REPEAT_WINDOW_S + 0.1 - time.monotonic()))
     att.send_signal(signal.SIGINT)
-    try:
-        att.wait(180)
-    except subprocess.TimeoutExpired:
-        att.kill()
-        att.wait()
+    if not _exits(att):
         return False, "hung after the second Ctrl-C", run
     reader.join(10)
     ok, detail = _expect(att.returncode, "".join(lines), 2, "interrupted while writing")
@@ -516,7 +528,7 @@ def case_target_execs(lab: Lab) -> CaseResult:
     lab.procs.append(t)
     run = lab.root / "run"
     att = lab.attach([t.pid], run, "-d", "6")
-    _wait(lambda: probes_attached(run) or att.poll() is not None, 60, "probes")
+    _wait_probes(run, att)
     go.touch()
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
@@ -621,7 +633,8 @@ def case_untrusted_mapping(lab: Lab) -> CaseResult:
         "deep nesting": 'x = ' + "[" * 100_000 + "]" * 100_000 + "\n",
         "shell and Python in strings": ('[mapping]\nname = "x"\ndescription = "$(touch {c}) __import__(\'os\')'
                                         '.system(\'touch {c}\')"\n[[rule]]\nsymbol = "a"\n'
-                                        'subcategory = "`touch {c}`"\ncategory = "Crypto"\n').format(c=lab.root / "canary"),
+                                        'subcategory = "`touch {c}`"\ncategory = "Crypto"\n'
+                                        ).format(c=lab.root / "canary"),
     }
     paths = {}
     for name, text in files.items():
@@ -675,7 +688,8 @@ def case_untrusted_archive(lab: Lab) -> CaseResult:
     r = runs["names that look like code"] = _minimal_run(lab.root, "code", f"$(touch {lab.root / 'canary'})")
     for r in runs.values():
         _as_untrusted(r)
-    expect = {"meta.json a FIFO": (2, "not a regular file"), "meta.json a link to /dev/zero": (2, "not a regular file"),
+    expect = {"meta.json a FIFO": (2, "not a regular file"),
+              "meta.json a link to /dev/zero": (2, "not a regular file"),
               "meta.json of 1 GiB": (2, "larger than"), "proc.jsonl a link to /dev/zero": (2, "not a regular file"),
               "stacks: one 200 MiB line": (2, "longer than"), "stacks: a gzip bomb": (2, "expands to more than"),
               "raw perf data, not folded": (2, f"belongs to uid {unprivileged.NOBODY}"),
