@@ -198,7 +198,8 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
             continue
         p.proc_cpu_seconds = _proc_cpu(readings, p.pid)
         sampled.append(p)
-    scope = str((meta.get("sampling", {}).get("scope") or {}).get("mode", "system"))
+    scope_rec = (meta.get("sampling") or {}).get("scope")  # not in older archives; any shape in damaged ones
+    scope = str(scope_rec.get("mode", "system")) if isinstance(scope_rec, dict) else "system"
     for p in sampled:
         if spp:
             p.cpu_note = cpu_shortfall_note(p.breakdown.period * spp, p.breakdown.samples, p.proc_cpu_seconds, scope)

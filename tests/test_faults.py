@@ -42,7 +42,7 @@ import os
 import time
 from pathlib import Path
 from qprof.collectors.perf import PerfRecorder
-from qprof.collectors.probes import ProbeCollector
+from qprof.collectors.probing import ProbeCollector
 from qprof.probes.features import require_perf
 
 run, pid = Path(sys.argv[1]), int(sys.argv[2])
