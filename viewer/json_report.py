@@ -50,7 +50,9 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
         d["mmsg_seen"] = sorted(p.mmsg_seen)
+        d["interrupt_skid"] = p.skid
         d["mappings"] = p.mappings
+        d["application"] = p.application
         d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
                         for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
         procs.append(d)

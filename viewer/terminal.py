@@ -123,6 +123,20 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
             f"{_fmt(last.get('sndbuf'))} B, drops during run {d:,}")
 
 
+def _skid_note(p: ProcessProfile, say: "Callable[..., None]") -> None:
+    """Where samples that skidded to the end of an interrupt went, and how that was decided."""
+    sk = p.skid
+    if not sk.get("share"):
+        return
+    parts = []
+    for vec, v in sk["vectors"].items():
+        to = ", ".join(f"{c} {s:.1%}" for c, s in v["to"].items())
+        parts.append(f"{vec.removeprefix('asm_sysvec_')} {v['share']:.1%} -> {to} "
+                     f"(by {v['evidence_samples']} samples of its follow-up work)")
+    say(f"  interrupt skid: {sk['share']:.1%} of samples, {sk['attributed']:.1%} placed: " + "; ".join(parts))
+    say(f"    method: {sk['method']}", "dim")
+
+
 def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
     sq = pio.softirq
     if sq.get("total_s"):
@@ -198,6 +212,7 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         cross = "" if p.proc_cpu_seconds is None else f"; /proc says {p.proc_cpu_seconds:.2f} s"
         say(f"  sampled CPU {profile.cpu_seconds(p.breakdown.period):.2f} s in {p.breakdown.samples} samples{cross}")
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
+        _skid_note(p, say)
         console.print(_symbols_table(p, top))
         if len(p.threads) > 1:
             console.print(_threads_table(p, profile))
