@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QPROF, qprof
+from conftest import QPROF, qprof, unplaced_share
 from qprof.attribution.categories import CATEGORIES
 from qprof.endpoints import Ngtcp2Transfer
 
@@ -39,7 +39,12 @@ def test_demo_1gib_download_server_and_client(ngtcp2_tools: None, tmp_path: Path
     print("\nserver:", srv["categories"], "\nclient:", cli["categories"])
     assert srv["categories"]["Packet I/O"] > 0.05
     assert srv["categories"]["Crypto"] > 0.05
-    assert srv["categories"]["Uncategorized"] < 0.10
+    # both sides: what qprof cannot place (the examples' own code is "application"; the default probes'
+    # handlers are shown apart as "eBPF probes", 3-15% of a receiver's samples until they get cheaper)
+    for side in (srv, cli):
+        left = unplaced_share(side, probes_apart=True)
+        print(f"{side['role']}: unplaced {left:.1%}, Uncategorized {side['subcategories']['Uncategorized']}")
+        assert left <= 0.05, (side["role"], left, side["top_symbols"]["Uncategorized"][:5])
     # sampled CPU agrees with the kernel's own accounting of the targets; the
     # client exits, so its last /proc reading may precede its last samples
     assert srv["cpu_seconds"] == pytest.approx(srv["proc_cpu_seconds"], rel=0.1)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, qprof
+from conftest import ROOT, qprof, unplaced_share
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED, is_named_other
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -73,7 +73,7 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
     for role, p in sorted(by_role.items()):
         shares = p["categories"]
         named = {s: v for s, v in p["subcategories"][UNCATEGORIZED].items() if is_named_other(s)}
-        unplaced = shares[UNCATEGORIZED] - sum(named.values())
+        unplaced = unplaced_share(p)
         print(f"  {role:6s} " + "  ".join(f"{c} {shares[c]:5.1%}" for c in CATEGORIES)
               + f"  (unplaced {unplaced:.1%}, skid {p['interrupt_skid'].get('share', 0):.1%}; "
               + "".join(f"{s} {v:.1%}, " for s, v in named.items())

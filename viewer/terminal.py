@@ -204,6 +204,9 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
             "shown is what was collected", "yellow")
     for t in meta.get("targets", []):
         say(f"  pid {t['pid']} {t.get('comm')}: {t.get('unwind')} unwinding ({t.get('unwind_reason')})")
+        if len(t.get("images") or []) > 1:
+            say("    exec'd: " + " -> ".join(f"{i['comm']} ({i['exe']}, {i['unwind']}, from {i['since_s']:g} s)"
+                                            for i in t["images"]), "dim")
     if host.get("nics"):
         say("  NICs: " + ", ".join(f"{n['name']} (NUMA node {n['numa_node']})" for n in host["nics"]))
     for p in profile.processes:
