@@ -67,16 +67,6 @@ def ngtcp2_tools(kernel_facing: None) -> None:
             pytest.skip(f"{tool} missing (make test installs {pkg})")
 
 
-def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float:
-    """A JSON report process's Uncategorized share that qprof could not place: without what it names as
-    the program's own code or its language runtime (and, with `probes_apart`, without probe handlers)."""
-    from qprof.attribution.categories import PROBE_COST, UNCATEGORIZED, is_named_other
-
-    subs = process["subcategories"][UNCATEGORIZED]
-    named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s == PROBE_COST))
-    return process["categories"][UNCATEGORIZED] - named
-
-
 def build_c(source: Path, name: str, libs: list[str]) -> Path:
     """Compile a test workload once; rebuilt only when its source changes."""
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QPROF, qprof, unplaced_share
+from conftest import QPROF, qprof
+from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES
 from qprof.endpoints import Ngtcp2Transfer
 

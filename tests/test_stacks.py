@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, qprof, unplaced_share
+from conftest import ROOT, qprof
+from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED, is_named_other
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
