@@ -316,8 +316,8 @@ class AttachSession:
                 exe = os.readlink(f"/proc/{pid}/exe")
             except OSError:
                 continue  # gone, or a kernel thread
-            if exe == t.get("exe"):
-                continue
+            if exe.removesuffix(" (deleted)") == t.get("exe"):
+                continue  # the same image (its file replaced on disk is not an exec)
             fresh = self._describe(pid)
             if not fresh["exe"]:
                 continue
