@@ -38,6 +38,7 @@ class Expect:
     max_dso_only: float = 0.0  # share decided by rules naming only an object
     extra_crypto: frozenset[str] = frozenset()  # crypto files that may load beside `files`
     hp_both_sides: bool = True  # header protection seen on the sender too
+    runtime: str | None = None  # the language runtime's named part of Uncategorized, seen on both sides
 
 
 # The Rust endpoints are built with frame pointers but link glibc dynamically, whose
@@ -46,16 +47,16 @@ class Expect:
 # senders' header protection (one AES block per packet, 0.1-1.7%) is too small to be
 # sure of a sample in a short run. Go keeps frame pointers; CPython does not.
 STACKS = {
-    "quinn": Expect(("ring", "rustls", "tokio", "rust-std"), "dwarf", hp_both_sides=False),
-    "s2nquic": Expect(("aws-lc", "tokio", "rust-std"), "dwarf", hp_both_sides=False),
+    "quinn": Expect(("ring", "rustls", "tokio", "rust-std"), "dwarf", hp_both_sides=False, runtime="runtime: tokio"),
+    "s2nquic": Expect(("aws-lc", "tokio", "rust-std"), "dwarf", hp_both_sides=False, runtime="runtime: tokio"),
     "quiche": Expect(("boringssl", "rust-std"), "dwarf", hp_both_sides=False),
     # payload AEAD in BoringSSL; its header protection in ring is detected only when a sample
     # lands there (statically linked: detection reads the run's symbols), not in every short run
     "tquic": Expect(("boringssl", "rust-std"), "dwarf", extra_crypto=frozenset({"ring"}), hp_both_sides=False),
-    "quicgo": Expect(("go-runtime",), "fp"),
+    "quicgo": Expect(("go-runtime",), "fp", runtime="runtime: go scheduler"),
     # OpenSSL's libcrypto through cryptography; its Rust extension and aioquic's _buffer
     # extension are matched by object
-    "aioquic": Expect(("python", "crypto"), "dwarf", max_dso_only=0.05),
+    "aioquic": Expect(("python", "crypto"), "dwarf", max_dso_only=0.05, runtime="runtime: asyncio"),
 }
 
 
@@ -96,6 +97,8 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         assert unplaced <= MAX_UNCATEGORIZED, (role, unplaced, top_unknown)
         assert shares["Packet I/O"] > 0.02 and shares["Crypto"] > 0.02, (role, shares)
         assert shares["Connection Mgmt"] > 0.05, (role, shares)
+        if want.runtime:  # runtime overhead is named apart, not counted as connection management
+            assert named.get(want.runtime, 0) > 0, (role, p["subcategories"][UNCATEGORIZED])
         assert p["dso_only_share"] <= want.max_dso_only, "no rule may cover a whole application binary"
         subs = p["subcategories"]["Crypto"]
         assert subs.get("aead", 0) > 0.02, subs
