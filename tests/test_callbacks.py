@@ -2,7 +2,8 @@
 
 Each endpoint's client, with QPROF_BULK_WORK=PASSES, hashes what it receives
 PASSES times where the stack hands it data (quic-go: its read loop on the stream;
-tquic: inside `TransportHandler::on_stream_readable`; ngtcp2: inside the
+tquic: inside `TransportHandler::on_stream_readable`; h3client, a C client on
+libngtcp2 and libnghttp3: inside nghttp3's `recv_data`, called from the
 `recv_stream_data` callback libngtcp2 calls), times that work itself (CPU
 clock of its thread, or the TSC inside a callback too short for two clock
 reads) and prints `work_seconds=W cpu_seconds=T` (T: the whole process's CPU
@@ -31,9 +32,9 @@ from qprof.attribution.categories import APPLICATION, UNCATEGORIZED
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # passes over each received byte: 12-20% of each client's CPU
-PASSES = {"quicgo": 2, "tquic": 1, "ngtcp2": 1}
+PASSES = {"quicgo": 2, "tquic": 1, "h3client": 1}
 # bytes per transfer: about 4000 samples of the client (a share's standard error ~0.6 pp)
-BYTES = {"quicgo": 1 << 30, "tquic": 1 << 30, "ngtcp2": 2 << 30}
+BYTES = {"quicgo": 1 << 30, "tquic": 1 << 30, "h3client": 2 << 30}
 TOLERANCE = 0.03
 
 

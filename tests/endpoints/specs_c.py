@@ -1,7 +1,7 @@
 """ngtcp2 from C: an HTTP/3 client on Debian's libngtcp2, libnghttp3 and GnuTLS, against ngtcp2's
 example server.
 
-The client (tests/endpoints/ngtcp2/h3client.c) is compiled with gcc against the
+The client (tests/endpoints/h3client/h3client.c) is compiled with gcc against the
 Debian development packages (make test installs libngtcp2-dev,
 libngtcp2-crypto-gnutls-dev, libnghttp3-dev, libgnutls28-dev, pkg-config),
 with frame pointers; the libraries are Debian's (no frame pointers), so qprof's
@@ -59,5 +59,5 @@ def _client(out: Path, addr: str, nbytes: int) -> list[str]:
     return [str(out / "h3client"), host, port, str(nbytes)]
 
 
-register(EndpointSpec(name="ngtcp2", mapping="ngtcp2", toolchain=_toolchain, build=_build, server=_server,
+register(EndpointSpec(name="h3client", mapping="ngtcp2", toolchain=_toolchain, build=_build, server=_server,
                       client=_client, test_bytes=512 << 20))
