@@ -20,6 +20,7 @@ class Analysis:
     recommendations: list[Recommendation]
     crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
+    observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
 
     @property
     def verdict(self) -> Verdict | None:
@@ -50,4 +51,15 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
              for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
                                       host.get("cpu_nodes"))]
              if ev is not None]
-    return Analysis(profile, pio, recs, crypto, sides)
+    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes))
+
+
+def observer_cpu(meta: dict, probes: dict) -> dict[str, float]:
+    """CPU seconds qprof's own helpers used while observing (perf record, the probe loaders): the
+    cost of the run that is not in the targets' samples."""
+    out = {f"perf record ({mode})": float(s) for mode, s in (meta.get("perf_cpu_s") or {}).items()
+           if isinstance(s, (int, float))}
+    for name, prog in (probes.get("programs") or {}).items():
+        if isinstance(prog, dict) and isinstance(prog.get("cpu_s"), (int, float)):
+            out[f"probes {name}"] = float(prog["cpu_s"])
+    return out

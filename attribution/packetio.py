@@ -6,6 +6,10 @@ enabled on the socket and what the kernel actually did, the ACK ratio
 (datagrams received per datagram sent), drops matched to the targets' ports
 with their kernel reason, socket buffer sizes against the system defaults, and
 network softirq time with the share that ran in the targets' own threads.
+
+Since the default probes count in sampling windows (probes/packetio/windows.py),
+counts are estimates with 95% intervals (attribution.sampling) unless the whole
+run was counted; every figure carries which it is.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qprof.attribution.probemaps import keyed as _keyed
+from qprof.attribution.sampling import Estimate, GroupSample
+from qprof.probes.packetio.record import AUX_OF_DIRECTION, PacketioRecord, Windows
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -108,6 +114,7 @@ class ProcessPacketIO:
     sockets: list[dict[str, Any]] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)  # reason name -> datagrams dropped at our ports
     syscall_time: dict[str, dict[str, Any]] = field(default_factory=dict)  # opt-in `syscalls` probes
+    estimates: dict[str, Estimate] = field(default_factory=dict)  # headline figures with their intervals
 
     def thread(self, tid: int) -> tuple[Direction, Direction]:
         return self.threads.setdefault(tid, (Direction(), Direction()))
@@ -132,10 +139,16 @@ class ProcessPacketIO:
         """Datagrams received per datagram sent (a bulk receiver's is its ACK frequency, inverted)."""
         return _r(self.rx.dgrams / self.tx.dgrams) if self.tx.dgrams else None
 
+    @property
+    def exact(self) -> bool:
+        return all(e.exact for e in self.estimates.values())
+
     def to_json(self) -> dict[str, Any]:
         return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
                 "ack_ratio": self.ack_ratio, "ports": sorted(self.ports), "sockets": self.sockets,
-                "drops": self.drops, "syscall_time": self.syscall_time,
+                "drops": self.drops, "syscall_time": self.syscall_time, "counted": "exact" if self.exact else "sampled",
+                "estimates": {k: {"value": _r(e.value), "interval": e.interval(), "exact": e.exact}
+                              for k, e in sorted(self.estimates.items())},
                 "threads": {str(t): {"tx": a.to_json(), "rx": b.to_json()} for t, (a, b) in sorted(self.threads.items())}}
 
 
@@ -147,52 +160,129 @@ class PacketIO:
     softirq: dict[str, Any]
     udp_mib: dict[str, dict[str, int]]
     sysctl: dict[str, str]
-    host_drops: dict[str, int]
     cost: dict[str, Any] | None
     unavailable: list[dict[str, str]]
+    sampling: dict[str, Any] | None = None  # how the packet counts were taken (None: counted whole)
 
     def to_json(self) -> dict[str, Any]:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
                 "softirq": self.softirq, "udp_mib_delta": self.udp_mib, "sysctl": self.sysctl,
-                "host_drops": self.host_drops, "probe_cost": self.cost, "unavailable": self.unavailable}
+                "probe_cost": self.cost, "unavailable": self.unavailable, "sampling": self.sampling}
 
 
-_DIR_MAPS = {
-    # map -> (direction, Direction attribute)
-    "@tx_msgs": ("tx", "msgs"), "@tx_bytes": ("tx", "bytes"), "@tx_errors": ("tx", "errors"),
-    "@tx_dgrams": ("tx", "dgrams"), "@tx_skbs": ("tx", "skbs"), "@tx_mmsg_calls": ("tx", "mmsg_calls"),
-    "@tx_mmsg_msgs": ("tx", "mmsg_msgs"), "@tx_gso_skbs": ("tx", "offload_skbs"),
-    "@tx_gso_sockopt_msgs": ("tx", "offload_socket_msgs"),
-    "@rx_msgs": ("rx", "msgs"), "@rx_bytes": ("rx", "bytes"), "@rx_empty": ("rx", "empty"),
-    "@rx_gro_dgrams": ("rx", "gro_dgrams"), "@rx_mmsg_calls": ("rx", "mmsg_calls"),
-    "@rx_mmsg_msgs": ("rx", "mmsg_msgs"), "@rx_gro_skbs": ("rx", "offload_skbs"),
-    "@rx_gro_socket_msgs": ("rx", "offload_socket_msgs"),
+# struct counts (probes/packetio/packetio.bpf.c) -> (direction, Direction attribute)
+_COUNTERS = {
+    "tx_msgs": ("tx", "msgs"), "tx_bytes": ("tx", "bytes"), "tx_errors": ("tx", "errors"),
+    "tx_dgrams": ("tx", "dgrams"), "tx_skbs": ("tx", "skbs"), "tx_gso_skbs": ("tx", "offload_skbs"),
+    "tx_gso_sockopt_msgs": ("tx", "offload_socket_msgs"),
+    "rx_msgs": ("rx", "msgs"), "rx_bytes": ("rx", "bytes"), "rx_empty": ("rx", "empty"),
+    "rx_gro_dgrams": ("rx", "gro_dgrams"), "rx_gro_skbs": ("rx", "offload_skbs"),
+    "rx_gro_socket_msgs": ("rx", "offload_socket_msgs"),
 }
+# the opt-in syscalls group's batching counts (exact: bpftrace counts every call)
+_MMSG_MAPS = {"@tx_mmsg_calls": ("tx", "mmsg_calls"), "@tx_mmsg_msgs": ("tx", "mmsg_msgs"),
+              "@rx_mmsg_calls": ("rx", "mmsg_calls"), "@rx_mmsg_msgs": ("rx", "mmsg_msgs")}
+
+
+def _fill(pair: tuple[Direction, Direction], totals: dict[str, float]) -> None:
+    for name, (direction, attr) in _COUNTERS.items():
+        if name in totals:
+            d = pair[0 if direction == "tx" else 1]
+            setattr(d, attr, getattr(d, attr) + int(round(totals[name])))
+
+
+def _rx_dgrams(t: dict[str, float]) -> float:
+    return t["rx_msgs"] - t["rx_gro_skbs"] + t["rx_gro_dgrams"]
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _headline(sample: GroupSample, tx: Direction, rx: Direction) -> dict[str, Estimate]:
+    """The figures a report leads with, as estimates of functions of the totals."""
+    tx_calls = tx.mmsg_calls - tx.mmsg_msgs  # + messages: calls that moved data (mmsg counts are exact)
+    rx_calls = rx.mmsg_calls - rx.mmsg_msgs
+    figures = {
+        "tx.datagrams": lambda t: t["tx_dgrams"], "tx.bytes": lambda t: t["tx_bytes"],
+        "tx.messages": lambda t: t["tx_msgs"], "rx.datagrams": _rx_dgrams, "rx.bytes": lambda t: t["rx_bytes"],
+        "rx.messages": lambda t: t["rx_msgs"],
+        "tx.datagrams_per_syscall": lambda t: _ratio(t["tx_dgrams"], t["tx_msgs"] + tx_calls),
+        "rx.datagrams_per_syscall": lambda t: _ratio(_rx_dgrams(t), t["rx_msgs"] + rx_calls),
+        "gso.segments_per_gso_send":
+            lambda t: _ratio(t["tx_dgrams"] - t["tx_skbs"] + t["tx_gso_skbs"], t["tx_gso_skbs"]),
+        "gro.datagrams_per_receive": lambda t: _ratio(_rx_dgrams(t), t["rx_msgs"]),
+        "ack_ratio": lambda t: _ratio(_rx_dgrams(t), t["tx_dgrams"]),
+    }
+    # what the namespace's counters allow: a process sent or received at most all of its messages
+    ceilings = {"tx.messages": sample.aux_total.get("mib_out"), "rx.messages": sample.aux_total.get("mib_in")}
+    out = {}
+    for name, f in figures.items():
+        floor = None
+        if name.endswith((".datagrams", ".bytes", ".messages")):
+            counted = sample.counted
+            idx = {n: i for i, n in enumerate(sample.series)}
+            floor = f({n: float(counted[i]) for n, i in idx.items()})
+        est = sample.estimate(f, floor=floor, ceiling=ceilings.get(name))
+        if est is not None:
+            out[name] = est
+    return out
+
+
+def _sample(w: Windows, key: str) -> GroupSample | None:
+    g = w.groups.get(key)
+    if g is None:
+        return None
+    aux_of = {n: AUX_OF_DIRECTION[n[:2]] for n in w.series if n[:2] in AUX_OF_DIRECTION}
+    return GroupSample(w.series, g.sum, g.counted, g.seen, g.q, w.periods, w.full_periods, aux_of,
+                       w.mib_totals.get(g.netns, {}), w.expansion)
+
+
+def _sampling_summary(w: Windows) -> dict[str, Any]:
+    return {"method": ("per-packet programs counting in one window per period, the window's length set by "
+                       "the hook rate against a CPU budget; totals scaled to the kernel's UDP counters "
+                       "of each namespace (ratio estimator), 95% intervals by the delta method"),
+            "exact": w.exact, "periods": w.periods, "full_periods": w.full_periods,
+            "span_s": round(w.span_s, 3), "counted_s": round(w.counted_s, 3),
+            "coverage": _r(w.counted_s / w.span_s) if w.span_s else None,
+            "hook_runs": w.events, "budget": w.budget}
 
 
 def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
     """Build the packet I/O picture; None when the run has no probe data."""
     prog = probes.get("programs", {}).get("packetio")
-    # the opt-in syscalls group adds the sendmmsg/recvmmsg call counts
-    maps: dict[str, Any] = {**((probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}),
-                            **((prog or {}).get("maps") or {})}
+    rec = PacketioRecord.from_maps((prog or {}).get("maps") or {})
     procs: dict[int, ProcessPacketIO] = {p: ProcessPacketIO(p) for p in pids}
-    for name, (direction, attr) in _DIR_MAPS.items():
-        for key, value in _keyed(maps.get(name)):
-            if len(key) < 2 or key[0] not in procs:
-                continue
-            proc = procs[key[0]]
-            for d in (getattr(proc, direction), proc.thread(key[1])[0 if direction == "tx" else 1]):
-                setattr(d, attr, getattr(d, attr) + value)
-            if len(key) >= 3 and key[2]:
-                proc.ports.add(key[2])
+    mmsg = (probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}
+    for name, (direction, attr) in _MMSG_MAPS.items():
+        for key, value in _keyed(mmsg.get(name)):
+            if len(key) >= 2 and key[0] in procs:
+                proc = procs[key[0]]
+                for d in (getattr(proc, direction), proc.thread(key[1])[0 if direction == "tx" else 1]):
+                    setattr(d, attr, getattr(d, attr) + value)
+    for (pid, tid), counts in rec.exact_counts.items():
+        if pid in procs:
+            _fill((procs[pid].tx, procs[pid].rx), counts)
+            _fill(procs[pid].thread(tid), counts)
+    w = rec.windows
     for pid, proc in procs.items():
+        proc.ports |= rec.ports.get(pid, set())
+        sample = _sample(w, str(pid)) if w is not None else None
+        if sample is not None:
+            _fill((proc.tx, proc.rx), sample.totals(list(sample.sum)))
+            for key in w.groups:
+                p, _, t = key.partition(",")
+                ts = _sample(w, key) if t and p == str(pid) else None
+                if ts is not None:
+                    _fill(proc.thread(int(t)), ts.totals(list(ts.sum)))
         for rx in [proc.rx] + [t[1] for t in proc.threads.values()]:
             rx.finish_rx()
-        proc.gso_segment_size = _median_of_hist((maps.get("@tx_gso_size") or {}).get(str(pid)))
-        proc.gso_segs_median = _median_of_hist((maps.get("@tx_gso_segs") or {}).get(str(pid)))
-        proc.gro_segs_median = _median_of_hist((maps.get("@rx_gro_segs") or {}).get(str(pid)))
-    _syscall_time((probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}, procs)
+        if sample is not None:
+            proc.estimates = _headline(sample, proc.tx, proc.rx)
+        proc.gso_segment_size = _median_of_hist(rec.hists.get("@tx_gso_size", {}).get(pid))
+        proc.gso_segs_median = _median_of_hist(rec.hists.get("@tx_gso_segs", {}).get(pid))
+        proc.gro_segs_median = _median_of_hist(rec.hists.get("@rx_gro_segs", {}).get(pid))
+    _syscall_time(mmsg, procs)
     names = probes.get("drop_reason_names", {})
     for sk in probes.get("sockets", []):
         for pid in sk.get("pids", []):
@@ -201,19 +291,17 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
                 if sk.get("port"):
                     procs[pid].ports.add(sk["port"])
     port_owner = {port: pid for pid, p in procs.items() for port in p.ports}
-    for (reason, port), n in ((tuple(k[:2]), v) for k, v in _keyed(maps.get("@udp_drops")) if len(k) >= 2):
+    for (reason, port), n in rec.udp_drops.items():
         if port in port_owner:
             label = names.get(str(reason), str(reason))
             d = procs[port_owner[port]].drops
             d[label] = d.get(label, 0) + n
-    host_drops: dict[str, int] = defaultdict(int)
-    for key, n in _keyed(maps.get("@drops")):
-        host_drops[names.get(str(key[0]), str(key[0]))] += n
     if prog is None and not probes.get("sockets"):
         return None
-    sirq_maps = (probes.get("programs", {}).get("softirq") or {}).get("maps") or maps
+    sirq_maps = (probes.get("programs", {}).get("softirq") or {}).get("maps") or (prog or {}).get("maps") or {}
     return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), probes.get("before", {}).get("sysctl", {}),
-                    dict(host_drops), probes.get("cost"), probes.get("unavailable", []))
+                    probes.get("cost"), probes.get("unavailable", []),
+                    _sampling_summary(w) if w is not None else None)
 
 
 def _softirq(maps: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qprof.attribution.application import application_rule
-from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.skid import SkidSplitter
@@ -25,6 +25,9 @@ from qprof.collectors.stacks import StackRecord
 Visitor = Callable[[StackRecord, Decision], None]
 
 NS_EVENTS = ("cpu-clock", "task-clock")
+# where the mappings put probe frames (mappings/common.toml), and the share past which the report warns
+PROBES = (UNCATEGORIZED, PROBE_COST)
+PROBE_SHARE_LIMIT = 0.02
 # Batching system calls, as their kernel entry points show in samples: evidence that a process uses
 # sendmmsg/recvmmsg even when the opt-in syscall probes (which count calls) are off.
 _MMSG_ENTRIES = {"sendmmsg": {"__x64_sys_sendmmsg", "__sys_sendmmsg", "__do_sys_sendmmsg"},
@@ -80,6 +83,13 @@ class ProcessProfile:
     proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
     skid: dict[str, Any] = field(default_factory=dict)  # interrupt skid per vector (attribution.skid)
     application: str | None = None  # what names the process's own code (attribution.application)
+
+    @property
+    def probe_share(self) -> float:
+        """Share of its sampled CPU time spent in eBPF probes (qprof's or any tool's): what
+        observing it cost it, and so how far every other share is off."""
+        return self.breakdown.subcategories[(PROBES[0], PROBES[1])] / self.breakdown.period \
+            if self.breakdown.period else 0.0
 
 
 @dataclass

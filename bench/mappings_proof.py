@@ -30,7 +30,7 @@ from endpoints.build import BuildUnavailable, build, registry  # noqa: E402
 from endpoints.transfer import profile  # noqa: E402
 
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED  # noqa: E402
-from qprof.collectors.probes import DEFAULT_GROUPS  # noqa: E402
+from qprof.probes.registry import DEFAULT_GROUPS  # noqa: E402
 from qprof.collectors.session import AttachOptions, AttachSession  # noqa: E402
 from qprof.endpoints import Ngtcp2Transfer, parse_size  # noqa: E402
 from qprof.viewer.json_report import unplaced_share  # noqa: E402

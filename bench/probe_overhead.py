@@ -1,38 +1,34 @@
 #!/usr/bin/env python3
-"""How much qprof slows a real transfer: paired, interleaved A/B runs (issue 3's budget).
+"""How much qprof slows a real transfer and what it costs: paired, interleaved A/B runs.
 
-Workload: a --size (default 1 GiB) ngtcp2 download over loopback
-(qprof.endpoints.Ngtcp2Transfer: payload on tmpfs, large client windows), a
-fresh server and client per run. qprof attaches to the SERVER only, through
-the in-process API (AttachSession); the client is held right after exec and
-released from on_ready, when sampling and probes are live. Metric: client
-wall time from release to exit (exit seen through a pidfd, not the session's
-50 ms polling).
+Workload: a --size (default 1 GiB) download over loopback, a fresh server and
+client per run: ngtcp2 by default (payload on tmpfs, large client windows; its
+client receives one datagram per recvmsg, without GRO or recvmmsg: the most
+expensive case for per-packet probes), or a test endpoint (--stack). The client
+is held right after exec and released when qprof is sampling (in the baseline
+arm, at once). Metric: client wall time from release to exit (exit seen through
+a pidfd, not the session's 50 ms polling).
 
-Configurations (probe sets):
-  baseline   nothing attached: the client is just released
-  sampling   perf only (probes=()): every task sampled, the server's samples kept
-  sampling-cgroup  perf only, kept to the server in the kernel (--scope cgroup)
-  default    perf + collectors.probes.DEFAULT_GROUPS
-  <group>    perf + that group alone, for each group in collectors.probes.GROUPS
-             when there is more than one (a group equal to the default is skipped)
+Configurations (qprof's in-process attach, AttachSession, with default options):
+  default-both     perf + the default probes on server and client (as users attach)
+  default-server   the same on the server only
+  default-client   the same on the client only
+  sampling-both    perf only (probes none) on both: what sampling alone costs
+  <group>-both     perf + an opt-in group (softirq, syscalls, crypto), when asked for with --configs
 
-A pair = one baseline run and one run of the configuration, in random order
-within the pair; configurations are interleaved round-robin, so slow drift and
-other tenants' load (2 shared CPUs here: cargo builds are noise) fall on both
-arms alike. Per configuration: median wall time, the median of the per-pair
-ratios config/baseline with a distribution-free 95% confidence interval (the
-order-statistic interval for a median: exact binomial, no bootstrap), overhead
-% = (ratio - 1) * 100, and the share of runs whose client dropped datagrams at
-its receive buffer (the client drops ~0.1% at the default 208 KiB; slow runs
-go with drops, and that bimodality dominates the variance). Drops come from
-the archive's probes.json (bpftrace @udp_drops to the client's port) when the
-run had probes, else from the client socket's own drop counter (/proc/net/udp,
-polled at 10 Hz in every arm: may miss the last 0.1 s), else from the
-RcvbufErrors delta of /proc/net/snmp over release -> exit (namespace-wide:
-other tenants' drops count too, so it is the last resort).
-For probe sets, qprof's own measured probe cost (probes.json
-cost.bpf_run_time_ns / session duration) is printed as well.
+A pair = one baseline run (nothing attached) and one run of the configuration,
+in random order within the pair; configurations are interleaved round-robin, so
+slow drift and other tenants' load fall on both arms alike. Per configuration:
+median wall time, the median of the per-pair ratios config/baseline with a
+distribution-free 95% confidence interval (order statistics), and per arm the
+CPU seconds per GiB of every process involved, medians over the runs: server
+and client (/proc, read at the client's exit), qprof itself (this process's own
+CPU while attached) and its helpers (perf record, the probe loader, perf script:
+children's CPU less the endpoints'), of which the probe loader alone (as the
+archive records it). With --probe-share each attached side's share of samples
+in eBPF probe frames is computed from the archive (the report's figure).
+Drops: runs whose client dropped datagrams at its receive buffer (the client
+drops ~0.1% at the default 208 KiB; slow runs go with drops).
 
 Run as root:  .venv/bin/python bench/probe_overhead.py --pairs 20
 Archives go to a temporary directory, removed at the end (also on Ctrl-C).
@@ -53,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import resource
 import threading
 import time
 from contextlib import contextmanager
@@ -61,12 +58,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from qprof.collectors import archive
-from qprof.collectors.probes import DEFAULT_GROUPS, GROUPS
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Ngtcp2Transfer, Transfer, parse_size
 from qprof.errors import QprofError
-from qprof.probes import libbpf
-from qprof.probes.bpftrace import script_text
+from qprof.probes.children import cpu_seconds
+from qprof.probes.packetio.sampler import udp_sockets
+from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
 BASELINE = "baseline"
 SOCKET_RCVBUFF = "SOCKET_RCVBUFF"
@@ -74,10 +71,11 @@ SOCKET_RCVBUFF = "SOCKET_RCVBUFF"
 
 # ---------------------------------------------------------------- configurations
 
-# An attach function runs one collection around a transfer: it must call
-# `release()` once it is ready, return when the client has exited (or on its
-# own timeout), and return what it learnt (archive facts) as a dict.
-AttachFn = Callable[[Transfer, int, Callable[[], None], Path, float], dict[str, Any]]
+# An attach function runs one collection around a transfer (server and client pids given): it must
+# call `release()` once it is ready, return when the client has exited (or on its own timeout), and
+# return what it learnt (archive facts) as a dict.
+AttachFn = Callable[[Transfer, int, int, Callable[[], None], Path, float], dict[str, Any]]
+ROLES = {"both": ("server", "client"), "server": ("server",), "client": ("client",)}
 
 
 @dataclass(frozen=True)
@@ -88,15 +86,20 @@ class Config:
     groups: tuple[str, ...] = ()
 
 
-def qprof_attach(probes: tuple[str, ...], scope: str = "system") -> AttachFn:
-    """qprof's in-process attach on the server with these probe groups and sampling scope."""
-    def attach(xfer: Transfer, server: int, release: Callable[[], None], out: Path,
+def qprof_attach(probes: tuple[str, ...], sides: str = "both") -> AttachFn:
+    """qprof's in-process attach on these sides with these probe groups, default options otherwise."""
+    def attach(xfer: Transfer, server: int, client: int, release: Callable[[], None], out: Path,
                timeout: float) -> dict[str, Any]:
-        opts = AttachOptions(pids=[server], out=out, probes=probes, duration=timeout, roles={server: "server"},
-                             scope=scope)
+        roles = {pid: role for pid, role in ((server, "server"), (client, "client")) if role in ROLES[sides]}
+        opts = AttachOptions(pids=list(roles), out=out, probes=probes, duration=timeout, roles=roles)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         with interrupt_guard():
             run = AttachSession(opts, on_ready=release, stop_when=xfer.client_done).run()
-        return read_archive(run, probes)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        info = read_archive(run, probes)
+        info["self_cpu"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        info["run"] = run
+        return info
     return attach
 
 
@@ -126,16 +129,18 @@ def interrupt_guard() -> Iterator[None]:
 
 
 def configurations() -> list[Config]:
-    configs = [Config("sampling", qprof_attach(()), "perf sampling only (probes=())"),
-               Config("sampling-cgroup", qprof_attach((), "cgroup"),
-                      "perf sampling only, kept to the server in the kernel (--scope cgroup)"),
-               Config("default", qprof_attach(DEFAULT_GROUPS), f"perf + {','.join(DEFAULT_GROUPS)}",
-                      tuple(DEFAULT_GROUPS))]
-    if len(GROUPS) > 1:
-        for g in GROUPS:
-            if (g,) != tuple(DEFAULT_GROUPS):
-                configs.append(Config(g, qprof_attach((g,)), f"perf + {g} alone", (g,)))
+    """Every configuration --configs can name; DEFAULT_CONFIGS run when none is named."""
+    configs = [Config(f"default-{sides}", qprof_attach(DEFAULT_GROUPS, sides),
+                      f"perf + {','.join(DEFAULT_GROUPS)} on {sides}", tuple(DEFAULT_GROUPS))
+               for sides in ("both", "server", "client")]
+    configs.append(Config("sampling-both", qprof_attach((), "both"), "perf only on both"))
+    for g in GROUPS:
+        if g not in DEFAULT_GROUPS:
+            configs.append(Config(f"{g}-both", qprof_attach((g,), "both"), f"perf + {g} alone on both", (g,)))
     return configs
+
+
+DEFAULT_CONFIGS = ("default-both", "default-server", "default-client", "sampling-both")
 
 
 # ---------------------------------------------------------------- one run
@@ -156,6 +161,8 @@ class RunResult:
     bpf_ns: int | None = None
     programs: dict[str, int] = field(default_factory=dict)  # BPF program name -> run_time_ns
     load1: float | None = None
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds (server, client, qprof...)
+    probe_share: dict[str, float] = field(default_factory=dict)  # role -> share of its samples in probe frames
 
     @property
     def ok(self) -> bool:
@@ -201,22 +208,10 @@ def socket_drops(inode: str) -> int | None:
 
 
 def udp_socket_of(pid: int) -> tuple[int, str] | None:
-    """(local port, inode) of the process's first UDP socket, from its fds and /proc/net/udp{,6}."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return None
-    for r in _udp_rows():
-        if r[9] in inodes:
-            return int(r[1].rsplit(":", 1)[1], 16), r[9]
-    return None
+    """(local port, inode) of the process's first UDP socket."""
+    found = udp_sockets(pid)
+    inode = next(iter(found), None)
+    return (found[inode], inode) if inode is not None else None
 
 
 class ExitWatcher:
@@ -233,6 +228,9 @@ class ExitWatcher:
         self.pid = pid
         self.fd = os.pidfd_open(pid)
         self.exited_at: float | None = None
+        self.cpu_at_exit: float | None = None  # the client's CPU seconds, read before anyone reaps it
+        self.server_pid: int | None = None
+        self.server_cpu_at_exit: float | None = None
         self.port: int | None = None
         self.sock_drops: int | None = None
         self.snmp_after: int | None = None
@@ -254,6 +252,9 @@ class ExitWatcher:
                 if d is not None:
                     self.sock_drops = d
         self.exited_at = time.monotonic()
+        self.cpu_at_exit = cpu_seconds(self.pid)
+        if self.server_pid is not None:
+            self.server_cpu_at_exit = cpu_seconds(self.server_pid)
         self.snmp_after = rcvbuf_errors()
         self._done.set()
 
@@ -287,6 +288,7 @@ def read_archive(run: Path, probes: tuple[str, ...]) -> dict[str, Any]:
             raise QprofError("probes unavailable, nothing would be measured: " +
                              "; ".join(f"{u['probe']}: {u['reason']}" for u in lost))
         cost = pj.get("cost") or {}
+        info["loader_cpu"] = sum(float(p.get("cpu_s") or 0) for p in (pj.get("programs") or {}).values())
         info["bpf_ns"] = int(cost.get("bpf_run_time_ns") or 0)
         info["programs"] = {p.get("name") or str(p.get("id")): int(p.get("run_time_ns") or 0)
                             for p in cost.get("programs", [])}
@@ -337,20 +339,32 @@ def transfer_maker(stack: str) -> MakeTransfer:
     return lambda size, shm: factory(size, "127.0.0.1", {})
 
 
+def probe_shares(run: Path) -> dict[str, float]:
+    """Each attached side's share of samples in eBPF probe frames, as `qprof report` computes it."""
+    r = subprocess.run([sys.executable, "-m", "qprof.cli", "report", str(run), "--format", "json"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return {}
+    return {p["role"] or str(p["pid"]): p["probe_share"] for p in json.loads(r.stdout)["processes"]}
+
+
 def run_once(config: Config, pair: int, position: int, size: int, workroot: Path,
              timeout: float, shmroot: Path | None = None,
-             make: MakeTransfer = transfer_maker("ngtcp2")) -> RunResult:
+             make: MakeTransfer = transfer_maker("ngtcp2"), probe_share: bool = False) -> RunResult:
     """One transfer under `config`; failures are recorded, Ctrl-C propagates.
     The run's archive goes under `workroot`, the payload under `shmroot` (tmpfs)."""
     res = RunResult(config.name, pair, position, load1=load1())
     rundir = Path(tempfile.mkdtemp(prefix=f"{config.name}-", dir=workroot))
     watcher: ExitWatcher | None = None
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_final: float | None = None
     try:
         xfer = make(size, shmroot)
         with xfer:
             server = xfer.start_server()
             client = xfer.start_client_stopped()
             watcher = ExitWatcher(client)
+            watcher.server_pid = server
             snmp_before: list[int] = []
 
             def release() -> None:
@@ -363,7 +377,7 @@ def run_once(config: Config, pair: int, position: int, size: int, workroot: Path
                 release()
                 watcher.wait(timeout)
             else:
-                info = config.attach(xfer, server, release, rundir / "run", timeout)
+                info = config.attach(xfer, server, client, release, rundir / "run", timeout)
                 watcher.wait(5.0 if xfer.client_done() else 0.0)
             if watcher.exited_at is None or xfer.released_at is None:
                 res.error = f"client did not finish within {timeout:g} s"
@@ -386,7 +400,17 @@ def run_once(config: Config, pair: int, position: int, size: int, workroot: Path
                 res.drops, res.drops_source = res.sock_drops, "socket"
             else:
                 res.drops, res.drops_source = res.snmp_drops, "snmp"
-            return res
+            if probe_share and "run" in info:
+                res.probe_share = probe_shares(info["run"])
+            res.cpu = {k: v for k, v in (("server", watcher.server_cpu_at_exit), ("client", watcher.cpu_at_exit),
+                                         ("qprof", info.get("self_cpu")), ("loader", info.get("loader_cpu")))
+                       if v is not None}
+            server_final = cpu_seconds(server)
+        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = (children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
+        if "client" in res.cpu and server_final is not None:
+            res.cpu["helpers"] = max(0.0, spent - res.cpu["client"] - server_final)
+        return res
     except QprofError as e:
         res.error = str(e)
         return res
@@ -445,8 +469,8 @@ def summarize(configs: list[Config], pairs: list[Pair], failures: int, seed: int
     out: list[str] = []
     gib = size / (1 << 30)
     what = "ngtcp2 (gtlsserver -> gtlsclient)" if stack == "ngtcp2" else f"{stack} (test endpoints)"
-    out.append(f"probe overhead: {gib:g} GiB {what} loopback download, qprof "
-               f"attached to the server only; metric = client wall time, release -> exit")
+    out.append(f"probe overhead: {gib:g} GiB {what} loopback download, qprof attached with "
+               f"default options to the sides each configuration names; metric = client wall time, release -> exit")
     out.append(f"pairs interleaved round-robin, order random within each pair (seed {seed}); "
                f"failed runs redone: {failures}" + ("; INTERRUPTED: partial results" if interrupted else ""))
     head = (f"{'config':<10} {'pairs':>5} {'base s':>7} {'conf s':>7} {'ratio':>6}  {'95% CI':<15} "
@@ -485,6 +509,8 @@ def summarize(configs: list[Config], pairs: list[Pair], failures: int, seed: int
                 f"  {cfg.name}: BPF run time {ms:.0f} ms per run = {share * 100:.1f}% of one CPU over the "
                 f"session ({per_wall * 100:.1f}% of client wall time); by program: " +
                 ", ".join(f"{k} {v / tot * 100:.0f}%" for v, k in top if v / tot >= 0.02))
+    out.append("")
+    out += cpu_table(configs, pairs, size)
     n = max((sum(1 for p in pairs if p.config == c.name) for c in configs), default=0)
     k = ci_rank(n) if n else 0
     if k:
@@ -515,6 +541,31 @@ def summarize(configs: list[Config], pairs: list[Pair], failures: int, seed: int
     return "\n".join(out)
 
 
+CPU_COLUMNS = ("server", "client", "qprof", "helpers", "loader")
+
+
+def cpu_table(configs: list[Config], pairs: list[Pair], size: int) -> list[str]:
+    """CPU seconds per GiB, medians over each configuration's runs, both arms; probe frames per side."""
+    gib = size / (1 << 30)
+    out = ["CPU s per GiB (medians; qprof = this process while attached, helpers = perf record, probe loader, "
+           "perf script; loader = the probe loader alone) and samples in probe frames per attached side:",
+           f"{'config':<16} {'arm':<5} " + " ".join(f"{c:>8}" for c in CPU_COLUMNS) + "  probe frames"]
+    for cfg in configs:
+        ps = [p for p in pairs if p.config == cfg.name]
+        if not ps:
+            continue
+        for arm, runs in (("base", [p.base for p in ps]), ("conf", [p.conf for p in ps])):
+            cells = []
+            for col in CPU_COLUMNS:
+                vals = [r.cpu[col] / gib for r in runs if col in r.cpu]
+                cells.append(f"{statistics.median(vals):8.3f}" if vals else f"{'-':>8}")
+            shares = {role: [r.probe_share[role] for r in runs if role in r.probe_share]
+                      for role in ("server", "client")}
+            sh = ", ".join(f"{role} {statistics.median(v):.2%} (max {max(v):.2%})" for role, v in shares.items() if v)
+            out.append(f"{cfg.name:<16} {arm:<5} " + " ".join(cells) + f"  {sh}")
+    return out
+
+
 def raw_block(pairs: list[Pair]) -> str:
     out = ["raw runs (wall s, * = ran first in its pair; d = client drops from p=probes.json, s=socket counter, "
            "n=netns MIB; bpf = BPF run time ms; load = 1-min load average at each run's start):"]
@@ -531,11 +582,17 @@ def raw_block(pairs: list[Pair]) -> str:
 # ---------------------------------------------------------------- main
 
 def probe_scripts(configs: list[Config]) -> dict[str, str]:
-    """Short hashes of the probe scripts the configurations run (the tree may change under a long run)."""
-    groups = sorted({g for c in configs for g in c.groups})
-    return {name: hashlib.sha256(text).hexdigest()[:10] for g in groups
-            for name, text in [(f"{g}.bpf.c", libbpf.source_text(g)) if g == "packetio"
-                               else (f"{g}.bt", script_text(g).encode())]}
+    """Short hashes of the probe groups' folders the configurations run (the tree may change under a
+    long run)."""
+    root = Path(__file__).resolve().parent.parent / "probes"
+    out = {}
+    for g in sorted({g for c in configs for g in c.groups}):
+        h = hashlib.sha256()
+        for f in sorted((root / g).glob("*")):
+            if f.is_file() and f.suffix in (".c", ".py", ".bt"):
+                h.update(f.name.encode() + f.read_bytes())
+        out[g] = h.hexdigest()[:10]
+    return out
 
 
 def tree_version() -> str:
@@ -556,14 +613,15 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 
 def run_benchmark(configs: list[Config], npairs: int, size: int, seed: int, timeout: float,
                   warmup: int, workroot: Path, shmroot: Path | None,
-                  log: Callable[[str], None], make: MakeTransfer) -> tuple[list[Pair], int, bool]:
+                  log: Callable[[str], None], make: MakeTransfer,
+                  probe_share: bool = True) -> tuple[list[Pair], int, bool]:
     rng = random.Random(seed)
     baseline = Config(BASELINE, None, "nothing attached")
     pairs: list[Pair] = []
     failures = 0
     try:
         for i in range(warmup):
-            for cfg in (baseline, next((c for c in configs if c.name == "default"), configs[-1])):
+            for cfg in (baseline, next((c for c in configs if c.name == "default-both"), configs[-1])):
                 r = run_once(cfg, -1, 0, size, workroot, timeout, shmroot, make)
                 log(f"warm-up {cfg.name}: {r.wall_s and round(r.wall_s, 3)} {r.error or ''}")
         for i in range(npairs):
@@ -571,7 +629,7 @@ def run_benchmark(configs: list[Config], npairs: int, size: int, seed: int, time
                 for attempt in range(3):
                     order = [baseline, cfg]
                     rng.shuffle(order)
-                    runs = {c.name: run_once(c, i, pos, size, workroot, timeout, shmroot, make)
+                    runs = {c.name: run_once(c, i, pos, size, workroot, timeout, shmroot, make, probe_share)
                             for pos, c in enumerate(order)}
                     b, c = runs[BASELINE], runs[cfg.name]
                     if b.ok and c.ok:
@@ -594,11 +652,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1G", help="download size (default 1G)")
     ap.add_argument("--stack", default="ngtcp2",
                     help="ngtcp2 (Debian's) or a test endpoint: quicgo, quinn, quiche, s2nquic (built on first use)")
-    ap.add_argument("--configs", help="comma list of configurations to run (default: all)")
+    ap.add_argument("--configs", help=f"comma list of configurations to run (default: {','.join(DEFAULT_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=1, help="seed of the within-pair order (default 1)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as failed")
     ap.add_argument("--warmup", type=int, default=1, help="discarded warm-up rounds (default 1)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-pair progress on stderr")
+    ap.add_argument("--no-probe-share", action="store_true",
+                    help="skip the report of every run (probe frames per side; ~2 s a run)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("probe_overhead: run as root (perf and bpftrace on another process)", file=sys.stderr)
@@ -607,7 +667,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--pairs must be >= 1")
     size = parse_size(args.size)
     configs = configurations()
-    if args.configs:
+    if not args.configs:
+        configs = [c for c in configs if c.name in DEFAULT_CONFIGS]
+    else:
         wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
         unknown = set(wanted) - {c.name for c in configs}
         if unknown:
@@ -630,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.pairs} pairs each; archives in {workroot} (removed at the end)")
         pairs, failures, interrupted = run_benchmark(configs, args.pairs, size, args.seed, args.timeout,
                                                      args.warmup, workroot, shmroot, log,
-                                                     transfer_maker(args.stack))
+                                                     transfer_maker(args.stack), not args.no_probe_share)
     except QprofError as e:
         print(f"probe_overhead: {e}", file=sys.stderr)
         return 1

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qprof.collectors.probes import _descendants, enable_bpf_stats, program_stats
+from qprof.collectors.probing import _descendants, enable_bpf_stats, program_stats
 from qprof.probes.bpftrace import BpftraceProcess
 
 LOOP_C = r"""

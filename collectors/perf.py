@@ -79,6 +79,7 @@ class PerfRecorder:
         self.command = record_command(perf, unwind, frequency, event, output,
                                       self._ctl_path, self._ack_path, cgroups, switch_output)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cpu_s: float | None = None  # CPU seconds perf record used, once stopped
         self._ctl = self._ack = -1
         self._logf: IO[bytes] | None = None
 
@@ -129,7 +130,7 @@ class PerfRecorder:
         """SIGINT perf and wait for it to write its file; escalate if it hangs."""
         if self.proc is None:
             return None
-        rc = interrupt_and_wait(self.proc, timeout)
+        rc, self.cpu_s = interrupt_and_wait(self.proc, timeout)
         self.close()
         return rc
 

@@ -162,21 +162,29 @@ META = Obj({
                     required=("pid",))],
     "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
     "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
-    "exited": [INT], "perf_exit": MapOf(OPT_INT),
+    "exited": [INT], "perf_exit": MapOf(OPT_INT), "perf_cpu_s": MapOf(OPT_NUM),
     "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},
     "chunks": {"folded": INT, "dropped": [MapOf(ANY)], "unreadable": [MapOf(ANY)]},
 })
 
 _HIST = [{"min": OPT_NUM, "max": OPT_NUM, "count": NUM}]
 _MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))
+# the packetio sampler's window statistics (probes/packetio/windows.py), printed as "@windows"
+_WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": NUM, "counted_s": NUM,
+                "expansion": NUM,
+                "groups": MapOf(Obj({"netns": STR, "sum": [NUM], "counted": [NUM], "seen": [INT], "q": [NUM]},
+                                    required=("sum", "counted", "q"))),
+                "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM}), "final": BOOL,
+                "events": MapOf(NUM), "budget": MapOf(NUM)},
+               required=("series", "periods", "full_periods", "groups"))
 _SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
              "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
 _COUNTERS = MapOf(OPT_NUM)
 PROBES = Obj({
     "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))],
     "bpftrace_version": OPT_STR,
-    "programs": MapOf({"maps": MapOf(_MAP), "output": STR, "script": STR, "exit": OPT_INT,
-                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM}),
+    "programs": MapOf({"maps": MapOf(Either(_MAP, _WINDOWS)), "output": STR, "script": STR, "exit": OPT_INT,
+                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM, "cpu_s": OPT_NUM}),
     "before": _SNAPSHOT, "after": _SNAPSHOT,
     "cost": Obj({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM, "measured_run_cnt": NUM,
                  "measured_run_time_ns": NUM, "probes_s": NUM, "stats_on_s": NUM, "method": STR,
@@ -232,4 +240,5 @@ def probe_maps(maps: Any) -> dict[str, Any]:
     the others (the live view), where an archive's reader refuses the whole document."""
     if not isinstance(maps, dict):
         return {}
-    return {k: v for k, v in maps.items() if isinstance(k, str) and _MAP.check(v, "") is None}
+    return {k: v for k, v in maps.items() if isinstance(k, str) and
+            (_MAP.check(v, "") is None or (k == "@windows" and _WINDOWS.check(v, "") is None))}

@@ -34,7 +34,8 @@ from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import SAMPLE_CLOCK, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfscript import ParseStats
-from qprof.collectors.probes import DEFAULT_GROUPS, ProbeCollector
+from qprof.collectors.probing import ProbeCollector
+from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
                                    tool_version)
@@ -67,7 +68,7 @@ class AttachOptions:
     event: str = DEFAULT_EVENT
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
-    probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (collectors.probes)
+    probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (probes.registry)
     scope: str = "system"  # system | cgroup: how perf's samples are kept to the targets (SCOPES)
     keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
     raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
@@ -278,6 +279,7 @@ class AttachSession:
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
+        self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")

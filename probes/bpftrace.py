@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
@@ -38,11 +37,6 @@ READY_PROBE = """
 // qprof readiness marker (added by qprof): attached last
 tracepoint:syscalls:sys_enter_getppid /pid == {pid}/ {{ printf("qprof-ready\\n"); }}
 """
-
-
-def script_text(name: str) -> str:
-    """A shipped probe script (probes/<name>.bt)."""
-    return resources.files("qprof.probes").joinpath(f"{name}.bt").read_text(encoding="utf-8")
 
 
 def render(template: str, values: dict[str, str]) -> str:

@@ -25,16 +25,42 @@ def die_with_parent(sig: int) -> None:
     os.setsid()
 
 
-def interrupt_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    """SIGINT (both write their final output on it), then SIGKILL if it hangs."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (a zombie's too: read before it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def interrupt_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float | None]:
+    """SIGINT (both write their final output on it), then SIGKILL if it hangs. Returns the exit
+    status and the CPU seconds the helper used (with its children), read once it has exited and
+    before it is reaped: what observing the targets cost, told in the run archive."""
+    cpu = None
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                done = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done is not None:
+                cpu = cpu_seconds(proc.pid)
+                break
+            time.sleep(0.01)
         try:
-            proc.wait(timeout)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.returncode
+    return proc.returncode, cpu
 
 
 class ProbeProcess:
@@ -49,6 +75,7 @@ class ProbeProcess:
         self.name, self.output, self.log = name, output, log
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
+        self.cpu_s: float | None = None  # CPU seconds it used, once stopped
 
     def _popen(self, cmd: list[str], preexec: Callable[[], None], env: dict[str, str] | None = None) -> None:
         # O_APPEND: compact() may empty the output under the child, whose next print then lands at 0
@@ -114,4 +141,6 @@ class ProbeProcess:
         """SIGINT: the child prints its maps a last time and detaches."""
         if self.proc is None:
             return None
-        return interrupt_and_wait(self.proc, timeout)
+        rc, cpu = interrupt_and_wait(self.proc, timeout)
+        self.cpu_s = cpu if cpu is not None else self.cpu_s
+        return rc

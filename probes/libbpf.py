@@ -1,19 +1,18 @@
-"""Build and run qprof's libbpf probe programs (probes/<name>.bpf.c) beside perf.
+"""Build and load qprof's libbpf probe programs (a group's <name>.bpf.c) beside perf.
 
 Why a second mechanism beside bpftrace: bpftrace 0.17 can attach only classic
 tracepoints, whose cost every task on the host pays per event before a
-program can test the pid (see packetio.bpf.c for the measurement). Programs
-that fire per datagram are therefore C, compiled once per source and kernel
-with clang against the kernel's own BTF (vmlinux.h from bpftool: CO-RE, no
-kernel headers), cached under ~/.cache/qprof/bpf, and attached as BTF
-tracepoints through libbpf.so.1.
+program can test the pid; programs that fire per datagram are therefore C,
+compiled once per source and kernel with clang against the kernel's own BTF
+(vmlinux.h from bpftool: CO-RE, no kernel headers), cached under
+~/.cache/qprof/bpf, and attached as BTF tracepoints through libbpf.so.1.
 
-The loader runs as a child process (`python -m qprof.probes.libbpf`) so that
-it behaves like a bpftrace child: it dies with qprof (PR_SET_PDEATHSIG), every
-program, link and map is a file descriptor of it and vanishes with it (nothing
-pinned), it prints a readiness line once every program is attached, and it
-prints its maps every second in bpftrace's JSON format, so an interrupted run
-keeps the last complete snapshot and analysis reads both mechanisms alike.
+A group's loader runs as a child process (`python -m <its sampler module>`) so
+that it behaves like a bpftrace child: it dies with qprof (PR_SET_PDEATHSIG),
+every program, link and map is a file descriptor of it and vanishes with it
+(nothing pinned), it prints a readiness line once its probes are live, and it
+prints its measurements every second as JSON lines, so an interrupted run keeps
+the last complete snapshot.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
-import importlib
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -30,13 +29,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterable
 
 from qprof.probes.children import ProbeProcess, die_with_parent
+from qprof.probes.group import Unavailable
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "bpf"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
@@ -44,12 +43,9 @@ READY = "qprof-ready"
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s390", "riscv64": "riscv"}
 
 
-class Unavailable(Exception):
-    """What this host lacks to build or load a libbpf program (the message says how to fix it)."""
-
-
-def source_text(name: str) -> bytes:
-    return resources.files("qprof.probes").joinpath(f"{name}.bpf.c").read_bytes()
+def source_text(package: str, name: str) -> bytes:
+    """A group's C source, shipped in its package (e.g. qprof.probes.packetio, packetio)."""
+    return resources.files(package).joinpath(f"{name}.bpf.c").read_bytes()
 
 
 def _btf_digest() -> str:
@@ -60,8 +56,8 @@ def _btf_digest() -> str:
     return h.hexdigest()
 
 
-def build(name: str, cache: Path = CACHE) -> Path:
-    """The compiled object of probes/<name>.bpf.c for this kernel; compiled on first use (~3 s)."""
+def build(package: str, name: str, cache: Path = CACHE) -> Path:
+    """The compiled object of <package>/<name>.bpf.c for this kernel; compiled on first use (~3 s)."""
     clang, bpftool = shutil.which("clang"), shutil.which("bpftool")
     if clang is None:
         raise Unavailable("clang not found, needed to compile the probes once (Debian: apt-get install clang)")
@@ -69,7 +65,7 @@ def build(name: str, cache: Path = CACHE) -> Path:
         raise Unavailable("bpftool not found, needed for the kernel's types (Debian: apt-get install bpftool)")
     if not VMLINUX_BTF.exists():
         raise Unavailable(f"the kernel exposes no BTF at {VMLINUX_BTF} (needs CONFIG_DEBUG_INFO_BTF)")
-    src = source_text(name)
+    src = source_text(package, name)
     version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     key = hashlib.sha256(src + version.encode() + _btf_digest().encode()).hexdigest()[:16]
     obj = cache / f"{name}-{key}.bpf.o"
@@ -112,10 +108,13 @@ def _libbpf() -> ctypes.CDLL:
             ("bpf_object__open_file", vp, [cp, vp]), ("bpf_object__load", i, [vp]),
             ("bpf_object__next_program", vp, [vp, vp]), ("bpf_object__next_map", vp, [vp, vp]),
             ("bpf_program__attach", vp, [vp]), ("bpf_program__name", cp, [vp]),
+            ("bpf_program__set_autoload", i, [vp, ctypes.c_bool]), ("bpf_link__destroy", i, [vp]),
             ("bpf_map__name", cp, [vp]), ("bpf_map__fd", i, [vp]),
             ("bpf_map__key_size", ctypes.c_uint32, [vp]), ("bpf_map__value_size", ctypes.c_uint32, [vp]),
             ("bpf_map__type", i, [vp]), ("bpf_map__set_initial_value", i, [vp, vp, sz]),
+            ("bpf_map__initial_value", vp, [vp, ctypes.POINTER(sz)]),
             ("bpf_map_get_next_key", i, [i, vp, vp]), ("bpf_map_lookup_elem", i, [i, vp, vp]),
+            ("bpf_map_update_elem", i, [i, vp, vp, ctypes.c_uint64]),
             ("libbpf_num_possible_cpus", i, []), ("libbpf_get_error", ctypes.c_long, [vp])):
         f = getattr(lib, fn)
         f.restype, f.argtypes = res, args
@@ -135,15 +134,20 @@ class Map:
 
 
 class Loaded:
-    """A loaded and attached object: its maps, readable while it lives."""
+    """A loaded object: its programs attached and detached by name, its maps readable, its
+    global data writable in place (libbpf mmaps .bss and .data once loaded).
 
-    def __init__(self, obj_path: Path, rodata: bytes) -> None:
+    Programs, links and maps are file descriptors of this process: they vanish with it."""
+
+    def __init__(self, obj_path: Path, rodata: bytes | None = None, skip: tuple[str, ...] = ()) -> None:
+        """`rodata`: the whole .rodata section to load with (read-only: the verifier sees its
+        values as constants); `skip`: programs not to load (e.g. for another kernel version)."""
         self.lib = lib = _libbpf()
         self.obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
         if not self.obj or lib.libbpf_get_error(self.obj):
             raise Unavailable(f"libbpf could not open {obj_path}")
         self.maps: dict[str, Map] = {}
-        handles: dict[str, int] = {}
+        self._handles: dict[str, int] = {}
         m = lib.bpf_object__next_map(self.obj, None)
         while m:
             name = lib.bpf_map__name(m).decode()
@@ -153,23 +157,60 @@ class Loaded:
                     raise Unavailable(f"the program's read-only data is not {len(rodata)} bytes: rebuild it")
             self.maps[name] = Map(name, -1, lib.bpf_map__key_size(m), lib.bpf_map__value_size(m),
                                   lib.bpf_map__type(m) in _PERCPU)
-            handles[name] = m
+            self._handles[name] = m
             m = lib.bpf_object__next_map(self.obj, m)
+        self.programs: dict[str, int] = {}
+        p = lib.bpf_object__next_program(self.obj, None)
+        while p:
+            name = lib.bpf_program__name(p).decode()
+            if name in skip:
+                lib.bpf_program__set_autoload(p, False)
+            else:
+                self.programs[name] = p
+            p = lib.bpf_object__next_program(self.obj, p)
         if lib.bpf_object__load(self.obj) != 0:
             raise Unavailable(f"the kernel refused to load {obj_path.name}: "
                               f"{os.strerror(ctypes.get_errno() or 1)} (details in the probe log)")
-        for name, handle in handles.items():
+        for name, handle in self._handles.items():
             self.maps[name].fd = lib.bpf_map__fd(handle)
-        self.links: list[int] = []  # held, never destroyed: they detach when this process exits
-        p = lib.bpf_object__next_program(self.obj, None)
-        while p:
-            link = lib.bpf_program__attach(p)
-            if not link or lib.libbpf_get_error(link):
-                raise Unavailable(f"could not attach {lib.bpf_program__name(p).decode()}: "
-                                  f"{os.strerror(ctypes.get_errno() or 1)}")
-            self.links.append(link)
-            p = lib.bpf_object__next_program(self.obj, p)
+        self.links: dict[str, int] = {}
+        self._mapped: list[mmap.mmap] = []
         self.ncpus = max(1, lib.libbpf_num_possible_cpus())
+
+    def attach(self, names: Iterable[str]) -> None:
+        """Attach these programs (those attached already stay as they are)."""
+        for name in names:
+            if name in self.links:
+                continue
+            link = self.lib.bpf_program__attach(self.programs[name])
+            if not link or self.lib.libbpf_get_error(link):
+                raise Unavailable(f"could not attach {name}: {os.strerror(ctypes.get_errno() or 1)}")
+            self.links[name] = link
+
+    def detach(self, names: Iterable[str]) -> None:
+        for name in names:
+            link = self.links.pop(name, None)
+            if link:
+                self.lib.bpf_link__destroy(link)
+
+    def global_data(self, section: str) -> mmap.mmap:
+        """A global data section as the programs see it (.bss, .data), mapped into this process:
+        writes there reach running programs at once. (libbpf 1.1 maps it for skeletons only.)"""
+        for name, m in self.maps.items():
+            if name.endswith(section):
+                size = (m.value_size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+                try:
+                    mem = mmap.mmap(m.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                except OSError as e:
+                    raise Unavailable(f"the kernel did not map the program's {section} section: {e}") from None
+                self._mapped.append(mem)
+                return mem
+        raise Unavailable(f"the program has no {section} section")
+
+    def update(self, name: str, key: bytes, value: bytes) -> None:
+        m = self.maps[name]
+        k, v = ctypes.create_string_buffer(key, m.key_size), ctypes.create_string_buffer(value, m.value_size)
+        self.lib.bpf_map_update_elem(m.fd, k, v, 0)
 
     def entries(self, name: str) -> list[tuple[bytes, list[bytes]]]:
         """(key, [value per CPU]) of every entry (one value for a shared map)."""
@@ -189,78 +230,16 @@ class Loaded:
         return out
 
 
-# ---------------------------------------------------------------- a probe group in C
-
-@dataclass(frozen=True)
-class Group:
-    """What probes/<name>.py tells the runner: read-only data to set, and how its maps print."""
-
-    name: str
-    rodata: Callable[[dict[str, Any]], bytes]
-    snapshot: Callable[[Loaded], list[dict[str, Any]]]  # JSON objects in bpftrace's print format
-
-
-def _group(name: str) -> Group:
-    return importlib.import_module(f"qprof.probes.{name}").GROUP
-
-
-def _run(name: str, obj: Path, config: dict[str, Any]) -> int:
-    """The child: load, attach, say ready, print the maps every second and at SIGINT/SIGTERM."""
-    group = _group(name)
-    stop = False
-
-    def on_signal(_s: int, _f: object) -> None:
-        nonlocal stop
-        stop = True
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_signal)
-    try:
-        loaded = Loaded(obj, group.rodata(config))
-    except Unavailable as e:
-        print(f"qprof: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    out = sys.stdout
-    out.write(READY + "\n")
-    out.flush()
-
-    def dump() -> None:
-        for o in group.snapshot(loaded):
-            out.write(json.dumps(o) + "\n")
-        out.flush()
-
-    while not stop:
-        deadline = time.monotonic() + 1.0
-        while not stop and time.monotonic() < deadline:
-            time.sleep(0.05)
-        dump()
-    return 0
-
-
 class LibbpfProcess(ProbeProcess):
-    """One running libbpf probe group writing bpftrace-format JSON lines to `output`."""
+    """A probe group's loader (`python -m MODULE OBJECT CONFIG_JSON`) writing JSON lines to `output`:
+    it loads and attaches, prints READY once its probes are live, then its measurements every
+    second and a last time on SIGINT/SIGTERM."""
 
-    def __init__(self, name: str, obj: Path, config: dict[str, Any], output: Path, log: Path) -> None:
+    def __init__(self, name: str, module: str, obj: Path, config: dict[str, Any], output: Path,
+                 log: Path) -> None:
         super().__init__(name, output, log)
-        self.obj, self.config = obj, config
+        self.module, self.obj, self.config = module, obj, config
 
     def spawn(self) -> None:
-        cmd = [sys.executable, "-m", "qprof.probes.libbpf", self.name, str(self.obj), json.dumps(self.config)]
+        cmd = [sys.executable, "-m", self.module, str(self.obj), json.dumps(self.config)]
         self._popen(cmd, lambda: die_with_parent(signal.SIGTERM))
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: python -m qprof.probes.libbpf GROUP OBJECT CONFIG_JSON", file=sys.stderr)
-        return 2
-    try:
-        config = json.loads(argv[2])
-    except ValueError:
-        print("qprof: error: CONFIG_JSON is not JSON", file=sys.stderr)
-        return 2
-    return _run(argv[0], Path(argv[1]), config)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-

@@ -117,7 +117,7 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     archive keeps whatever was collected. Needs root (perf sampling of other
     processes' kernel stacks).
     """
-    from qprof.collectors.probes import parse_groups
+    from qprof.collectors.probing import parse_groups
     from qprof.collectors.session import AttachOptions, AttachSession
     from qprof.endpoints import parse_size
 
@@ -382,7 +382,7 @@ def doctor(pid: int | None) -> None:
     """
     from rich.text import Text
 
-    from qprof.probes.doctor import NONE, OK, run_checks, verdict
+    from qprof.doctor import NONE, OK, run_checks, verdict
 
     out = Console(highlight=False)
     checks = run_checks(pid)

@@ -142,9 +142,9 @@ def test_cli_one_line_for_each_damage(capture: Path, tmp_path: Path) -> None:
     one_line(qprof("report", str(r), check=False), "probes.json", "unreadable probe record")
     r = fresh("probes-type")
     probes = json.loads((capture / "probes.json").read_text())
-    probes["programs"]["packetio"]["maps"]["@tx_msgs"] = "lots"
+    probes["programs"]["packetio"]["maps"]["@windows"] = "lots"
     (r / "probes.json").write_text(json.dumps(probes))
-    one_line(qprof("report", str(r), check=False), "programs['packetio'].maps['@tx_msgs']")
+    one_line(qprof("report", str(r), check=False), "programs['packetio'].maps['@windows']")
     r = fresh("stacks-cut")
     whole = (capture / "stacks.jsonl.gz").read_bytes()
     (r / "stacks.jsonl.gz").write_bytes(whole[: len(whole) // 2])
@@ -152,15 +152,15 @@ def test_cli_one_line_for_each_damage(capture: Path, tmp_path: Path) -> None:
 
 
 def test_bpftrace_output_cut_mid_line_keeps_the_last_whole_snapshot(capture: Path, tmp_path: Path) -> None:
-    """A run killed while bpftrace printed: maps come from the raw output, whose last line is cut."""
+    """A run killed while the probes printed: maps come from the raw output, whose last line is cut."""
     run = tmp_path / "r"
     shutil.copytree(capture, run)
     probes = json.loads((run / "probes.json").read_text())
     del probes["programs"]["packetio"]["maps"]  # as written before the run ended
     (run / "probes.json").write_text(json.dumps(probes))
     lines = (capture / "probe-packetio.jsonl").read_text().splitlines(keepends=True)
-    maps = [i for i, ln in enumerate(lines) if '"@tx_msgs"' in ln]
-    assert len(maps) >= 2, "bpftrace printed its maps at least twice in 4 s"
+    maps = [i for i, ln in enumerate(lines) if '"@windows"' in ln]
+    assert len(maps) >= 2, "the probes printed their windows at least twice in 4 s"
     (run / "probe-packetio.jsonl").write_text("".join(lines[: maps[-1]]) + lines[maps[-1]][: len(lines[maps[-1]]) // 2])
     rep = json.loads(qprof("report", str(run), "--format", "json").stdout)
     assert rep["packet_io"]["processes"][str(rep["processes"][0]["pid"])]["tx"]["messages"] > 0

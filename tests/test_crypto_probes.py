@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CACHE, ROOT, attach_held, build_c, qprof
-from qprof.collectors import cryptosyms
+from qprof.probes.crypto import symbols as cryptosyms
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Ngtcp2Transfer
 

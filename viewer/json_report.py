@@ -11,7 +11,7 @@ from typing import Any
 
 from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.analysis import Analysis, verdict_of
-from qprof.attribution.profile import Breakdown, Profile
+from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 
 
 def _r(x: float) -> float:
@@ -57,6 +57,8 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d.update(breakdown_dict(p.breakdown, profile, top))
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
+        d["probe_share"] = _r(p.probe_share)
+        d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT
         d["mmsg_seen"] = sorted(p.mmsg_seen)
         d["interrupt_skid"] = p.skid
         d["mappings"] = p.mappings
@@ -86,6 +88,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "recommendations": [r.to_json() for r in analysis.recommendations],
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
+        "observer_cpu_s": {k: _r(v) for k, v in analysis.observer_cpu_s.items()},
     }
 
 

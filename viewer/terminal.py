@@ -12,10 +12,9 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.verdict import Verdict
 from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
-from qprof.probes.crypto import cost_text
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
-from qprof.attribution.profile import ProcessProfile, Profile
+from qprof.attribution.profile import PROBE_SHARE_LIMIT, ProcessProfile, Profile
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
 COLOURS = TERMINAL
@@ -106,7 +105,27 @@ def _packet_io_table(p: ProcessPacketIO) -> Table:
     return t
 
 
+def _estimates_note(p: ProcessPacketIO) -> str | None:
+    """How sure the packet counts are: their 95% intervals, where they were sampled."""
+    if not p.estimates or p.exact:
+        return None
+    parts = []
+    for key, label in (("tx.datagrams", "sent"), ("rx.datagrams", "received")):
+        e = p.estimates.get(key)
+        half = e.relative_half_width() if e is not None else None
+        if e is not None and e.value:
+            parts.append(f"{label} ±{half:.1%}" if half is not None else f"{label} (no interval: one window)")
+    for key, label in (("gso.segments_per_gso_send", "GSO segs/send"), ("ack_ratio", "ACK ratio")):
+        e = p.estimates.get(key)
+        if e is not None and e.value and e.low is not None and e.high is not None:
+            parts.append(f"{label} {e.low:.3g}-{e.high:.3g}")
+    return "counts estimated from sampling windows, 95% intervals: " + ", ".join(parts) if parts else None
+
+
 def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
+    est = _estimates_note(p)
+    if est:
+        say("  " + est)
     notes = [f"ACK ratio (datagrams received per sent) {_fmt(p.ack_ratio, '.3f')}"]
     if p.rx.empty:
         notes.append(f"{p.rx.empty:,} receive calls found nothing")
@@ -151,6 +170,12 @@ def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
     if pio.sysctl:
         say("buffers: " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in pio.sysctl.items()
                                     if k.startswith("net.core")))
+    if pio.sampling:
+        sm = pio.sampling
+        say("packet probes: " + ("counted the whole run" if sm["exact"] else
+            f"counted in {sm['periods'] - sm['full_periods']} sampling windows and {sm['full_periods']} whole "
+            f"periods, {sm['coverage'] or 0:.0%} of {sm['span_s']:.1f} s (hook rate against a "
+            f"{sm['budget'].get('cpu_share', 0):.1%} CPU budget)"))
     if pio.cost:
         say(f"probe cost: {pio.cost['bpf_run_time_ns'] / 1e9:.3f} CPU s in BPF programs over "
             f"{pio.cost['bpf_run_cnt']:,} probe hits")
@@ -185,7 +210,8 @@ def _crypto_section(c: ProcessCrypto, say: "Callable[..., None]", console: Conso
 
 def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
     if cr.cost:
-        say(cost_text(cr.cost) + f" [{cr.cost.get('basis')}]")
+        line = cr.cost.get("summary") or f"crypto probes: {cr.cost.get('target_hits', 0):,} uprobe hits in the targets"
+        say(line + f" [{cr.cost.get('basis')}]")
 
 
 def render(analysis: Analysis, console: Console, top: int = 5) -> None:
@@ -207,6 +233,9 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         if len(t.get("images") or []) > 1:
             say("    exec'd: " + " -> ".join(f"{i['comm']} ({i['exe']}, {i['unwind']}, from {i['since_s']:g} s)"
                                             for i in t["images"]), "dim")
+    if analysis.observer_cpu_s:
+        say("  qprof's own helpers: " + ", ".join(f"{k} {v:.2f} CPU s" for k, v in analysis.observer_cpu_s.items())
+            + " (not in the targets' samples)")
     if host.get("nics"):
         say("  NICs: " + ", ".join(f"{n['name']} (NUMA node {n['numa_node']})" for n in host["nics"]))
     for p in profile.processes:
@@ -214,6 +243,11 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         console.print(_process_table(p, profile))
         cross = "" if p.proc_cpu_seconds is None else f"; /proc says {p.proc_cpu_seconds:.2f} s"
         say(f"  sampled CPU {profile.cpu_seconds(p.breakdown.period):.2f} s in {p.breakdown.samples} samples{cross}")
+        if p.probe_share > PROBE_SHARE_LIMIT:
+            say(f"  warning: eBPF probes took {p.probe_share:.1%} of its samples (over {PROBE_SHARE_LIMIT:.0%}): "
+                "every share here is off by about that much; fewer probe groups (--probes) cost less", "yellow")
+        else:
+            say(f"  eBPF probes: {p.probe_share:.2%} of its samples")
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
         _skid_note(p, say)
         console.print(_symbols_table(p, top))

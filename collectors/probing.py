@@ -1,21 +1,10 @@
-"""eBPF probes beside perf: start, stop and record them in the run archive (probes.json).
+"""eBPF probes beside perf: start, stop and record the probe groups in the run archive (probes.json).
 
-Probe groups:
-  packetio  UDP messages/bytes per thread, GSO segments per send, GRO per receive,
-            drops (default). libbpf BTF tracepoints (probes/packetio.bpf.c): they
-            fire per datagram for every task on the host, and a classic tracepoint
-            costs each of them 6x more before the pid test (measured there)
-  softirq   network softirq time per CPU, split by whether a target was interrupted
-            (opt-in: two events and clock reads per softirq run; by default softirq
-            time comes from /proc/stat and the samples)
-  syscalls  duration distribution of the UDP send/receive system calls (opt-in:
-            two events and a map update per call)
-  crypto    AEAD seal/open and header-protection calls and bytes, through uprobes
-            on the entry points found in the targets' objects (opt-in: a trap per
-            call, several per packet; see probes/crypto.py)
-The opt-in groups are bpftrace scripts (probes/<group>.bt), readable and
-extendable by users. The group list is what `qprof attach --probes` takes. Socket buffers, UDP MIB
-counters and sysctls are read without probes at start and end of every run.
+The groups (probes/registry.py; each one a package under probes/) say what
+they need and how they start; this module runs the ones asked for with
+`--probes`, keeps what each printed, and reads what needs no probe at all at
+the start and the end of every run: the targets' UDP sockets (buffers, drop
+counters), the UDP MIB counters of their namespaces, and the sysctls.
 
 Probe cost is measured, not guessed: BPF run-time statistics are switched on
 with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
@@ -37,20 +26,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof.collectors import archive, netstat
+from qprof.collectors import archive, netstat, procfs
 from qprof.errors import QprofError
 from qprof.probes import btf
-from qprof.probes import crypto as crypto_probes
-from qprof.probes import libbpf
-from qprof.probes import packetio as packetio_probes
-from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, render, script_text
-from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.children import ProbeProcess
-from qprof.probes.features import bpftrace_problem, bpftrace_version
+from qprof.probes.group import Context, Unavailable
 from qprof.probes.leftovers import owned_prog_ids
-
-GROUPS = ("packetio", "softirq", "syscalls", "crypto")
-DEFAULT_GROUPS = ("packetio",)
+from qprof.probes.mapsout import MapTail, read_maps
+from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 5.0  # BPF run-time statistics duty cycle
 # How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
@@ -157,89 +140,21 @@ class ProbeCollector:
     def _save(self) -> None:
         archive.write_json_atomic(self.out / archive.PROBES, self.record)
 
-    def _packetio_config(self) -> dict[str, Any]:
-        """The packetio programs' settings from this kernel's BTF; QprofError names what is missing."""
-        missing = [tp for tp in packetio_probes.TRACEPOINTS if not btf.tracepoint_exists(tp)]
-        if missing:
-            raise QprofError(f"this kernel lacks tracepoint(s) {', '.join(missing)} "
-                             "(sock_*_length need Linux 6.3+): run with --probes none")
-        gro_bit = btf.enumerator("UDP_FLAGS_GRO_ENABLED")
-        if gro_bit is None:
-            raise QprofError("this kernel's udp_sock has no UDP_FLAGS_GRO_ENABLED (Linux 6.5+ layout): "
-                             "run with --probes none")
-        if len(self.pids) > packetio_probes.MAX_TARGETS:
-            raise QprofError(f"the packetio probes follow at most {packetio_probes.MAX_TARGETS} targets")
-        return {"pids": self.pids, "gro_bit": gro_bit}
-
-    def _launch_packetio(self) -> ProbeProcess | None:
-        """Compile (once per kernel, cached) and start the libbpf packetio programs."""
-        try:
-            config = self._packetio_config()
-            self.status("starting probes: packetio (compiled first if this kernel is new to qprof)")
-            obj = libbpf.build("packetio")
-        except (QprofError, btf.BTFUnavailable, libbpf.Unavailable) as e:
-            self._unavailable("packetio", str(e))
-            return None
-        (self.out / "probe-packetio.bpf.c").write_bytes(libbpf.source_text("packetio"))
-        proc = libbpf.LibbpfProcess("packetio", obj, config, self.out / "probe-packetio.jsonl",
-                                    self.out / "probe-packetio.log")
-        proc.spawn()
-        self.record["programs"]["packetio"] = {"script": "probe-packetio.bpf.c", "object": obj.name,
-                                               "config": config, "output": proc.output.name,
-                                               "mechanism": "libbpf tp_btf"}
-        return proc
-
-    def _launch_bpftrace(self, group: str, bpftrace: str) -> ProbeProcess | None:
-        program = self.out / f"probe-{group}.bt"
-        text = self._crypto_program() if group == "crypto" else \
-            render(script_text(group), {"TARGET": pid_predicate(self.pids)})
-        if text is None:
-            return None
-        program.write_text(text, encoding="utf-8")
-        proc = BpftraceProcess(group, program, self.out / f"probe-{group}.jsonl", self.out / f"probe-{group}.log")
-        self.status(f"starting probes: {group}")
-        proc.spawn(bpftrace)
-        self.record["programs"][group] = {"script": program.name, "output": proc.output.name,
-                                          "mechanism": "bpftrace"}
-        return proc
-
     def launch(self) -> None:
-        """Snapshot counters and spawn every probe group (they compile while perf starts)."""
+        """Snapshot counters and start every probe group (they compile while perf starts)."""
         self.record["before"] = netstat.snapshot(self.pids)
         self.poll_sockets()
         self._save()
-        if not self.groups:
-            return
-        bpftrace = shutil.which("bpftrace")
-        problem = bpftrace_problem() if bpftrace is not None else "bpftrace not found"
-        if problem is None:
-            self.record["bpftrace_version"] = bpftrace_version()
-        for group in self.groups:
-            if group == "packetio":
-                proc = self._launch_packetio()
-            elif bpftrace is None or problem is not None:
-                self._unavailable(group, problem if bpftrace is not None else
-                                  "bpftrace not found (Debian: apt-get install bpftrace)")
+        ctx = Context(self.out, self.pids, self.status, procfs.mapped_objects)
+        for name in self.groups:
+            try:
+                launched = GROUPS[name].start(ctx)
+            except Unavailable as e:
+                self._unavailable(name, str(e))
                 continue
-            else:
-                proc = self._launch_bpftrace(group, bpftrace)
-            if proc is not None:
-                self.procs.append(proc)
-
-    def _crypto_program(self) -> str | None:
-        """Find the targets' crypto entry points, record them, print the cost estimate; the program
-        or None when there is nothing to probe."""
-        from qprof.collectors import cryptosyms  # pyelftools work only when the group is asked for
-        found = cryptosyms.discover(self.pids)
-        text, slots = crypto_probes.build(found)
-        self.record["crypto"] = {**found, "slots": slots}
-        for line in cryptosyms.describe(found):
-            self.status(f"crypto: {line}")
-        if text is None:
-            self._unavailable("crypto", "no crypto entry point found in the targets' objects")
-            return None
-        self.status(crypto_probes.estimate_text(slots, found))
-        return text
+            self.procs.append(launched.process)
+            self.record["programs"][name] = launched.record
+            self.record.update(launched.extra)
 
     def tick(self) -> None:
         """Periodic upkeep (every poll tick): duty-cycle the BPF run-time statistics (0.1 s windows),
@@ -333,13 +248,10 @@ class ProbeCollector:
                 self._stats_fd = None
         for p in self.procs:
             rc = p.stop()
+            maps = read_maps(p.output)
             self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
-                                                   maps=read_maps(p.output))
-        if "crypto" in self.record.get("programs", {}):
-            c = crypto_probes.cost(self.record["crypto"]["slots"],
-                                   self.record["programs"]["crypto"].get("maps") or {}, by_group.get("crypto", []))
-            self.record["crypto"]["cost"] = c
-            self.status(crypto_probes.cost_text(c))
+                                                   maps=maps, cpu_s=p.cpu_s)
+            GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
         self.poll_sockets()
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:

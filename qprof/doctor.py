@@ -13,19 +13,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from qprof.probes import btf, packetio
+from qprof.probes import btf
+from qprof.probes.registry import GROUPS
 from qprof.probes.features import (CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, effective_capabilities,
                                    find_hierarchy, kernel_features, tool_version)
 
 OK, PARTIAL, NONE = 0, 1, 2
-# What each shipped probe group needs from the kernel (tracepoints by event name).
-GROUP_TRACEPOINTS = {
-    "packetio": packetio.TRACEPOINTS,
-    "softirq": ("softirq_entry", "softirq_exit"),
-    "syscalls": ("sys_enter", "sys_exit"),
-}
-
-
 @dataclass
 class Check:
     name: str
@@ -85,7 +78,7 @@ def run_checks(pid: int | None = None) -> list[Check]:
                         else "no cgroup hierarchy: only --scope system (the default) works",
                         "mount cgroup2 (or a v1 perf_event hierarchy)", "information"))
     try:
-        for group, tps in GROUP_TRACEPOINTS.items():
+        for group, tps in ((name, g.tracepoints) for name, g in GROUPS.items() if g.tracepoints):
             missing = [tp for tp in tps if not btf.tracepoint_exists(tp)]
             checks.append(Check(f"probes: {group}", not missing,
                                 "all tracepoints present" if not missing else f"missing {', '.join(missing)}",

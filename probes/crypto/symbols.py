@@ -38,14 +38,13 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from qprof.collectors import procfs
 
 CPU_FLAGS = ("aes", "vaes", "pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "sse4_1", "ssse3")
 SEAL, OPEN, HP = "aead_seal", "aead_open", "header_protection"
@@ -454,9 +453,8 @@ def needed_objects(exe: str) -> list[str]:
     return list(out)
 
 
-def process_objects(pid: int) -> tuple[list[str], list[str]]:
+def process_objects(pid: int, mapped: list[str]) -> tuple[list[str], list[str]]:
     """(mapped objects, objects the executable needs but has not mapped yet) of a live target."""
-    mapped = procfs.mapped_objects(pid)
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
@@ -466,15 +464,14 @@ def process_objects(pid: int) -> tuple[list[str], list[str]]:
     return mapped, pending
 
 
-def discover(pids: Iterable[int]) -> dict[str, Any]:
-    """The crypto picture of the targets: per object what is there, per process what to probe.
-
-    The result is JSON-ready and is what probes.json records under "crypto"."""
+def discover(pids: Iterable[int], mapped_objects: Callable[[int], list[str]]) -> dict[str, Any]:
+    """The crypto picture of the targets: per object what is there, per process what to probe
+    (`mapped_objects`: a target's mapped files). JSON-ready: probes.json records it under "crypto"."""
     flags = cpu_flags()
     objects: dict[str, ObjectCrypto] = {}
     processes: dict[str, Any] = {}
     for pid in pids:
-        mapped, pending = process_objects(pid)
+        mapped, pending = process_objects(pid, mapped_objects(pid))
         entry: dict[str, Any] = {"objects": [], "pending_objects": [], "probes": [], "notes": []}
         for path, is_pending in [(p, False) for p in mapped] + [(p, True) for p in pending]:
             obj = object_crypto(os.path.realpath(path))

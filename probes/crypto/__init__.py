@@ -1,0 +1,41 @@
+"""Opt-in: AEAD seal/open and header-protection calls and bytes per thread, through uprobes.
+
+symbols.py finds the entry points in the targets' own objects (pyelftools),
+program.py writes the bpftrace program for them and prices it. A uprobe is a
+trap on every call, several per packet, and on a shared library every process
+that calls the function traps: opt-in, with the cost told before and after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from qprof.probes.crypto import program
+from qprof.probes.group import BpftraceGroup, Context, Unavailable
+
+
+@dataclass(frozen=True)
+class CryptoGroup(BpftraceGroup):
+    def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
+        from qprof.probes.crypto import symbols  # pyelftools work only when the group is asked for
+        found = symbols.discover(ctx.pids, ctx.mapped_objects)
+        text, slots = program.build(found)
+        for line in symbols.describe(found):
+            ctx.status(f"crypto: {line}")
+        if text is None:
+            raise Unavailable("no crypto entry point found in the targets' objects")
+        ctx.status(program.estimate_text(slots, found))
+        return text, {"crypto": {**found, "slots": slots}}
+
+    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+               status: Callable[[str], None]) -> None:
+        crypto = record.get("crypto")
+        if crypto is not None:
+            cost = program.cost(crypto["slots"], maps, programs)
+            crypto["cost"] = {**cost, "summary": program.cost_text(cost)}
+            status(crypto["cost"]["summary"])
+
+
+GROUP = CryptoGroup("crypto", __name__, "AEAD seal/open and header-protection calls and bytes per thread "
+                    "(uprobes: a trap per call, several per packet; on shared libraries every caller traps)", ())

@@ -1,0 +1,102 @@
+"""A probe group as one unit: what it needs from the kernel, how it starts, what it leaves.
+
+Each group is a package under probes/ holding its kernel programs beside its
+Python, and exports `GROUP`; probes/registry.py lists the groups. The collector
+starts and stops groups only through this interface, `qprof doctor` checks
+their `tracepoints`, and the analysis reads each group's maps back through the
+group's own record type. Adding a group is its folder plus one registry line.
+
+Two mechanisms exist: libbpf programs (C, BTF tracepoints; for the per-packet
+default group, whose cost matters most) and bpftrace scripts (readable and
+extendable by users; for the opt-in groups). `BpftraceGroup` does all a
+bpftrace group needs but its script.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, render
+from qprof.probes.children import ProbeProcess
+from qprof.probes.features import bpftrace_problem, bpftrace_version
+
+
+class Unavailable(Exception):
+    """This host cannot run a group; the message says why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a group is started with."""
+
+    out: Path  # the run directory: a group writes its program and output there
+    pids: list[int]  # the targets
+    status: Callable[[str], None]  # one-line progress messages for the user
+    mapped_objects: Callable[[int], list[str]]  # a target's mapped files (/proc/PID/maps)
+
+
+@dataclass
+class Launch:
+    """A started group: its helper process, its entry in probes.json's `programs`, and entries of
+    its own at the top of probes.json (e.g. what the crypto group found to probe)."""
+
+    process: ProbeProcess
+    record: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ProbeGroup(Protocol):
+    name: str
+    default: bool  # in `--probes default`
+    summary: str  # what it measures and what that costs, one line
+    tracepoints: tuple[str, ...]  # kernel events it attaches to (doctor checks them)
+
+    def start(self, ctx: Context) -> Launch:
+        """Write its program into the run, start its helper (raise Unavailable when it cannot)."""
+
+    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+               status: Callable[[str], None]) -> None:
+        """After its helper stopped: add what needs the final maps to probes.json's `record`
+        (`programs`: the kernel's run-time statistics of its BPF programs)."""
+
+
+def program_text(package: str, name: str) -> str:
+    """A group's shipped bpftrace script (<package>/<name>.bt)."""
+    return resources.files(package).joinpath(f"{name}.bt").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class BpftraceGroup:
+    """A group that is one bpftrace script with a {{TARGET}} pid predicate."""
+
+    name: str
+    package: str
+    summary: str
+    tracepoints: tuple[str, ...]
+    default: bool = False
+
+    def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
+        """The script to run for these targets, and what to record beside it in probes.json."""
+        return render(program_text(self.package, self.name), {"TARGET": pid_predicate(ctx.pids)}), {}
+
+    def start(self, ctx: Context) -> Launch:
+        problem = bpftrace_problem()
+        if problem is not None:
+            raise Unavailable(problem)
+        text, extra = self.program(ctx)
+        path = ctx.out / f"probe-{self.name}.bt"
+        path.write_text(text, encoding="utf-8")
+        proc = BpftraceProcess(self.name, path, ctx.out / f"probe-{self.name}.jsonl", ctx.out / f"probe-{self.name}.log")
+        ctx.status(f"starting probes: {self.name}")
+        proc.spawn(shutil.which("bpftrace") or "bpftrace")
+        return Launch(proc, {"script": path.name, "output": proc.output.name, "mechanism": "bpftrace"},
+                      {"bpftrace_version": bpftrace_version(), **extra})
+
+    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+               status: Callable[[str], None]) -> None:
+        return None
+

@@ -1,0 +1,154 @@
+"""C layouts and initial data of a compiled BPF object, read from the object itself.
+
+A probe group's structs (its counters, its configuration) are written once, in
+its .bpf.c file. Python reads them back from the compiled object: struct member
+names, offsets and sizes from the object's BTF section (probes.btf), and
+where each global variable sits and what it starts as from the ELF symbol table
+and sections (pyelftools). Nothing about a layout is written again in Python,
+so a field added in C is decoded without touching the loader.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from qprof.probes.btf import BTF, STRUCT, BTFUnavailable
+
+
+class LayoutError(Exception):
+    """The object lacks what a loader expects (rebuild it, or the C and the loader disagree)."""
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    offset: int  # bytes from the start of the struct
+    size: int  # bytes of one element
+    count: int  # 1, or the length of a fixed-size array
+    signed: bool
+
+    def decode(self, buf: bytes, base: int = 0) -> int | list[int]:
+        fmt = "<" + {1: "b", 2: "h", 4: "i", 8: "q"}[self.size]
+        fmt = fmt if self.signed else fmt.upper()
+        values = [struct.unpack_from(fmt, buf, base + self.offset + i * self.size)[0] for i in range(self.count)]
+        return values if self.count > 1 else values[0]
+
+
+@dataclass(frozen=True)
+class Struct:
+    name: str
+    size: int
+    fields: dict[str, Field]
+
+    def decode(self, buf: bytes, base: int = 0) -> dict[str, int | list[int]]:
+        return {n: f.decode(buf, base) for n, f in self.fields.items()}
+
+    def field(self, name: str) -> Field:
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise LayoutError(f"struct {self.name} has no field {name}") from None
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    section: str  # .rodata, .bss, .data
+    offset: int
+    size: int
+
+
+class ObjectLayout:
+    """Structs, global variables and initial section data of one .bpf.o."""
+
+    def __init__(self, types: BTF, variables: dict[str, Variable], sections: dict[str, bytes]) -> None:
+        self.btf = types
+        self.variables = variables
+        self.sections = sections
+        self.structs: dict[str, Struct] = {}
+
+    def _struct(self, name: str) -> Struct | None:
+        ids = self.btf.ids(STRUCT, name)
+        if not ids:
+            return None
+        fields = {}
+        for m in self.btf.members(ids[0]):
+            count, t = 1, m.type_id
+            arr = self.btf.array(t)
+            if arr is not None:
+                t, count = arr
+            fields[m.name] = Field(m.name, m.bit_offset // 8, self.btf.size(t), count, self.btf.int_signed(t))
+        return Struct(name, self.btf.size(ids[0]), fields)
+
+    def struct(self, name: str) -> Struct:
+        if name not in self.structs:
+            st = self._struct(name)
+            if st is None:
+                raise LayoutError(f"the object defines no struct {name}")
+            self.structs[name] = st
+        return self.structs[name]
+
+    def variable(self, name: str) -> Variable:
+        try:
+            return self.variables[name]
+        except KeyError:
+            raise LayoutError(f"the object defines no global variable {name}") from None
+
+    def initial(self, name: str, struct_name: str) -> dict[str, int | list[int]]:
+        """A global's initial value as the C initialiser set it (from its section's data)."""
+        v = self.variable(name)
+        data = self.sections.get(v.section, b"")
+        return self.struct(struct_name).decode(data.ljust(v.offset + v.size, b"\0"), v.offset)
+
+    def section_with(self, section: str, name: str, struct_name: str, values: dict[str, Any]) -> bytes:
+        """`section`'s initial data with the global `name` (a struct_name) set to `values`."""
+        v = self.variable(name)
+        if v.section != section:
+            raise LayoutError(f"{name} is in {v.section}, not {section}")
+        buf = bytearray(self.sections.get(section, b"").ljust(v.offset + v.size, b"\0"))
+        st = self.struct(struct_name)
+        for key, value in values.items():
+            f = st.field(key)
+            items = list(value) if f.count > 1 else [value]
+            if len(items) > f.count:
+                raise LayoutError(f"{struct_name}.{key} holds {f.count} values, not {len(items)}")
+            items += [0] * (f.count - len(items))
+            fmt = "<" + {1: "b", 2: "h", 4: "i", 8: "q"}[f.size]
+            fmt = fmt if f.signed else fmt.upper()
+            for i, x in enumerate(items):
+                struct.pack_into(fmt, buf, v.offset + f.offset + i * f.size, int(x))
+        return bytes(buf)
+
+
+@lru_cache(maxsize=8)
+def read(obj: Path) -> ObjectLayout:
+    """The layout of a compiled object (cached per path: objects are immutable, named by hash)."""
+    from elftools.elf.elffile import ELFFile  # pyelftools, a qprof dependency
+
+    variables: dict[str, Variable] = {}
+    sections: dict[str, bytes] = {}
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        btf_section = elf.get_section_by_name(".BTF")
+        if btf_section is None:
+            raise LayoutError(f"{obj.name} carries no BTF (compile it with clang -g)")
+        try:
+            types = BTF(btf_section.data())
+        except BTFUnavailable as e:
+            raise LayoutError(f"{obj.name}: {e}") from None
+        for name in (".rodata", ".data", ".bss"):
+            sec = elf.get_section_by_name(name)
+            if sec is not None:
+                sections[name] = b"" if name == ".bss" else sec.data()
+        symtab = elf.get_section_by_name(".symtab")
+        for sym in symtab.iter_symbols() if symtab is not None else []:
+            if sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(sym["st_shndx"], int):
+                continue
+            sec = elf.get_section(sym["st_shndx"]).name
+            if sec in (".rodata", ".data", ".bss"):
+                variables[sym.name] = Variable(sym.name, sec, sym["st_value"], sym["st_size"])
+    return ObjectLayout(types, variables, sections)

@@ -1,0 +1,63 @@
+"""The default probe group: UDP packet I/O per thread, GSO/GRO, drops at the targets' ports.
+
+packetio.bpf.c holds the programs and every struct they share with Python;
+sampler.py loads them and runs the sampling windows (windows.py) in a child
+process; record.py reads what it printed back as a typed record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from qprof.probes import btf, libbpf
+from qprof.probes.group import Context, Launch, Unavailable
+
+MAX_TARGETS = 16  # struct config's targets[] in packetio.bpf.c (the sampler checks it against the object)
+
+
+@dataclass(frozen=True)
+class PacketioGroup:
+    name: str = "packetio"
+    default: bool = True
+    summary: str = ("UDP messages, datagrams and bytes per thread, GSO/GRO, drops at the targets' ports "
+                    "(per-packet hooks counted in sampling windows within a CPU budget)")
+    tracepoints: tuple[str, ...] = ("sock_send_length", "sock_recv_length", "net_dev_start_xmit",
+                                    "skb_copy_datagram_iovec", "kfree_skb", "udp_fail_queue_rcv_skb")
+
+    def config(self, pids: list[int]) -> dict[str, Any]:
+        """The programs' settings from this kernel's BTF; Unavailable names what is missing."""
+        try:
+            missing = [tp for tp in self.tracepoints if not btf.tracepoint_exists(tp)]
+            gro_bit = btf.enumerator("UDP_FLAGS_GRO_ENABLED")
+            kfree_skb_args = btf.tracepoint_arity("kfree_skb") or 0
+        except btf.BTFUnavailable as e:
+            raise Unavailable(str(e)) from None
+        if missing:
+            raise Unavailable(f"this kernel lacks tracepoint(s) {', '.join(missing)} "
+                              "(sock_*_length need Linux 6.3+): run with --probes none")
+        if gro_bit is None:
+            raise Unavailable("this kernel's udp_sock has no UDP_FLAGS_GRO_ENABLED (Linux 6.5+ layout): "
+                              "run with --probes none")
+        if len(pids) > MAX_TARGETS:
+            raise Unavailable(f"the packetio probes follow at most {MAX_TARGETS} targets")
+        return {"pids": pids, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4}
+
+    def start(self, ctx: Context) -> Launch:
+        config = self.config(ctx.pids)
+        ctx.status("starting probes: packetio (compiled first if this kernel is new to qprof)")
+        obj = libbpf.build(__name__, self.name)
+        source = ctx.out / f"probe-{self.name}.bpf.c"
+        source.write_bytes(libbpf.source_text(__name__, self.name))
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, config,
+                                    ctx.out / f"probe-{self.name}.jsonl", ctx.out / f"probe-{self.name}.log")
+        proc.spawn()
+        return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
+                             "output": proc.output.name, "mechanism": "libbpf tp_btf, sampling windows"})
+
+    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+               status: Callable[[str], None]) -> None:
+        return None
+
+
+GROUP = PacketioGroup()

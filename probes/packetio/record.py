@@ -1,0 +1,144 @@
+"""What the packetio group measured in a run, typed: read from its maps as printed.
+
+Two generations of archives are read: runs whose programs counted every packet
+(`@tx_msgs`, `@rx_bytes`... keyed "pid,tid[,port]": exact) and runs counted in
+sampling windows (`@windows`, see windows.py). Either way the result is one
+`PacketioRecord`; damaged entries are skipped, never fatal (the archive's shape
+is checked by collectors.schema before this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Counters of struct counts in packetio.bpf.c by direction (a counter's name says it; the
+# kernel's UDP counters a direction is scaled to).
+AUX_OF_DIRECTION = {"tx": "mib_out", "rx": "mib_in"}
+
+# The exact maps of archives written before sampling windows: map name -> counter name
+_LEGACY = {"@tx_bytes": "tx_bytes", "@tx_errors": "tx_errors", "@tx_gso_sockopt_msgs": "tx_gso_sockopt_msgs",
+           "@rx_bytes": "rx_bytes", "@rx_empty": "rx_empty", "@rx_gro_socket_msgs": "rx_gro_socket_msgs",
+           "@tx_skbs": "tx_skbs", "@tx_gso_skbs": "tx_gso_skbs", "@tx_dgrams": "tx_dgrams",
+           "@rx_gro_skbs": "rx_gro_skbs", "@rx_gro_dgrams": "rx_gro_dgrams",
+           "@tx_msgs": "tx_msgs", "@rx_msgs": "rx_msgs"}
+
+
+def _ints(key: Any) -> list[int] | None:
+    try:
+        return [int(x) for x in str(key).split(",")]
+    except ValueError:
+        return None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class GroupWindows:
+    """One group's (a process's, or "pid,tid" a thread's) window sums: see windows.GroupStats."""
+
+    netns: str
+    sum: tuple[float, ...]
+    counted: tuple[float, ...]
+    seen: tuple[int, ...]  # windows in which each series was nonzero
+    q: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Windows:
+    series: tuple[str, ...]
+    periods: int
+    full_periods: int
+    span_s: float
+    counted_s: float
+    expansion: float  # sum of 1/pi over partial windows
+    groups: dict[str, GroupWindows]
+    mib_totals: dict[str, dict[str, float]]  # netns -> {"mib_in": X, "mib_out": X}
+    events: dict[str, int]  # hook runs counted in the windows, any task
+    budget: dict[str, float]
+
+    @property
+    def exact(self) -> bool:
+        return self.periods > 0 and self.full_periods == self.periods
+
+    @staticmethod
+    def from_json(obj: Any) -> "Windows | None":
+        if not isinstance(obj, dict):
+            return None
+        series = obj.get("series")
+        if not isinstance(series, list) or not all(isinstance(s, str) for s in series):
+            return None
+        n = len(series)
+        groups = {}
+        for key, g in (obj.get("groups") or {}).items() if isinstance(obj.get("groups"), dict) else []:
+            if not isinstance(g, dict):
+                continue
+            vals = [g.get("sum"), g.get("counted"), g.get("q")]
+            if not all(isinstance(v, list) and all(_num(x) is not None for x in v) for v in vals):
+                continue
+            if len(vals[0]) != n or len(vals[1]) != n or len(vals[2]) != n * (n + 1) // 2:
+                continue
+            seen = g.get("seen")
+            seen_t = tuple(int(x) for x in seen) if isinstance(seen, list) and len(seen) == n and \
+                all(_num(x) is not None for x in seen) else tuple([0] * n)
+            groups[str(key)] = GroupWindows(str(g.get("netns", "")), tuple(map(float, vals[0])),
+                                            tuple(map(float, vals[1])), seen_t, tuple(map(float, vals[2])))
+        mib = {}
+        for ns, t in (obj.get("netns") or {}).items() if isinstance(obj.get("netns"), dict) else []:
+            if isinstance(t, dict):
+                mib[str(ns)] = {k: float(t[k]) for k in ("mib_in", "mib_out") if _num(t.get(k)) is not None}
+        events = {str(k): int(v) for k, v in (obj.get("events") or {}).items()
+                  if _num(v) is not None} if isinstance(obj.get("events"), dict) else {}
+        budget = {str(k): float(v) for k, v in (obj.get("budget") or {}).items()
+                  if _num(v) is not None} if isinstance(obj.get("budget"), dict) else {}
+        periods, full = obj.get("periods"), obj.get("full_periods")
+        if not isinstance(periods, int) or not isinstance(full, int) or not 0 <= full <= periods:
+            return None
+        return Windows(tuple(series), periods, full, float(_num(obj.get("span_s")) or 0.0),
+                       float(_num(obj.get("counted_s")) or 0.0), float(_num(obj.get("expansion")) or 0.0),
+                       groups, mib, events, budget)
+
+
+@dataclass
+class PacketioRecord:
+    """The packetio group's measurements of one run."""
+
+    windows: Windows | None = None  # sampled runs
+    exact_counts: dict[tuple[int, int], dict[str, int]] = field(default_factory=dict)  # older runs: (pid, tid)
+    ports: dict[int, set[int]] = field(default_factory=dict)  # pid -> local ports its sockets used
+    udp_drops: dict[tuple[int, int], int] = field(default_factory=dict)  # (reason, port) -> datagrams
+    queue_fail: dict[tuple[int, int], int] = field(default_factory=dict)  # (rc, port) -> datagrams
+    hists: dict[str, dict[int, list[dict[str, int]]]] = field(default_factory=dict)  # name -> pid -> buckets
+
+    @staticmethod
+    def from_maps(maps: dict[str, Any]) -> "PacketioRecord":
+        rec = PacketioRecord(windows=Windows.from_json(maps.get("@windows")))
+        for name, counter in _LEGACY.items():
+            m = maps.get(name)
+            for key, value in (m.items() if isinstance(m, dict) else []):
+                parts, v = _ints(key), _num(value)
+                if parts is None or len(parts) < 2 or v is None:
+                    continue
+                slot = rec.exact_counts.setdefault((parts[0], parts[1]), {})
+                slot[counter] = slot.get(counter, 0) + int(v)
+                if len(parts) >= 3 and parts[2]:
+                    rec.ports.setdefault(parts[0], set()).add(parts[2])
+        for target, name in ((rec.udp_drops, "@udp_drops"), (rec.queue_fail, "@udp_queue_fail"),
+                             (None, "@ports")):
+            m = maps.get(name)
+            for key, value in (m.items() if isinstance(m, dict) else []):
+                parts, v = _ints(key), _num(value)
+                if parts is None or len(parts) != 2 or v is None:
+                    continue
+                if target is None:
+                    rec.ports.setdefault(parts[0], set()).add(parts[1])
+                else:
+                    target[(parts[0], parts[1])] = target.get((parts[0], parts[1]), 0) + int(v)
+        for name in ("@tx_gso_segs", "@tx_gso_size", "@rx_gro_segs"):
+            m = maps.get(name)
+            for pid, buckets in (m.items() if isinstance(m, dict) else []):
+                if str(pid).isdigit() and isinstance(buckets, list):
+                    rec.hists.setdefault(name, {})[int(pid)] = [b for b in buckets if isinstance(b, dict)]
+        return rec

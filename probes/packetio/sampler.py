@@ -1,0 +1,425 @@
+"""The packetio loader: load the programs, run the sampling windows, print what was counted.
+
+Run by qprof as a child (`python -m qprof.probes.packetio.sampler OBJECT CONFIG_JSON`,
+probes.libbpf.LibbpfProcess): it dies with qprof, its programs and links are
+its file descriptors. The drop programs stay attached; the per-packet ones are
+attached for one window per period (probes/packetio/windows.py), and the gate
+in the programs' .bss opens and closes each window at one instant, with the
+kernel's UDP counters of every target's network namespace read right around it.
+
+Output, one JSON line each, every second and a last time at SIGINT/SIGTERM:
+  {"type": "stats", "data": {"@windows": ...}}  the windows' statistics (windows.WindowStats),
+        the namespaces' UDP counter totals over the same span, the hook runs counted
+  {"type": "map", "data": {"@udp_drops": {"reason,port": n}, "@udp_queue_fail": ...,
+        "@ports": {"pid,port": 1}}}              drops at the targets' ports, their ports
+  {"type": "hist", "data": {"@tx_gso_segs": {pid: [{min, max, count}]}, ...}}
+        (histograms from the windows only)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import select
+import signal
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from qprof.probes import layout as layouts
+from qprof.probes.libbpf import READY, Loaded, Unavailable
+from qprof.probes.packetio import windows
+
+HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
+PRINT_S = 1.0
+PORT_POLL_S = 1.0
+
+
+class NetnsCounters:
+    """UDP InDatagrams/OutDatagrams (v4 + v6) of one network namespace, read through files opened
+    while a member process lived: they keep reading that namespace after it exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.fds = [os.open(f"/proc/{pid}/net/{name}", os.O_RDONLY) for name in ("snmp", "snmp6")]
+
+    def read_raw(self) -> list[bytes]:
+        """The two files as the kernel formats them now (~35 us here): parse later, off the clock."""
+        out = []
+        for fd in self.fds:
+            os.lseek(fd, 0, os.SEEK_SET)
+            parts = []
+            while chunk := os.read(fd, 65536):
+                parts.append(chunk)
+            out.append(b"".join(parts))
+        return out
+
+    @staticmethod
+    def parse(raw: list[bytes]) -> tuple[int, int]:
+        rows = [ln.split() for ln in raw[0].decode("ascii", "replace").splitlines() if ln.startswith("Udp:")]
+        udp = dict(zip(rows[0][1:], rows[1][1:])) if len(rows) == 2 else {}
+        rx, tx = int(udp.get("InDatagrams", 0)), int(udp.get("OutDatagrams", 0))
+        for ln in raw[1].decode("ascii", "replace").splitlines():
+            k, _, v = ln.partition(" ")
+            if k == "Udp6InDatagrams":
+                rx += int(v)
+            elif k == "Udp6OutDatagrams":
+                tx += int(v)
+        return rx, tx
+
+    def read(self) -> tuple[int, int]:
+        return self.parse(self.read_raw())
+
+
+Mib = dict[str, tuple[float, float]]  # netns -> (InDatagrams, OutDatagrams)
+
+
+def udp_sockets(pid: int) -> dict[str, int]:
+    """The process's UDP sockets: inode -> local port (its fds' inodes in its namespace's tables)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return {}
+    found = {}
+    for table in ("udp", "udp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                next(f, None)
+                for ln in f:
+                    cols = ln.split()
+                    if len(cols) > 9 and cols[9] in inodes:
+                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+        except OSError:
+            continue
+    return found
+
+
+@dataclass
+class Stop:
+    """Set by SIGINT/SIGTERM (also while loading: qprof may die before the probes are live)."""
+
+    requested: bool = False
+
+
+@dataclass
+class Window:
+    """One period's window, kept until the period is known to be over."""
+
+    start: float  # the period's start
+    full: bool  # counted the whole period
+    length: float  # seconds counted
+    groups: dict[str, tuple[str, list[int]]]
+    aux: Mib  # per namespace: UDP InDatagrams, OutDatagrams in the window
+
+
+class Sampler:
+    """The loaded programs, their windows, and what they counted."""
+
+    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: "Stop") -> None:
+        self._stop = stop
+        self.pids = [int(p) for p in config["pids"]]
+        self.layout = layouts.read(obj)
+        max_targets = self.layout.struct("config").field("targets").count
+        if not 1 <= len(self.pids) <= max_targets:
+            raise Unavailable(f"the packetio probes follow 1 to {max_targets} targets, not {len(self.pids)}")
+        rodata = self.layout.section_with(".rodata", "cfg", "config", {
+            "targets": self.pids, "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"])})
+        skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
+        self.prog = Loaded(obj, rodata, skip)
+        self.out = out
+        self.counts = self.layout.struct("counts")
+        self.slot = self.layout.struct("slot")
+        self.events_struct = self.layout.struct("events")
+        self.hists = self.layout.struct("hists")
+        self.steps = self.layout.initial("steps", "hist_steps")
+        bss, base = self.prog.global_data(".bss"), self.layout.variable("ctl").offset
+        control = self.layout.struct("control")
+        self._gate = ctypes.c_uint32.from_buffer(bss, base + control.field("gate").offset)
+        ports = control.field("ports")
+        self._ports = (ctypes.c_uint64 * ports.count).from_buffer(bss, base + ports.offset)
+        self.netns: dict[str, NetnsCounters] = {}
+        self.netns_of: dict[int, str] = {}
+        self.netns_pids: dict[str, list[int]] = {}
+        for pid in self.pids:
+            try:
+                ns = os.readlink(f"/proc/{pid}/ns/net")
+                if ns not in self.netns:
+                    self.netns[ns] = NetnsCounters(pid)
+            except OSError:
+                continue  # gone already: its counts, if any, are estimated without the kernel's
+            self.netns_of[pid] = ns
+            self.netns_pids.setdefault(ns, []).append(pid)
+        self.stats = windows.WindowStats(tuple(self.counts.fields))
+        self.cumulative: dict[tuple[int, int], list[int]] = {}
+        self._events_seen = [0] * len(self.events_struct.fields)
+        self.mib_start: Mib = {}
+        self.mib_frame_end: Mib = {}
+        self.known_ports: set[int] = set()
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+
+    @property
+    def stop(self) -> bool:
+        return self._stop.requested
+
+    # -- kernel state
+
+    def mibs(self) -> Mib:
+        return {ns: c.read() for ns, c in self.netns.items()}
+
+    def flip_gate(self, value: int) -> tuple[float, Mib]:
+        """Open or close the window, and the namespaces' counters at that instant: read before and
+        after, interpolated to the flip. (One read takes ~35 us, a window can be 2 ms: a counter
+        read on one side only would count ~2% more than the programs did.)"""
+        t0 = time.monotonic()
+        before = {ns: c.read_raw() for ns, c in self.netns.items()}
+        t1 = time.monotonic()
+        self._gate.value = value
+        tg = time.monotonic()
+        after = {ns: c.read_raw() for ns, c in self.netns.items()}
+        t2 = time.monotonic()
+        mid1, mid2 = (t0 + t1) / 2, (tg + t2) / 2
+        f = (tg - mid1) / (mid2 - mid1) if mid2 > mid1 else 0.5
+        out: Mib = {}
+        for ns in self.netns:
+            a, b = NetnsCounters.parse(before[ns]), NetnsCounters.parse(after[ns])
+            out[ns] = (a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f)
+        return tg, out
+
+    def watch_ports(self) -> None:
+        """Tell the drop programs the targets' ports (those the per-packet programs saw are set already)."""
+        for pid in self.pids:
+            for port in set(udp_sockets(pid).values()) - self.known_ports:
+                self.known_ports.add(port)
+                self._ports[port >> 6] |= 1 << (port & 63)
+                self.prog.update("port_owner", struct.pack("<I", port), struct.pack("<I", pid))
+
+    def _read_counts(self) -> dict[tuple[int, int], list[int]]:
+        """Every thread's cumulative counts: the hash plus what CPUs' slots still hold."""
+        names = list(self.counts.fields)
+        totals: dict[tuple[int, int], list[int]] = {}
+        for key, per_cpu in self.prog.entries("threads"):
+            pid, tid = struct.unpack_from("<II", key)
+            acc = totals.setdefault((pid, tid), [0] * len(names))
+            for v in per_cpu:
+                d = self.counts.decode(v)
+                for i, n in enumerate(names):
+                    acc[i] += int(d[n])
+        key_f, c_f = self.slot.field("key"), self.slot.field("c")
+        for _, per_cpu in self.prog.entries("slots"):
+            for v in per_cpu:
+                pid, tid = struct.unpack_from("<II", v, key_f.offset)
+                if not pid:
+                    continue
+                d = self.counts.decode(v, c_f.offset)
+                acc = totals.setdefault((pid, tid), [0] * len(names))
+                for i, n in enumerate(names):
+                    acc[i] += int(d[n])
+        return totals
+
+    def _read_events(self) -> list[int]:
+        names = list(self.events_struct.fields)
+        total = [0] * len(names)
+        for _, per_cpu in self.prog.entries("events"):
+            for v in per_cpu:
+                d = self.events_struct.decode(v)
+                total = [t + int(d[n]) for t, n in zip(total, names)]
+        return total
+
+    def hook_runs(self) -> int:
+        """Hook runs (any task) since the last call: what the next window's length is decided on."""
+        ev = self._read_events()
+        runs = sum(ev) - sum(self._events_seen)
+        self._events_seen = ev
+        return runs
+
+    def window_deltas(self) -> dict[str, tuple[str, list[int]]]:
+        """Counts since the last call per thread ("pid,tid") and per process ("pid")."""
+        now = self._read_counts()
+        # every target is a group from the start, counts or not: a silent one is estimated too
+        groups: dict[str, tuple[str, list[int]]] = {
+            str(pid): (self.netns_of.get(pid, ""), [0] * len(self.counts.fields)) for pid in self.pids}
+        for (pid, tid), acc in now.items():
+            before = self.cumulative.get((pid, tid))
+            delta = [a - b for a, b in zip(acc, before)] if before else list(acc)
+            ns = self.netns_of.get(pid, "")
+            groups[f"{pid},{tid}"] = (ns, delta)
+            proc = groups.setdefault(str(pid), (ns, [0] * len(delta)))[1]
+            for i, v in enumerate(delta):
+                proc[i] += v
+        self.cumulative = now
+        return groups
+
+    # -- output
+
+    def snapshot(self, final: bool = False) -> None:
+        frame_end = self.mib_frame_end or self.mib_start
+        netns = {ns: {"pids": self.netns_pids.get(ns, []),
+                      "mib_in": frame_end.get(ns, (0, 0))[0] - self.mib_start.get(ns, (0, 0))[0],
+                      "mib_out": frame_end.get(ns, (0, 0))[1] - self.mib_start.get(ns, (0, 0))[1]}
+                 for ns in self.netns}
+        data = {**self.stats.to_json(), "netns": netns, "final": final,
+                "events": dict(zip(self.events_struct.fields, self._events_seen)),
+                "budget": {"cpu_share": windows.CPU_BUDGET, "event_cost_ns": windows.EVENT_COST_S * 1e9,
+                           "period_s": windows.PERIOD_S}}
+        lines = [{"type": "stats", "data": {"@windows": data}}]
+        maps: dict[str, dict[str, int]] = {}
+        for m, name in (("udp_drops", "@udp_drops"), ("udp_queue_fail", "@udp_queue_fail")):
+            for key, per_cpu in self.prog.entries(m):
+                a, b = struct.unpack_from("<iI", key)
+                maps.setdefault(name, {})[f"{a},{b}"] = sum(struct.unpack_from("<Q", v)[0] for v in per_cpu)
+        owners = {struct.unpack_from("<I", k)[0]: struct.unpack_from("<I", v[0])[0]
+                  for k, v in self.prog.entries("port_owner")}
+        maps["@ports"] = {f"{pid},{port}": 1 for port, pid in sorted(owners.items())}
+        lines += [{"type": "map", "data": {name: m}} for name, m in sorted(maps.items())]
+        hists: dict[str, dict[str, list[dict[str, int]]]] = {f"@{n}": {} for n in self.hists.fields}
+        for key, per_cpu in self.prog.entries("hists"):
+            (t,) = struct.unpack_from("<I", key)
+            if t >= len(self.pids):
+                continue
+            for name in self.hists.fields:
+                counts = [0] * self.hists.fields[name].count
+                for v in per_cpu:
+                    counts = [c + x for c, x in zip(counts, self.hists.field(name).decode(v))]
+                width, last = int(self.steps[name]), len(counts) - 1
+                buckets = [{"min": b * width, "max": (b + 1) * width - 1 if b < last else b * width, "count": c}
+                           for b, c in enumerate(counts) if c]
+                if buckets:
+                    hists[f"@{name}"][str(self.pids[t])] = buckets
+        lines += [{"type": "hist", "data": {name: h}} for name, h in hists.items()]
+        for obj in lines:
+            self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    # -- the windows
+
+    def _sleep_until(self, t: float, wake: int) -> None:
+        while not self.stop:
+            left = t - time.monotonic()
+            if left <= 0:
+                return
+            select.select([wake], [], [], left)  # a signal writes to `wake`: stop at once
+            try:
+                os.read(wake, 4096)
+            except BlockingIOError:
+                pass
+
+    def run(self, wake: int) -> None:
+        """Windows until told to stop. A period's statistics are committed when the next window
+        opens (the period is over then), or at the stop, which extends the last period to it."""
+        prog = self.prog
+        prog.attach(n for n in prog.programs if n not in HOT)
+        self.watch_ports()
+        prog.attach(HOT)
+        opened, mib_a = self.flip_gate(1)
+        self.mib_start = mib_a
+        self.out.write(READY + "\n")
+        self.out.flush()
+        t0 = start = opened  # the period's start; the open window's start
+        P = windows.period_length(0.0)
+        counting, w = True, P  # the first period is counted whole
+        pending: Window | None = None
+        next_print = start + PRINT_S
+
+        def commit(end: float, end_mib: Mib) -> None:
+            nonlocal pending
+            if pending is not None:
+                period = max(end - pending.start, pending.length)
+                self.stats.add_window(period, period if pending.full else pending.length, pending.groups,
+                                      pending.aux)
+                self.mib_frame_end = end_mib
+                pending = None
+
+        while not self.stop:
+            mib_s = self.mibs()
+            if w >= P:  # the window is the whole period
+                if not counting:
+                    prog.attach(HOT)
+                    opened, mib_a = self.flip_gate(1)
+                    counting = True
+                commit(start, mib_s)
+                self._sleep_until(start + P, wake)
+            else:
+                self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
+                if self.stop:
+                    break
+                prog.attach(HOT)
+                commit(start, mib_s)
+                opened, mib_a = self.flip_gate(1)
+                counting = True
+                self._sleep_until(opened + w, wake)
+            # the window ends: decide the next one before closing, so nothing is counted in between
+            runs = self.hook_runs()
+            now = time.monotonic()
+            P_next = windows.period_length(now - t0)
+            w_next = windows.window_length(runs, now - opened, P_next)
+            if w < P or w_next < P_next or self.stop:
+                closed, mib_b = self.flip_gate(0)
+                counting = False
+            else:
+                closed, mib_b = time.monotonic(), self.mibs()
+            pending = Window(start, w >= P, closed - opened, self.window_deltas(),
+                             {ns: (b[0] - mib_a.get(ns, b)[0], b[1] - mib_a.get(ns, b)[1]) for ns, b in mib_b.items()})
+            nxt = max(start + P, time.monotonic())
+            opened, mib_a, w, P = closed, mib_b, w_next, P_next
+            if not counting:
+                prog.detach(HOT)
+            if self.stop:
+                break
+            self._sleep_until(nxt, wake)
+            start = nxt
+            if time.monotonic() >= next_print:
+                next_print = max(next_print + PRINT_S, time.monotonic())
+                self.watch_ports()
+                self.snapshot()
+        # stopping: the last window was closed above (or never opened); its period ends now
+        self._gate.value = 0
+        prog.detach(HOT)
+        end_mib = self.mibs()
+        commit(time.monotonic(), end_mib)
+        self.mib_frame_end = end_mib
+        self.snapshot(final=True)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m qprof.probes.packetio.sampler OBJECT CONFIG_JSON", file=sys.stderr)
+        return 2
+    try:
+        config = json.loads(argv[1])
+    except ValueError:
+        print("qprof: error: CONFIG_JSON is not JSON", file=sys.stderr)
+        return 2
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    stop = Stop()
+
+    def on_signal(_s: int, _f: object) -> None:
+        stop.requested = True
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+    try:
+        sampler = Sampler(Path(argv[0]), config, sys.stdout, stop)
+        if not stop.requested:
+            sampler.run(r)
+    except (Unavailable, layouts.LayoutError, OSError) as e:
+        print(f"qprof: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

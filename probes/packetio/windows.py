@@ -1,0 +1,152 @@
+"""Sampling windows for the per-packet programs: how long each one is, and what is kept of it.
+
+Time is cut into periods (PERIOD_S). In each period the per-packet programs are
+counting during one window of length w placed at random in the period; w comes
+from the hook rate seen in the previous window so that the hooks' expected cost
+stays within a CPU budget. When the whole period fits the budget the window is
+the period: low-rate runs are counted exactly, high-rate ones sampled.
+
+Per window and per group (a process, or one thread of it) the counts y are
+kept as the window's expansion z = y / pi, pi = w / P (a stratified sample with
+one window per period: z estimates the period's total). What the estimator
+needs later (attribution.sampling) is accumulated here, not the windows:
+  sum  = sum of z           (Horvitz-Thompson total of each series)
+  counted = sum of y        (what was actually counted: a hard lower bound)
+  seen = windows with y > 0 (a series seen in few windows has no usable variance estimate)
+  q    = sum of h_k (z_k - z_{k-1})(z_k - z_{k-1})^T, h_k = 1 - (pi_k + pi_{k-1}) / 2
+         (successive differences: the variance of a stratified sample with one unit per
+         stratum; h_k makes fully counted periods contribute no variance)
+The series are the group's counters followed by the kernel's UDP counters of its
+network namespace read around the same window (InDatagrams, OutDatagrams): the
+ratio of the two is what lets the estimator scale to the kernel's exact totals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PERIOD_S = 0.2  # one window per period; 5 windows a second once a run is long enough
+FIRST_PERIOD_S = 0.1  # shorter periods for the first seconds: a run of a second still gets ~10 windows
+# Attaching and detaching the four hooks costs the loader ~1.4 ms of CPU here (and waits ~10 ms for
+# RCU grace periods as the tracepoints' static keys flip): 0.7% of a CPU at 5 windows a second.
+MIN_WINDOW_S = 0.002
+# Hook runs the windows may cost, all tasks together: CPU_BUDGET of one CPU at EVENT_COST_S a run.
+# EVENT_COST_S is what one hook run cost a target on qprof's 2-vCPU test VM (bench/probe_overhead.py
+# --events: tracepoint dispatch with the CPU's mitigations ~80 ns, the program ~40 ns); other hosts
+# are cheaper, so there the budget buys less CPU than it says.
+CPU_BUDGET = 0.005
+EVENT_COST_S = 120e-9
+AUX = ("mib_in", "mib_out")
+
+
+def period_length(elapsed_s: float) -> float:
+    """Periods start short and grow to PERIOD_S: the variance estimate needs many periods, and
+    each sampled one costs an attach and a detach of the hooks."""
+    return min(PERIOD_S, max(FIRST_PERIOD_S, elapsed_s / 10))
+
+
+def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
+                  budget_events_s: float = CPU_BUDGET / EVENT_COST_S, min_window_s: float = MIN_WINDOW_S) -> float:
+    """The next window's length from the hook runs counted in the last window (all tasks):
+    the whole period when that rate fits the budget, else the budget's share of it."""
+    if counted_s <= 0 or events <= 0:
+        return period_s
+    rate = events / counted_s
+    if rate <= budget_events_s:
+        return period_s
+    return min(period_s, max(min_window_s, period_s * budget_events_s / rate))
+
+
+def tri_index(i: int, j: int, n: int) -> int:
+    """Position of (i, j), i <= j, in the row-major upper triangle of an n x n matrix."""
+    return i * n - i * (i - 1) // 2 + (j - i)
+
+
+@dataclass
+class GroupStats:
+    """What is kept of one group's windows (see the module docstring)."""
+
+    netns: str
+    n: int  # series: counters + AUX
+    sum: list[float] = field(default_factory=list)
+    counted: list[float] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
+    q: list[float] = field(default_factory=list)
+    prev: list[float] | None = None  # z of the last window
+
+    def __post_init__(self) -> None:
+        self.sum = self.sum or [0.0] * self.n
+        self.counted = self.counted or [0] * self.n
+        self.seen = self.seen or [0] * self.n
+        self.q = self.q or [0.0] * (self.n * (self.n + 1) // 2)
+
+    def add(self, y: list[float], pi: float, h: float, prev_aux: list[float] | None) -> None:
+        z = [v / pi for v in y]
+        for i, v in enumerate(y):
+            self.sum[i] += z[i]
+            self.counted[i] += v
+            self.seen[i] += v > 0
+        # a group seen for the first time had no counts in the window before, but its
+        # namespace's counters did: the difference starts from there
+        prev = self.prev if self.prev is not None else \
+            ([0.0] * (self.n - len(AUX)) + list(prev_aux) if prev_aux is not None else None)
+        if prev is not None and h > 0:
+            d = [a - b for a, b in zip(z, prev)]
+            n = self.n
+            for i in range(n):
+                if d[i] == 0:
+                    continue
+                base = tri_index(i, i, n)
+                for j in range(i, n):
+                    self.q[base + j - i] += h * d[i] * d[j]
+        self.prev = z
+
+    def to_json(self) -> dict[str, object]:
+        return {"netns": self.netns, "sum": [round(v, 3) for v in self.sum],
+                "counted": [round(v, 3) for v in self.counted], "seen": self.seen,
+                "q": self.q}  # full precision: the regression's variance is a difference of large terms
+
+
+class WindowStats:
+    """All groups' statistics over the windows so far, plus the frame they were drawn from."""
+
+    def __init__(self, counters: tuple[str, ...]) -> None:
+        self.series = tuple(counters) + AUX
+        self.groups: dict[str, GroupStats] = {}
+        self.periods = 0
+        self.full_periods = 0
+        self.span_s = 0.0  # the periods' total length
+        self.counted_s = 0.0  # the windows' total length
+        self.expansion = 0.0  # sum of 1/pi over partial windows: what one event at each edge weighs
+        self._prev_pi: float | None = None
+        self._prev_aux: dict[str, list[float]] = {}  # netns -> z of its counters in the last window
+
+    def add_window(self, period_s: float, window_s: float, counts: dict[str, tuple[str, list[int]]],
+                   aux: dict[str, tuple[float, float]]) -> None:
+        """One period: its length, its window's, each group's (netns, counter deltas) in the window,
+        and each namespace's (InDatagrams, OutDatagrams) deltas in the window. Groups seen before
+        but silent in this window count zeros."""
+        pi = min(1.0, window_s / period_s) if period_s > 0 else 1.0
+        h = 0.0 if self._prev_pi is None else 1.0 - (pi + self._prev_pi) / 2
+        ncounters = len(self.series) - len(AUX)
+        for key, (netns, y) in counts.items():
+            if key not in self.groups:
+                self.groups[key] = GroupStats(netns, len(self.series))
+        for key, g in self.groups.items():
+            y = list(counts[key][1]) if key in counts else [0] * ncounters
+            a = aux.get(g.netns, (0, 0))
+            g.add(y + [a[0], a[1]], pi, h, self._prev_aux.get(g.netns))
+        self._prev_aux = {ns: [a[0] / pi, a[1] / pi] for ns, a in aux.items()}
+        self._prev_pi = pi
+        self.periods += 1
+        self.full_periods += pi >= 1.0
+        self.span_s += period_s
+        self.counted_s += window_s
+        if pi < 1.0:
+            self.expansion += 1.0 / pi
+
+    def to_json(self) -> dict[str, object]:
+        return {"series": list(self.series), "periods": self.periods, "full_periods": self.full_periods,
+                "span_s": round(self.span_s, 6), "counted_s": round(self.counted_s, 6),
+                "expansion": round(self.expansion, 3),
+                "groups": {k: g.to_json() for k, g in self.groups.items()}}

@@ -1,0 +1,171 @@
+"""The sampling windows and their estimator, as pure logic: window lengths, the statistics kept,
+exactness when every period is counted whole, and the coverage of the 95% intervals on simulated
+traffic (the real-kernel counterpart is tests/test_probes.py::test_sampled_counts_hold_the_truth)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from qprof.attribution.sampling import Estimate, GroupSample, t975
+from qprof.probes.packetio import windows
+from qprof.probes.packetio.record import PacketioRecord, Windows
+
+SERIES = ("tx_msgs", "tx_bytes")
+
+
+def test_window_is_the_whole_period_while_the_hooks_fit_the_budget() -> None:
+    budget = windows.CPU_BUDGET / windows.EVENT_COST_S
+    assert windows.window_length(0, 0.2) == windows.PERIOD_S
+    assert windows.window_length(int(budget * 0.2), 0.2) == windows.PERIOD_S
+    # ten times the budget's rate: a tenth of the period
+    assert windows.window_length(int(budget * 2), 0.2) == pytest.approx(windows.PERIOD_S / 10, rel=1e-3)
+    assert windows.window_length(10**12, 0.2) == windows.MIN_WINDOW_S
+
+
+@given(st.integers(0, 10**9), st.integers(0, 10**9))
+@settings(max_examples=examples(200))
+def test_window_never_grows_with_the_rate(a: int, b: int) -> None:
+    lo, hi = sorted((a, b))
+    assert windows.MIN_WINDOW_S <= windows.window_length(hi, 0.1) <= windows.window_length(lo, 0.1) <= windows.PERIOD_S
+
+
+def test_periods_start_short_and_grow() -> None:
+    assert windows.period_length(0) == windows.FIRST_PERIOD_S
+    assert windows.period_length(1.5) == pytest.approx(0.15)
+    assert windows.period_length(3600) == windows.PERIOD_S
+
+
+def test_triangle_index_covers_the_matrix_once() -> None:
+    n = 7
+    seen = sorted(windows.tri_index(i, j, n) for i in range(n) for j in range(i, n))
+    assert seen == list(range(n * (n + 1) // 2))
+
+
+def _sample(stats: windows.WindowStats, key: str, totals: dict[str, float], expansion: float = 0.0) -> GroupSample:
+    g = stats.groups[key]
+    return GroupSample(stats.series, g.sum, g.counted, g.seen, g.q, stats.periods, stats.full_periods,
+                       {"tx_msgs": "mib_out", "tx_bytes": "mib_out"}, totals, expansion)
+
+
+def test_whole_periods_are_exact() -> None:
+    stats = windows.WindowStats(SERIES)
+    truth = 0
+    for k in range(20):
+        y = [10 + k, 1200 * (10 + k)]
+        truth += y[0]
+        stats.add_window(0.2, 0.2, {"1": ("ns", y)}, {"ns": (0.0, float(y[0] + 3))})
+    est = _sample(stats, "1", {"mib_out": float(truth + 60)}).total("tx_msgs")
+    assert est.exact and est.value == truth and est.holds(truth) and not est.holds(truth + 1)
+
+
+def test_a_process_never_seen_in_a_window_gets_only_what_is_certain() -> None:
+    stats = windows.WindowStats(SERIES)
+    for _ in range(30):
+        stats.add_window(0.2, 0.01, {"1": ("ns", [0, 0])}, {"ns": (0.0, 50.0)})
+    s = _sample(stats, "1", {"mib_out": 30000.0})
+    est = s.estimate(lambda t: t["tx_msgs"], floor=0.0, ceiling=30000.0)
+    assert est is not None and not est.exact and (est.low, est.high) == (0.0, 30000.0)
+    assert est.holds(3000) and not est.holds(30001)
+
+
+def _simulate(rng: np.random.Generator, other_share: float, periods: int = 40, bins_per_period: int = 200,
+              duty: float = 0.05) -> tuple[int, GroupSample, float]:
+    """A target's messages and another process's in 1 ms bins, a rate that drifts and bursts; one
+    window per period at a uniform random place, as the sampler draws them. Returns (truth, sample,
+    namespace total)."""
+    n = periods * bins_per_period
+    rate = 40 * np.exp(np.cumsum(rng.normal(0, 0.02, n)))  # slow drift
+    rate *= np.where(rng.random(n) < 0.01, 5.0, 1.0)  # bursts
+    target = rng.poisson(rate)
+    other = rng.poisson(rate * other_share / max(1e-9, 1 - other_share)) if other_share else np.zeros(n, int)
+    stats = windows.WindowStats(SERIES)
+    w = max(1, int(bins_per_period * duty))
+    for k in range(periods):
+        start = k * bins_per_period + int(rng.integers(0, bins_per_period - w + 1))
+        y = int(target[start:start + w].sum())
+        x = float(y + other[start:start + w].sum())
+        stats.add_window(bins_per_period, w, {"1": ("ns", [y, 1200 * y])}, {"ns": (0.0, x)})
+    total = float(target.sum() + other.sum())
+    return int(target.sum()), _sample(stats, "1", {"mib_out": total}), total
+
+
+@pytest.mark.parametrize("other_share", [0.2, 0.5, 0.9])
+def test_intervals_hold_the_truth_95_percent_of_the_time(other_share: float) -> None:
+    """Coverage over 400 simulated runs: the 95% intervals hold the truth in 90-99.5% of them. A
+    binomial 95% has sd 1.1 pp at n=400; bursty traffic and a variance estimated from 40 periods
+    (fewer effective degrees of freedom than the t quantile assumes) hold it ~92-93% here, with the
+    estimated sd matching the true one in rms. Seeded: the same runs every time."""
+    rng = np.random.default_rng(20261123)
+    held, widths = 0, []
+    for _ in range(400):
+        truth, sample, _ = _simulate(rng, other_share)
+        est = sample.total("tx_msgs")
+        held += est.holds(truth)
+        widths.append(est.relative_half_width() or 0.0)
+    print(f"other traffic {other_share:.0%}: {held}/400 held, median half-width {np.median(widths):.2%}")
+    assert 0.90 <= held / 400 <= 0.995
+
+
+def test_a_target_alone_in_its_namespace_is_counted_by_the_kernel() -> None:
+    """Its messages are its namespace's: the regression on the kernel's exact total recovers it."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        truth, sample, total = _simulate(rng, 0.0)
+        est = sample.total("tx_msgs")
+        assert est.value == pytest.approx(truth) and est.holds(truth) and (est.relative_half_width() or 0) < 1e-6
+
+
+def test_the_kernel_counter_narrows_the_interval_as_the_target_dominates() -> None:
+    rng = np.random.default_rng(7)
+    mostly = np.median([_simulate(rng, 0.2)[1].total("tx_msgs").relative_half_width() for _ in range(50)])
+    crowded = np.median([_simulate(rng, 0.9)[1].total("tx_msgs").relative_half_width() for _ in range(50)])
+    assert mostly < crowded * 0.75
+
+
+def test_ratio_of_totals_gets_an_interval_from_the_delta_method() -> None:
+    rng = np.random.default_rng(11)
+    truth, sample, _ = _simulate(rng, 0.5)
+    est = sample.estimate(lambda t: t["tx_bytes"] / t["tx_msgs"] if t["tx_msgs"] else None)
+    assert est is not None and est.value == pytest.approx(1200) and est.low is not None and est.high is not None
+    assert est.low <= 1200 <= est.high
+
+
+def test_edge_term_widens_every_sampled_interval() -> None:
+    rng = np.random.default_rng(3)
+    _, sample, _ = _simulate(rng, 0.0)
+    plain = sample.total("tx_msgs")
+    edged = GroupSample(sample.series, sample.sum, sample.counted, sample.seen, sample.q, sample.periods,
+                        sample.full_periods, sample.aux_of, sample.aux_total, expansion=800.0).total("tx_msgs")
+    assert edged.value == plain.value and edged.high - plain.high == pytest.approx(800.0, rel=0.01)
+
+
+def test_t_quantiles() -> None:
+    assert t975(1) == pytest.approx(12.706) and t975(10) == pytest.approx(2.228) and t975(1000) == 1.96
+    assert all(t975(d) > t975(d + 1) for d in range(1, 30))
+
+
+def test_estimate_json_shapes() -> None:
+    assert Estimate.of(3.0).interval() == [3.0, 3.0]
+    assert Estimate(3.0, 1.0, None, False).interval() == [1.0, None]
+    assert Estimate(3.0, None, None, False).interval() is None and not Estimate(3.0, None, None, False).holds(3.0)
+    assert math.isclose(Estimate(10.0, 9.0, 11.0, False).relative_half_width() or 0, 0.1)
+
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                       lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                       max_leaves=20)
+
+
+@given(st.dictionaries(st.sampled_from(["series", "periods", "full_periods", "groups", "netns", "events", "budget",
+                                        "span_s", "counted_s", "expansion", "x"]), JSONISH))
+@settings(max_examples=examples(300))
+def test_damaged_windows_never_raise(obj: dict) -> None:
+    w = Windows.from_json(obj)
+    assert w is None or isinstance(w, Windows)
+    PacketioRecord.from_maps({"@windows": obj, "@udp_drops": obj, "@ports": obj, "@tx_gso_segs": obj})
