@@ -9,3 +9,15 @@ IO = "I/O"
 UNCATEGORIZED = "Uncategorized"
 
 CATEGORIES: tuple[str, ...] = (PACKET_IO, CRYPTO, CONNECTION, IO, UNCATEGORIZED)
+
+# Named parts of Uncategorized that the code itself relies on (the mapping files use the same words).
+PROBE_COST = "eBPF probes"  # samples inside probe handlers (qprof's own or other tools')
+SKID = "interrupt skid"  # samples that landed where interrupts came back on (attribution.skid)
+APPLICATION = "application"  # the target's own code, also when a library calls it back
+RUNTIME = "runtime: "  # prefix of language-runtime overhead: "runtime: go scheduler", "runtime: tokio"...
+
+
+def is_named_other(subcategory: str | None) -> bool:
+    """Uncategorized time that is known, but is neither QUIC work nor the interrupt skid qprof could
+    not place: the application's own code and language-runtime overhead."""
+    return subcategory is not None and (subcategory == APPLICATION or subcategory.startswith(RUNTIME))

@@ -44,9 +44,10 @@ UNDECIDED = Decision(UNCATEGORIZED, None, None, None)
 class Classifier:
     """Classifies stacks with an ordered rule list (highest precedence first)."""
 
-    def __init__(self, files: Sequence[MappingFile]) -> None:
+    def __init__(self, files: Sequence[MappingFile], last: Sequence[Rule] = ()) -> None:
+        """`last`: rules after every file's (attribution.application: the process's own code)."""
         self.files = list(files)
-        self.rules: list[Rule] = [r for f in self.files for r in f.rules]
+        self.rules: list[Rule] = [r for f in self.files for r in f.rules] + list(last)
         self._cand: dict[Frame, tuple[Rule, ...]] = {}
         self._within: dict[tuple[int, str], bool] = {}
 
@@ -69,29 +70,34 @@ class Classifier:
             got = self._within[key] = pattern.search(sym) is not None
         return got
 
+    def context(self, rule: Rule, frames: Sequence[Frame]) -> int:
+        """Index of the rootmost frame satisfying `rule.within` (-1: none). A kernel rule's context is
+        kernel frames only: a user function that happens to be called `ep_poll` must not turn its
+        callees into polling."""
+        pat = rule.within
+        assert pat is not None
+        for k in range(len(frames) - 1, -1, -1):
+            if (rule.kernel is None or is_kernel_dso(frames[k][1]) == rule.kernel) and \
+                    self._within_match(pat, frames[k][0]):
+                return k
+        return -1
+
     def classify(self, frames: Sequence[Frame]) -> Decision:
         tag: str | None = None
         rootmost: dict[tuple[int, bool | None], int] = {}  # (pattern, kernel) -> rootmost match
 
         def within(rule: Rule, i: int) -> bool:
-            # A kernel rule's context is kernel frames only: a user function that
-            # happens to be called `ep_poll` must not turn its callees into polling.
-            pat = rule.within
-            assert pat is not None
-            key = (id(pat), rule.kernel)
+            assert rule.within is not None
+            key = (id(rule.within), rule.kernel)
             j = rootmost.get(key)
             if j is None:
-                j = -1
-                for k in range(len(frames) - 1, -1, -1):
-                    if (rule.kernel is None or is_kernel_dso(frames[k][1]) == rule.kernel) and \
-                            self._within_match(pat, frames[k][0]):
-                        j = k
-                        break
-                rootmost[key] = j
+                j = rootmost[key] = self.context(rule, frames)
             return j >= i
 
         for i, frame in enumerate(frames):
             for rule in self._candidates(frame):
+                if rule.leaf and i > 0:
+                    continue
                 if rule.within is not None and not within(rule, i):
                     continue
                 if rule.transparent:
@@ -99,5 +105,7 @@ class Classifier:
                 if rule.category is None:  # a tag: keep the leaf-most one, let callers decide
                     tag = tag or rule.subcategory
                     break
-                return Decision(rule.category, tag or rule.subcategory, rule, i)
+                # in Uncategorized the subcategory is all that says what the time is: the rule names it
+                sub = (rule.subcategory or tag) if rule.category == UNCATEGORIZED else (tag or rule.subcategory)
+                return Decision(rule.category, sub, rule, i)
         return Decision(UNCATEGORIZED, tag, None, None) if tag else UNDECIDED

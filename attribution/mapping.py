@@ -17,6 +17,7 @@ A file is a `[mapping]` header and an ordered list of `[[rule]]` tables:
     dso = 'libngtcp2\\.so'     # regex, searched in the frame's object path
     kernel = true              # frame is in the kernel (or, false, in user space)
     within = '^udp_sendmsg$'   # this frame or one of its callers has a matching symbol
+    leaf = true                # only as the sample's leaf (where it was taken), never as a caller
     category = "Connection Mgmt"
     subcategory = "ack processing"
 
@@ -49,7 +50,7 @@ from qprof.readlimits import read_text
 KINDS = ("common", "library", "stack", "user")
 # Precedence when rules of several files could match a frame: first wins.
 _KIND_ORDER = {"user": 0, "stack": 1, "library": 2, "common": 3}
-_RULE_KEYS = {"symbol", "dso", "kernel", "within", "category", "subcategory", "transparent", "note"}
+_RULE_KEYS = {"symbol", "dso", "kernel", "within", "leaf", "category", "subcategory", "transparent", "note"}
 _HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
 _DETECT_KEYS = {"dso", "symbol"}
 MAX_PATTERN = 2000
@@ -71,6 +72,7 @@ class Rule:
     category: str | None
     subcategory: str | None
     transparent: bool
+    leaf: bool = False  # matches only the sample's leaf frame (where the sample was taken)
 
 
 @dataclass
@@ -215,6 +217,9 @@ def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
     kernel = r.get("kernel")
     if kernel is not None and not isinstance(kernel, bool):
         raise MappingError(f"{at('kernel')}: `kernel` must be true or false")
+    leaf = r.get("leaf", False)
+    if not isinstance(leaf, bool):
+        raise MappingError(f"{at('leaf')}: `leaf` must be true or false")
     if symbol is None and dso is None and within is None and kernel is None:
         raise MappingError(f"{where}: rule matches everything: give `symbol`, `dso`, `kernel` or `within`")
     category, sub = r.get("category"), r.get("subcategory")
@@ -230,7 +235,7 @@ def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
         raise MappingError(f"{where}: a transparent rule cannot also set a category or subcategory")
     if not transparent and category is None and sub is None:
         raise MappingError(f"{where}: rule has no outcome: set `category`, `subcategory` or `transparent = true`")
-    return Rule(where, mapping, symbol, dso, kernel, within, category, sub, transparent)
+    return Rule(where, mapping, symbol, dso, kernel, within, category, sub, transparent, leaf)
 
 
 def load_file(path: str | os.PathLike[str], default_kind: str = "user") -> MappingFile:

@@ -12,9 +12,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.application import application_rule
+from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
+from qprof.attribution.skid import SkidSplitter
 from qprof.collectors.archive import Run
 from qprof.collectors.stacks import StackRecord
 
@@ -24,7 +26,7 @@ Visitor = Callable[[StackRecord, Decision], None]
 
 NS_EVENTS = ("cpu-clock", "task-clock")
 # where the mappings put probe frames (mappings/common.toml), and the share past which the report warns
-PROBES = ("Uncategorized", "eBPF probes")
+PROBES = (UNCATEGORIZED, PROBE_COST)
 PROBE_SHARE_LIMIT = 0.02
 # Batching system calls, as their kernel entry points show in samples: evidence that a process uses
 # sendmmsg/recvmmsg even when the opt-in syscall probes (which count calls) are off.
@@ -80,6 +82,8 @@ class ProcessProfile:
     mmsg_seen: set[str] = field(default_factory=set)  # "sendmmsg"/"recvmmsg" kernel entry points in its stacks
     proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
     cpu_note: str | None = None  # why sampled CPU falls short of /proc's, when it does beyond chance
+    skid: dict[str, Any] = field(default_factory=dict)  # interrupt skid per vector (attribution.skid)
+    application: str | None = None  # what names the process's own code (attribution.application)
 
     @property
     def probe_share(self) -> float:
@@ -166,19 +170,20 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     for pid in sorted(set(dsos) | set(targets)):
         chosen = mappings.for_process(dsos[pid], syms[pid], stack)
         files = [f for f, _ in chosen]
-        key = tuple(f.path for f in files)
-        clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files))
-        per_pid_classifier[pid] = clf
         t = targets.get(pid, {})
+        app = application_rule(t, (f.name for f in files), syms[pid])
+        key = (*(f.path for f in files), app.source if app else "")
+        clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files, [app] if app else []))
+        per_pid_classifier[pid] = clf
         procs[pid] = ProcessProfile(pid, t.get("comm", "?"), t.get("role"),
                                     mappings=[f.describe(why) for f, why in chosen],
-                                    mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]})
-    # Pass 2: classify and aggregate.
-    for rec in run.stacks():
+                                    mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
+                                    application=app.source if app else None)
+    # Pass 2: classify and aggregate; interrupt skid waits for every sample of what interrupts ran.
+    skid = SkidSplitter()
+
+    def add(rec: StackRecord, d: Decision) -> None:
         proc = procs[rec.pid]
-        if proc.comm == "?":
-            proc.comm = rec.comm
-        d = per_pid_classifier[rec.pid].classify(rec.frames)
         if visit is not None:
             visit(rec, d)
         leaf = rec.frames[0] if rec.frames else ("[no stack]", "[unknown]")
@@ -188,6 +193,19 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         th.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
         if d.rule is not None and d.rule.symbol is None and d.rule.within is None and d.rule.dso is not None:
             proc.decided_by_dso_only += rec.period
+
+    for rec in run.stacks():
+        proc = procs[rec.pid]
+        if proc.comm == "?":
+            proc.comm = rec.comm
+        clf = per_pid_classifier[rec.pid]
+        d = clf.classify(rec.frames)
+        if not skid.offer(clf, rec, d):
+            add(rec, d)
+    for rec, d in skid.resolve():
+        add(rec, d)
+    for p in procs.values():
+        p.skid = skid.summary(p.pid, p.breakdown.period)
     spp = _seconds_per_period(meta)
     freq = meta.get("sampling", {}).get("frequency") or 1
     sampled, empty = [], []

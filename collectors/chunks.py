@@ -170,7 +170,8 @@ class ChunkFolder:
         # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
         background = threading.current_thread() is not threading.main_thread()
         try:
-            part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None)
+            part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None,
+                                    group.get("windows"))
             for r in part:
                 add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted

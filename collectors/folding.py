@@ -37,6 +37,9 @@ from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 
 Window = tuple[int | None, int | None]  # (first, last) sample time in ns, both included; None: open
+# per pid (str), the windows in which a group's perf data holds that pid's samples: a target that exec'd
+# into an image unwound the other way moved to the other group then (collectors.session); absent: always
+PidWindows = dict[str, list[list[int | None]]]
 _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # fewer wake-ups than the default 64 KiB pipe
 
@@ -103,23 +106,41 @@ def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[Stack
     return records(acc), stats
 
 
+def _intersect(a: Window, b: list[int | None]) -> Window | None:
+    lo = max((x for x in (a[0], b[0]) if x is not None), default=None)
+    hi = min((x for x in (a[1], b[1]) if x is not None), default=None)
+    return None if lo is not None and hi is not None and lo > hi else (lo, hi)
+
+
+def file_specs(data: Path, log: Path, pids: list[int], jobs: int, windows: PidWindows | None = None
+               ) -> list[SliceSpec]:
+    """One perf data file's slices: every pid over every time slice, except a pid with windows (it
+    exec'd into an image unwound the other way), which is read only inside them."""
+    slices = time_slices(prepare(data, jobs, pids).cuts)
+    windows = windows or {}
+    free = [p for p in pids if str(p) not in windows]
+    specs = [SliceSpec(data, log, free, w) for w in slices] if free else []
+    for p in pids:
+        for pw in windows.get(str(p), []):
+            specs += [SliceSpec(data, log, [p], w) for s in slices for w in [_intersect(s, pw)] if w is not None]
+    return specs
+
+
 def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
     """The slices of every perf data file of a run, in time order within a file, files in group order."""
     specs = []
     for g in meta["sampling"]["groups"]:
         pids = [int(p) for p in g["pids"]]
         for data in archive.chunk_files(out, g["perf_data"], include_current=True):
-            for window in time_slices(prepare(data, jobs, pids).cuts):
-                specs.append(SliceSpec(data, out / f"perf-{g['unwind']}.log", pids, window))
+            specs += file_specs(data, out / f"perf-{g['unwind']}.log", pids, jobs, g.get("windows"))
     return specs
 
 
-def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None
-              ) -> tuple[list[StackRecord], ParseStats]:
+def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None,
+              windows: PidWindows | None = None) -> tuple[list[StackRecord], ParseStats]:
     """Fold one perf data file (a run's chunk: collectors.chunks) in `jobs` time slices at once."""
     jobs = default_jobs() if jobs is None else jobs
-    return merge(run_slices(perf, [SliceSpec(data, log, pids, w) for w in time_slices(prepare(data, jobs, pids).cuts)],
-                            jobs))
+    return merge(run_slices(perf, file_specs(data, log, pids, jobs, windows), jobs))
 
 
 def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None) -> ParseStats:

@@ -30,6 +30,7 @@ from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
 
 UNWIND_MODES = ("fp", "dwarf")
+SAMPLE_CLOCK = "CLOCK_MONOTONIC"  # perf record -k mono
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192
 
@@ -44,6 +45,9 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
         raise ValueError(unwind)
     events = [a for cg in cgroups for a in ("-e", event, "-G", cg)] if cgroups else ["-e", event]
     cmd = [perf, "record", *events, "-F", str(frequency),
+           # sample times on CLOCK_MONOTONIC: qprof marks when a target moved to another recorder
+           # (it exec'd: collectors.session) with the same clock
+           "-k", "mono",
            "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
            "-a", "-o", str(output),
            "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself

@@ -5,7 +5,11 @@ Order of events, each leaving the archive readable if qprof dies right there:
     meta.json with status "collecting" (targets, host, tools, unwinding plan)
  2. start one `perf record` per unwinding mode, enabled through its control FIFO
  3. poll: /proc readings every interval; stop on duration, on every target
-    having exited, on Ctrl-C/SIGTERM, or when the caller's condition says so
+    having exited, on Ctrl-C/SIGTERM, or when the caller's condition says so.
+    A target that exec'd (a wrapper such as `env`, `taskset` or a shell script
+    becoming the real program) is described again, and when its new image wants
+    the other unwinding mode its samples are read from then on from a recorder
+    in that mode (started if needed): follow_exec
  4. perf writes its data in chunks, folded into stacks.jsonl.gz in the
     background while sampling goes on (collectors.chunks); at the end, stop
     perf (SIGINT: it finishes its last chunk), fold what is left on every CPU
@@ -27,7 +31,7 @@ from typing import Any, Callable
 
 from qprof import __version__
 from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
-from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
+from qprof.collectors.perf import SAMPLE_CLOCK, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
@@ -250,7 +254,7 @@ class AttachSession:
             "qprof_version": __version__, "host": sysinfo.host_info(),
             "tools": {"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
             "kernel_features": kernel_features(),
-            "sampling": {"event": opts.event, "frequency": opts.frequency,
+            "sampling": {"event": opts.event, "frequency": opts.frequency, "clock": SAMPLE_CLOCK,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
                                     for m, p in groups.items()],
                          "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},
@@ -262,13 +266,9 @@ class AttachSession:
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
         self.probes.launch()
+        self._perf = perf
         for mode, pids in groups.items():
-            rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
-                               out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
-                               self._sampling_cgroups(pids), switch_output=opts.chunk_bytes)
-            self.recorders.append(rec)
-            self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
-            rec.start()
+            self._start_recorder(out, mode, pids)
         self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status)
         self.folder.start()
@@ -308,6 +308,69 @@ class AttachSession:
                              "the samples written until then")
         self._finish(out, archive.STATUS_COMPLETE, None)
 
+    def _start_recorder(self, out: Path, mode: str, pids: list[int]) -> PerfRecorder:
+        opts = self.opts
+        rec = PerfRecorder(self._perf, pids, mode, opts.frequency, opts.event,
+                           out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
+                           self._sampling_cgroups(pids), switch_output=opts.chunk_bytes)
+        self.recorders.append(rec)
+        self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
+        rec.start()
+        return rec
+
+    def follow_exec(self, out: Path, elapsed: float) -> None:
+        """Targets that exec'd since the last look: their identity, objects and unwinding are the
+        new image's. When the new image wants the other unwinding mode, its samples are taken from
+        a recorder in that mode from now on (started on first need; both sample every CPU), and
+        each group records the time window in which it holds the pid's samples."""
+        for t in self.meta["targets"]:
+            pid = t["pid"]
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except OSError:
+                continue  # gone, or a kernel thread
+            if exe.removesuffix(" (deleted)") == t.get("exe"):
+                continue  # the same image (its file replaced on disk is not an exec)
+            fresh = self._describe(pid)
+            if not fresh["exe"]:
+                continue
+            images = t.setdefault("images", [{"exe": t.get("exe"), "comm": t.get("comm", "?"),
+                                              "unwind": t.get("unwind"), "since_s": 0.0}])
+            t.update({k: fresh[k] for k in ("comm", "cmdline", "exe", "objects", "threads", "cgroup")})
+            info = elf.object_info(fresh["exe"])
+            mode, reason = choose_unwind(self.opts.unwind, info)
+            images.append({"exe": fresh["exe"], "comm": fresh["comm"], "unwind": mode, "since_s": round(elapsed, 3)})
+            self.status(f"pid {pid} exec'd {fresh['exe']} ({fresh['comm']})")
+            if mode != t.get("unwind"):
+                if self._move(out, pid, mode):
+                    t["unwind"], t["unwind_reason"] = mode, f"{reason} (after it exec'd {Path(fresh['exe']).name})"
+                else:
+                    images[-1]["unwind"] = t.get("unwind")
+                    t["unwind_reason"] = (f"{t.get('unwind_reason')}; kept after it exec'd {Path(fresh['exe']).name}"
+                                          f" (wanted {mode}: --scope cgroup cannot add it to a running recorder)")
+            archive.write_json_atomic(out / archive.META, self.meta)
+
+    def _move(self, out: Path, pid: int, new: str) -> bool:
+        """Read `pid`'s samples from the `new` mode's recorder from now on; False if it cannot be."""
+        groups = self.meta["sampling"]["groups"]
+        target = next((g for g in groups if g["unwind"] == new), None)
+        if target is None:
+            target = {"unwind": new, "pids": [], "perf_data": archive.perf_data_name(new)}
+            self._start_recorder(out, new, [pid])
+            groups.append(target)  # after its recorder runs: the folding thread may pick it up at once
+        elif self.cgroups is not None:
+            return False  # that recorder samples fixed cgroups, not this pid's
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the samples' clock (perf -k mono)
+        for g in groups:
+            if pid in g["pids"] and g is not target:
+                spans = g.setdefault("windows", {}).setdefault(str(pid), [[None, None]])
+                spans[-1][1] = now
+        spans = target.setdefault("windows", {}).setdefault(str(pid), [])
+        spans.append([now + 1, None])
+        if pid not in target["pids"]:
+            target["pids"].append(pid)
+        return True
+
     def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
         """perf -G names that keep sampling to `pids` in the kernel (--scope cgroup), or None for
         system-wide sampling. Recorded in meta.json's sampling.scope."""
@@ -344,6 +407,7 @@ class AttachSession:
             while True:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
+                    self.follow_exec(out, now - start)
                     reading = procfs.reading(opts.pids)
                     procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
                     procf.flush()

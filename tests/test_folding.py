@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import capture_ngtcp2, examples
 from qprof.collectors import perfdata
 from qprof.collectors.archive import Run
-from qprof.collectors.folding import SliceSpec, fold_run, merge, run_slices, run_specs, time_slices
+from qprof.collectors.folding import SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, time_slices
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfscript import ParseStats, Sample, parse_samples
 from qprof.collectors.stacks import fold, read_stacks
@@ -38,6 +38,18 @@ def test_time_slices_cover_every_timestamp_once(cuts: list[int], times: list[int
     for t in times + cuts + [c + 1 for c in cuts] + [0]:
         assert sum(_inside(t, w) for w in slices) == 1
     assert slices[0][0] is None and slices[-1][1] is None  # every sample counts, whatever the cuts
+
+
+@settings(max_examples=examples(300))
+@given(st.lists(st.integers(0, 10**6), max_size=6), st.integers(0, 10**6), st.lists(st.integers(0, 10**6), max_size=30))
+def test_a_pid_that_moved_groups_is_read_once(cuts: list[int], moved: int, times: list[int]) -> None:
+    """A target that exec'd into an image unwound the other way: the old group holds its samples
+    up to the move, the new one after it; every time falls in exactly one slice of one of them."""
+    old, new = [None, moved], [moved + 1, None]
+    for t in times + cuts + [moved, moved + 1, 0]:
+        hits = sum(_inside(t, w) for span in (old, new) for s in time_slices(cuts)
+                   for w in [_intersect(s, span)] if w is not None)
+        assert hits == 1, t
 
 
 _samples = st.lists(st.builds(Sample, st.integers(1, 3), st.integers(1, 3), st.sampled_from(["a", "b"]),

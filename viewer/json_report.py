@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 
@@ -40,6 +40,14 @@ def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
     }
 
 
+def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float:
+    """A report process's Uncategorized share that qprof could not place: without what it names as the
+    program's own code or its language runtime (and, with `probes_apart`, without probe handlers)."""
+    subs = process["subcategories"][UNCATEGORIZED]
+    named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s == PROBE_COST))
+    return float(process["categories"][UNCATEGORIZED]) - named
+
+
 def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
     profile = analysis.profile
     meta = profile.run.meta
@@ -53,7 +61,9 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         d["probe_share"] = _r(p.probe_share)
         d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT
         d["mmsg_seen"] = sorted(p.mmsg_seen)
+        d["interrupt_skid"] = p.skid
         d["mappings"] = p.mappings
+        d["application"] = p.application
         d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
                         for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
         procs.append(d)

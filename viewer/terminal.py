@@ -142,6 +142,20 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
             f"{_fmt(last.get('sndbuf'))} B, drops during run {d:,}")
 
 
+def _skid_note(p: ProcessProfile, say: "Callable[..., None]") -> None:
+    """Where samples that skidded to the end of an interrupt went, and how that was decided."""
+    sk = p.skid
+    if not sk.get("share"):
+        return
+    parts = []
+    for vec, v in sk["vectors"].items():
+        to = ", ".join(f"{c} {s:.1%}" for c, s in v["to"].items())
+        parts.append(f"{vec.removeprefix('asm_sysvec_')} {v['share']:.1%} -> {to} "
+                     f"(by {v['evidence_samples']} samples of its follow-up work)")
+    say(f"  interrupt skid: {sk['share']:.1%} of samples, {sk['attributed']:.1%} placed: " + "; ".join(parts))
+    say(f"    method: {sk['method']}", "dim")
+
+
 def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
     sq = pio.softirq
     if sq.get("total_s"):
@@ -216,6 +230,9 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
             "shown is what was collected", "yellow")
     for t in meta.get("targets", []):
         say(f"  pid {t['pid']} {t.get('comm')}: {t.get('unwind')} unwinding ({t.get('unwind_reason')})")
+        if len(t.get("images") or []) > 1:
+            say("    exec'd: " + " -> ".join(f"{i['comm']} ({i['exe']}, {i['unwind']}, from {i['since_s']:g} s)"
+                                            for i in t["images"]), "dim")
     if analysis.observer_cpu_s:
         say("  qprof's own helpers: " + ", ".join(f"{k} {v:.2f} CPU s" for k, v in analysis.observer_cpu_s.items())
             + " (not in the targets' samples)")
@@ -234,6 +251,7 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         if p.cpu_note:
             say(f"  note: {p.cpu_note}", "yellow")
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
+        _skid_note(p, say)
         console.print(_symbols_table(p, top))
         if len(p.threads) > 1:
             console.print(_threads_table(p, profile))

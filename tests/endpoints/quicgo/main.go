@@ -3,6 +3,11 @@
 //	quicgo server ADDR CERT KEY   serve until killed
 //	quicgo client ADDR BYTES      download BYTES, print "bytes=N seconds=S", exit 0
 //
+// With QPROF_BULK_WORK=PASSES the client does work of its own on what it
+// receives: it reads 256 KiB blocks and hashes each PASSES times
+// (main.checksum), timing that with its thread's CPU clock, and adds
+// "work_seconds=W cpu_seconds=T" (T: the whole process's CPU time) to its line.
+//
 // Protocol: the client opens one bidirectional stream and writes the byte
 // count (8 bytes, big-endian), then closes its send side; the server writes
 // that many bytes from a reused random buffer and closes the stream; the
@@ -18,8 +23,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strconv"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/quic-go/quic-go"
 )
@@ -90,7 +98,42 @@ func serve(conn *quic.Conn, buf []byte) {
 	<-conn.Context().Done()
 }
 
+// checksum is the client's own work on received data (QPROF_BULK_WORK).
+//
+//go:noinline
+func checksum(b []byte, passes int) uint64 {
+	h := uint64(14695981039346656037)
+	for p := 0; p < passes; p++ {
+		for i := 0; i+8 <= len(b); i += 8 {
+			x := binary.LittleEndian.Uint64(b[i:]) ^ h
+			x ^= x >> 29
+			x *= 0xbf58476d1ce4e5b9
+			h += x ^ (x >> 32)
+		}
+	}
+	return h
+}
+
+// threadCPU is this OS thread's CPU time (the goroutine is locked to it).
+func threadCPU() time.Duration {
+	var ts syscall.Timespec
+	syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3 /* CLOCK_THREAD_CPUTIME_ID */, uintptr(unsafe.Pointer(&ts)), 0)
+	return time.Duration(ts.Nano())
+}
+
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
 func client(addr string, want uint64) {
+	passes, _ := strconv.Atoi(os.Getenv("QPROF_BULK_WORK"))
+	if passes > 0 {
+		runtime.LockOSThread() // the work's CPU time is read from this thread's clock
+	}
 	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -110,9 +153,26 @@ func client(addr string, want uint64) {
 	}
 	str.Close()
 	buf := make([]byte, 1<<20)
+	if passes > 0 {
+		buf = buf[:256<<10] // whole blocks: two clock reads per 256 KiB of work
+	}
 	var got uint64
+	var work time.Duration
+	var sink uint64
 	for {
-		n, err := str.Read(buf)
+		var n int
+		var err error
+		if passes > 0 {
+			n, err = io.ReadFull(str, buf)
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				err = io.EOF
+			}
+			t0 := threadCPU()
+			sink += checksum(buf[:n], passes)
+			work += threadCPU() - t0
+		} else {
+			n, err = str.Read(buf)
+		}
 		got += uint64(n)
 		if errors.Is(err, io.EOF) {
 			break
@@ -125,6 +185,11 @@ func client(addr string, want uint64) {
 	conn.CloseWithError(0, "done")
 	if got != want {
 		fail("received %d bytes, expected %d", got, want)
+	}
+	if passes > 0 {
+		fmt.Printf("bytes=%d seconds=%.3f work_seconds=%.6f cpu_seconds=%.6f checksum=%x\n", got, secs,
+			work.Seconds(), processCPU(), sink)
+		return
 	}
 	fmt.Printf("bytes=%d seconds=%.3f\n", got, secs)
 }

@@ -12,6 +12,12 @@
 //! The client sends an 8-byte big-endian count; the server answers with that
 //! many bytes (slices of one reused buffer) and the stream's FIN. The client
 //! reads to the end, checks the count, prints `bytes=N seconds=S` and closes.
+//!
+//! With QPROF_BULK_WORK=PASSES the client does work of its own inside tquic's
+//! `on_stream_readable` callback: it reads the stream into 256 KiB blocks and
+//! hashes each full block PASSES times (`checksum`), timing that with its
+//! thread's CPU clock, and adds `work_seconds=W cpu_seconds=T` (T: the
+//! process's CPU time) to its line.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -288,11 +294,52 @@ struct ClientState {
     seconds: Option<f64>,
     closed: bool,
     error: Option<String>,
+    work_seconds: f64, // the client's own work (QPROF_BULK_WORK), by its thread's CPU clock
 }
 
 struct ClientHandler {
     state: Rc<RefCell<ClientState>>,
     buf: Vec<u8>, // reused for every read
+    work: Option<Work>,
+}
+
+/// The client's own work on what it receives (QPROF_BULK_WORK): whole blocks hashed PASSES times.
+struct Work {
+    passes: u32,
+    fill: usize,
+    sink: u64,
+}
+
+const WORK_BLOCK: usize = 256 << 10;
+
+#[inline(never)]
+fn checksum(b: &[u8], passes: u32) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for _ in 0..passes {
+        for w in b.chunks_exact(8) {
+            let mut x = u64::from_le_bytes(w.try_into().expect("8 bytes")) ^ h;
+            x ^= x >> 29;
+            x = x.wrapping_mul(0xbf58476d1ce4e5b9);
+            h = h.wrapping_add(x ^ (x >> 32));
+        }
+    }
+    h
+}
+
+fn cpu_seconds(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+impl Work {
+    /// Hash a block; returns the thread CPU time it took.
+    fn block(&mut self, b: &[u8]) -> f64 {
+        let t0 = cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID);
+        self.sink = self.sink.wrapping_add(std::hint::black_box(checksum(b, self.passes)));
+        self.fill = 0;
+        cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID) - t0
+    }
 }
 
 impl TransportHandler for ClientHandler {
@@ -311,8 +358,20 @@ impl TransportHandler for ClientHandler {
     fn on_stream_created(&mut self, _conn: &mut Connection, _sid: u64) {}
     fn on_stream_readable(&mut self, conn: &mut Connection, sid: u64) {
         let mut st = self.state.borrow_mut();
-        while let Ok((n, fin)) = conn.stream_read(sid, &mut self.buf) {
+        loop {
+            let res = match self.work.as_mut() {
+                Some(w) => conn.stream_read(sid, &mut self.buf[w.fill..WORK_BLOCK]),
+                None => conn.stream_read(sid, &mut self.buf),
+            };
+            let Ok((n, fin)) = res else { break };
             st.got += n as u64;
+            if let Some(w) = self.work.as_mut() {
+                w.fill += n;
+                if w.fill == WORK_BLOCK || fin {
+                    let filled = w.fill;
+                    st.work_seconds += w.block(&self.buf[..filled]);
+                }
+            }
             if fin {
                 st.seconds = st.start.map(|s| s.elapsed().as_secs_f64());
                 let _ = conn.close(true, 0, b"done");
@@ -337,8 +396,10 @@ fn client(addr: &str, bytes: &str) -> Res<()> {
     let sock = socket(bind)?;
     let local = sock.local_addr()?;
     let state = Rc::new(RefCell::new(ClientState { want, start: Some(Instant::now()), ..Default::default() }));
-    let mut ep = Endpoint::new(Box::new(config(tls)?), false, Box::new(ClientHandler { state: state.clone(), buf: vec![0u8; CHUNK] }),
-                               Rc::new(Sender(sock.clone())));
+    let passes: u32 = std::env::var("QPROF_BULK_WORK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let work = (passes > 0).then(|| Work { passes, fill: 0, sink: 0 });
+    let handler = ClientHandler { state: state.clone(), buf: vec![0u8; CHUNK], work };
+    let mut ep = Endpoint::new(Box::new(config(tls)?), false, Box::new(handler), Rc::new(Sender(sock.clone())));
     ep.connect(local, peer, Some("localhost"), None, None, None)?;
     // stop once the last byte arrived (the close frame went out with it) or the connection ended
     let st = state.clone();
@@ -359,6 +420,11 @@ fn client(addr: &str, bytes: &str) -> Res<()> {
     if s.got != want {
         return Err(format!("received {} bytes, expected {want}", s.got).into());
     }
-    println!("bytes={} seconds={secs:.3}", s.got);
+    if passes > 0 {
+        println!("bytes={} seconds={secs:.3} work_seconds={:.6} cpu_seconds={:.6}", s.got, s.work_seconds,
+                 cpu_seconds(libc::CLOCK_PROCESS_CPUTIME_ID));
+    } else {
+        println!("bytes={} seconds={secs:.3}", s.got);
+    }
     Ok(())
 }

@@ -1,0 +1,70 @@
+"""The application's own work in a stack's receive path is "application", not the library's.
+
+Each endpoint's client, with QPROF_BULK_WORK=PASSES, hashes what it receives
+PASSES times where the stack hands it data (quic-go: its read loop on the stream;
+tquic: inside `TransportHandler::on_stream_readable`; h3client, a C client on
+libngtcp2 and libnghttp3: inside nghttp3's `recv_data`, called from the
+`recv_stream_data` callback libngtcp2 calls), times that work itself (CPU
+clock of its thread, or the TSC inside a callback too short for two clock
+reads) and prints `work_seconds=W cpu_seconds=T` (T: the whole process's CPU
+time from getrusage). qprof's Uncategorized / application share of the client
+must be within 3 pp of W/T: the work is the client's own code, not the stack's
+Connection Mgmt. Around the work the client also runs glue code of its own
+(its event loop, clock reads for the stack: 0.1-2% of its CPU), which qprof
+rightly counts as application too: a first transfer without the work measures
+it, and the expected share is W/T plus that glue, scaled to the larger total.
+
+Sampling alone (probes none): the default probes' handlers would add their own
+share to the receiving client (issue 11 makes them cheaper).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import qprof
+from qprof.attribution.categories import APPLICATION, UNCATEGORIZED
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+# passes over each received byte: 12-20% of each client's CPU
+PASSES = {"quicgo": 2, "tquic": 1, "h3client": 1}
+# bytes per transfer: about 4000 samples of the client (a share's standard error ~0.6 pp)
+BYTES = {"quicgo": 1 << 30, "tquic": 1 << 30, "h3client": 2 << 30}
+TOLERANCE = 0.03
+
+
+def application_share(run: Path) -> tuple[dict, float]:
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    client = next(p for p in report["processes"] if p["role"] == "client")
+    return client, client["subcategories"][UNCATEGORIZED].get(APPLICATION, 0.0)
+
+
+@pytest.mark.parametrize("name", sorted(PASSES))
+def test_receive_path_work_is_application(name: str, kernel_facing: None, endpoint_build, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from endpoints.transfer import profile
+
+    built = endpoint_build(name)
+    monkeypatch.delenv("QPROF_BULK_WORK", raising=False)
+    base, _ = profile(built, BYTES[name], out=tmp_path / "base", unwind="auto", probes=())
+    _, glue = application_share(base)
+    monkeypatch.setenv("QPROF_BULK_WORK", str(PASSES[name]))
+    run, xfer = profile(built, BYTES[name], out=tmp_path / "run", unwind="auto", probes=())
+    m = re.search(r"work_seconds=([\d.]+) cpu_seconds=([\d.]+)", xfer.client_output)
+    assert m, f"the client did not report its work: {xfer.client_output!r}"
+    work = float(m[1]) / float(m[2])
+    client, app = application_share(run)
+    # the client's glue code stays (in CPU seconds) what it was without the work
+    expected = work + glue * (1 - work)
+    print(f"\n{name}: client work {work:.1%} of its CPU by its own clock, glue {glue:.1%} without work: "
+          f"expected application {expected:.1%}, qprof {app:.1%} ({client['samples']} samples); categories "
+          + ", ".join(f"{c} {v:.1%}" for c, v in client["categories"].items()))
+    assert work > 0.08, "the work is a measurable share"
+    assert abs(app - expected) <= TOLERANCE, (app, expected, client["top_symbols"][UNCATEGORIZED][:5])
+    top = [s["symbol"] for s in client["top_symbols"][UNCATEGORIZED][:2]]
+    assert any("checksum" in s for s in top), top
