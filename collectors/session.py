@@ -125,10 +125,12 @@ class AttachSession:
     """Collect one run; `run()` returns the archive path whatever ended the collection."""
 
     def __init__(self, opts: AttachOptions, *, on_ready: Callable[[], None] | None = None,
-                 stop_when: Callable[[], bool] | None = None,
+                 stop_when: Callable[[], bool | str | None] | None = None,
                  status: Callable[[str], None] | None = None,
                  on_tick: Callable[[LiveData], None] | None = None) -> None:
-        """`on_tick` gets the targets' raw live data about once a second while sampling."""
+        """`on_ready` runs once sampling and probes are live (release held targets there); `stop_when`
+        is asked every poll tick and ends the run when true (a string is the stop reason); `on_tick`
+        gets the targets' raw live data about once a second while sampling."""
         self.opts = opts
         self.on_tick = on_tick
         self.on_ready = on_ready
@@ -353,8 +355,8 @@ class AttachSession:
                     self._stop_reason = "duration reached"
                 elif not any(procfs.is_alive(p) for p in opts.pids):
                     self._stop_reason = "every target exited"
-                elif self.stop_when is not None and self.stop_when():
-                    self._stop_reason = "stop condition met"
+                elif self.stop_when is not None and (why := self.stop_when()):
+                    self._stop_reason = why if isinstance(why, str) else "stop condition met"
                 elif not any(r.running() for r in self.recorders):
                     self._stop_reason = "perf exited: " + self.recorders[0].log_tail()
                 else:
