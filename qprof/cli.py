@@ -237,8 +237,12 @@ def _print_summary(runs: list[Path]) -> None:
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded"]), default="text", show_default=True,
-              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded", "pprof"]), default="text",
+              show_default=True,
+              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope), "
+                   "pprof (gzipped protobuf for go tool pprof, Pyroscope, Parca: needs -o).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="With --format pprof: the file to write (e.g. profile.pb.gz).")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--top", type=int, default=5, show_default=True, help="Top symbols shown per category.")
@@ -247,11 +251,34 @@ def _print_summary(runs: list[Path]) -> None:
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
 @_guard
-def report(runs: tuple[Path, ...], fmt: str, mappings: tuple[str, ...], top: int, stack: str | None,
-           refold: bool) -> None:
+def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
+           stack: str | None, refold: bool) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
+    if (fmt == "pprof") != (out is not None):
+        raise QprofError("--format pprof writes a file: give -o FILE (e.g. -o profile.pb.gz); -o is only for pprof")
+    if fmt == "pprof":
+        _write_pprof(list(runs), out, list(mappings), refold, stack)
+        return
     print_report(list(runs), fmt, list(mappings), top, refold, stack)
+
+
+def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
+    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.output import output_format, write_atomic
+    from qprof.viewer.pprof import PprofCollector, pprof_bytes
+
+    if len(run_paths) != 1:
+        raise QprofError("--format pprof takes one run: give one run directory")
+    output_format(out, {".gz": "pprof", ".pb": "pprof", ".pprof": "pprof"})
+    seen = PprofCollector()
+    analysis = analyse_run(_open_run(run_paths[0], refold), MappingSet.load(mappings), stack, visit=seen)
+    data = pprof_bytes(analysis, seen)
+    write_atomic(out, data)
+    click.echo(str(out))
+    _stderr.print(f"qprof: pprof profile of {len(seen.seen):,} stacks written ({len(data):,} bytes)",
+                  markup=False, highlight=False)
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
