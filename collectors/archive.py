@@ -9,6 +9,7 @@ A run is a directory:
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
   probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
                    probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output
+  tcp.json         the targets' TCP sockets and their kernel byte counters (collectors.traffic)
 Mappings are not applied here: reports apply them later, on any machine.
 """
 
@@ -32,6 +33,7 @@ META = "meta.json"
 STACKS = "stacks.jsonl.gz"
 PROC = "proc.jsonl"
 PROBES = "probes.json"
+TCP = "tcp.json"
 
 # perf --switch-output names a finished chunk <perf data>.YYYYmmddHHMMSScc (collectors.chunks)
 _CHUNK_SUFFIX = re.compile(r"^\.\d{8,}$")
@@ -199,6 +201,18 @@ class Run:
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
+        return data
+
+    def tcp(self) -> dict[str, Any] | None:
+        """tcp.json (collectors.traffic), or None for a run without it."""
+        p = self.path / TCP
+        try:
+            data = schema.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise QprofError(f"{p}: unreadable TCP record ({e})") from None
+        schema.validate(data, schema.TCP, str(p))
         return data
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:

@@ -195,11 +195,24 @@ PROBES = Obj({
     "crypto": MapOf(Any),
 })
 
+_TCP_COUNTERS = Obj({"payload_sent": INT, "bytes_received": INT, "bytes_acked": INT, "bytes_sent": INT,
+                     "bytes_retrans": INT, "segs_out": INT, "segs_in": INT},
+                    required=("payload_sent", "bytes_received"))
+TCP = Obj({
+    "source": STR, "polls": INT, "namespaces": [STR], "errors": [STR], "lost_destroy_events": INT,
+    "unowned_closed": MapOf(INT),
+    "sockets": [Obj({"pid": INT, "cookie": INT, "family": INT, "local": STR, "peer": STR, "first": _TCP_COUNTERS,
+                     "last": _TCP_COUNTERS, "first_time": NUM, "last_time": NUM, "closed": BOOL},
+                    required=("pid", "first", "last"))],
+}, required=("sockets",))
+# cumulative bytes [sent, received] per target pid since the run started (collectors.traffic)
+_TRAFFIC = MapOf([NUM], numbered=True)
+
 # fields that readers index: a reading lacking one is damaged, and skipped
 _THREAD = ("tid", "comm", "utime_s", "stime_s")
 _CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
-    "t": NUM, "mono": NUM,
+    "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC,
     "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
                            "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT},
                           required=_THREAD)],

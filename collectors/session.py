@@ -31,6 +31,7 @@ from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
+from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
@@ -138,6 +139,8 @@ class AttachSession:
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
+        self.traffic: TrafficRecorder | None = None
+        self._probe_maps: dict[str, Any] = {}  # the probes' maps as last printed (read once a second)
         self.cgroups: SampleCgroups | None = None
         self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
@@ -196,6 +199,8 @@ class AttachSession:
             self.folder.abort()
         if self.probes is not None:
             self.probes.abort()
+        if self.traffic is not None:
+            self.traffic.close()
         for r in self.recorders:
             r.stop()
         if not self.meta:  # nothing collected yet: leave no half-made run directory
@@ -253,6 +258,8 @@ class AttachSession:
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
         self.probes.launch()
+        self.traffic = TrafficRecorder(out, opts.pids, self.status)
+        self.traffic.start(time.monotonic())
         for mode, pids in groups.items():
             rec = PerfRecorder(perf, pids, mode, opts.frequency, opts.event,
                                out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
@@ -280,6 +287,7 @@ class AttachSession:
         self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
+        self.traffic.finish(time.monotonic(), self.probes.live_maps())
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
         self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
@@ -336,6 +344,8 @@ class AttachSession:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
                     reading = procfs.reading(opts.pids)
+                    if self.traffic is not None:
+                        reading.update(self.traffic.poll(now, self._probe_maps))
                     procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
@@ -343,11 +353,11 @@ class AttachSession:
                     self.probes.tick()  # every poll tick: the statistics window is 0.1 s
                     if now >= next_sockets:
                         self.probes.poll_sockets()
+                        self._probe_maps = self.probes.live_maps()
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
                     if self.on_tick is not None:
-                        self.on_tick(LiveData(now - start, opts.duration, reading,
-                                              self.probes.live_maps() if self.probes else {},
+                        self.on_tick(LiveData(now - start, opts.duration, reading, self._probe_maps,
                                               netstat.softirq_seconds(), self.meta["targets"]))
                 if self._stop_reason:
                     return

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qprof.collectors.procfs import socket_inodes
 from qprof.errors import QprofError
 
 KINDS = ("auto", "udp", "tcp", "line", "delay")
@@ -86,23 +87,6 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
     return out
-
-
-def socket_inodes(pid: int) -> set[str]:
-    """Inodes of the sockets a process holds open (its fds naming socket:[N])."""
-    found = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            found.add(link[8:-1])
-    return found
 
 
 def _sockets(pid: int, proto: str) -> list[tuple[int, str, str]]:

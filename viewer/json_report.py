@@ -75,6 +75,7 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "processes": procs,
         "targets_without_samples": profile.empty_targets,
         "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
+        "tcp": None if analysis.tcp is None else analysis.tcp.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
