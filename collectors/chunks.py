@@ -45,7 +45,7 @@ POLL_S = 0.5  # how often the folding thread looks for finished chunks
 class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
-    acc: dict[StackKey, list[int]] = field(default_factory=dict)
+    acc: dict[StackKey, list] = field(default_factory=dict)  # stacks.Slot per distinct stack
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
@@ -58,7 +58,7 @@ class FoldState:
         st = cls()
         head = read_header(path) or {}
         for r in read_stacks(path) if path.is_file() else ():
-            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period)
+            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins)
         st.folded = [str(x) for x in head.get("folded", [])]
         st.dropped = list(head.get("dropped", []))
         st.unreadable = list(head.get("unreadable", []))
@@ -66,19 +66,20 @@ class FoldState:
                               [str(x) for x in head.get("bad_examples", [])][:5])
         return st
 
-    def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int) -> None:
-        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
+    def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
+            bins: tuple[tuple[int, int], ...] = ()) -> None:
+        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period, bins)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
         """The stack built from shared frame objects: thousands of distinct stacks repeat the same
         few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
-    def merge(self, chunk: dict[StackKey, list[int]]) -> None:
-        for k, (n, period) in chunk.items():
+    def merge(self, chunk: dict[StackKey, list]) -> None:
+        for k, (n, period, bins) in chunk.items():
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            add_counts(self.acc, k, n, period)
+            add_counts(self.acc, k, n, period, bins.items())
 
     def header(self) -> dict[str, Any]:
         return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
@@ -165,14 +166,14 @@ class ChunkFolder:
     def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
         st = self.state
         log = self.out / f"perf-{group['unwind']}.log"
-        chunk: dict[StackKey, list[int]] = {}  # merged only once the chunk is read: a failure counts nothing
+        chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
         background = threading.current_thread() is not threading.main_thread()
         try:
             part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None)
             for r in part:
-                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             st.unreadable.append({"chunk": path.name, "reason": str(e)})
             self.status(f"warning: {path.name}: {e}")

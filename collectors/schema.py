@@ -152,7 +152,7 @@ META = Obj({
                  "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT, numbered=True),
                  "nics": [Obj({"name": STR, "numa_node": OPT_INT}, required=("name", "numa_node"))]}),
     "tools": MapOf(OPT_STR), "kernel_features": MapOf(ANY),
-    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL,
+    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL, "clock": STR,
                      "groups": [{"unwind": STR, "pids": [INT], "perf_data": STR}]}),
     "targets": [Obj({"pid": INT, "comm": STR, "cmdline": [STR], "exe": OPT_STR, "objects": [_OBJECT],
                      "threads": MapOf(STR, numbered=True), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,

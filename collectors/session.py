@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from qprof import __version__
 from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
-from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
+from qprof.collectors.perf import SAMPLE_CLOCK, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
@@ -246,7 +246,7 @@ class AttachSession:
             "qprof_version": __version__, "host": sysinfo.host_info(),
             "tools": {"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
             "kernel_features": kernel_features(),
-            "sampling": {"event": opts.event, "frequency": opts.frequency,
+            "sampling": {"event": opts.event, "frequency": opts.frequency, "clock": SAMPLE_CLOCK,
                          "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
                                     for m, p in groups.items()],
                          "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},

@@ -250,17 +250,22 @@ def _print_summary(runs: list[Path]) -> None:
               help="Use this stack's mapping file instead of auto-detection (see `qprof mappings`).")
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
+@click.option("--timeline", is_flag=True,
+              help="Also each target's CPU by category and goodput over the run (text: a table per target; "
+                   "json: a `timeline` object).")
 @_guard
 def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
-           stack: str | None, refold: bool) -> None:
+           stack: str | None, refold: bool, timeline: bool) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
     if (fmt == "pprof") != (out is not None):
         raise QprofError("--format pprof writes a file: give -o FILE (e.g. -o profile.pb.gz); -o is only for pprof")
+    if timeline and fmt not in ("text", "json"):
+        raise QprofError(f"--timeline goes with --format text or json, not {fmt}")
     if fmt == "pprof":
         _write_pprof(list(runs), out, list(mappings), refold, stack)
         return
-    print_report(list(runs), fmt, list(mappings), top, refold, stack)
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline)
 
 
 def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
@@ -299,9 +304,10 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
 
 
 def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
-                 stack: str | None = None) -> None:
+                 stack: str | None = None, timeline: bool = False) -> None:
     from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.timeline import TimelineBuilder, build
 
     if top < 1:
         raise QprofError("--top must be at least 1")
@@ -313,18 +319,24 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
                 click.echo(line)
         return
     ms = MappingSet.load(mappings)
-    analyses = [analyse_run(_open_run(p, refold), ms, stack) for p in run_paths]
+    builders = [TimelineBuilder() if timeline else None for _ in run_paths]
+    analyses = [analyse_run(_open_run(p, refold), ms, stack, visit=b) for p, b in zip(run_paths, builders)]
+    lines = [build(a.profile, b, list(a.profile.run.proc_readings())) if b is not None else None
+             for a, b in zip(analyses, builders)]
     if fmt == "json":
         from qprof.viewer.json_report import merged_dict, to_dict
 
-        doc = to_dict(analyses[0], top) if len(analyses) == 1 else merged_dict(analyses, top)
+        doc = to_dict(analyses[0], top, lines[0]) if len(analyses) == 1 else merged_dict(analyses, top, lines)
         click.echo(json.dumps(doc, indent=1))
     else:
         from qprof.viewer.terminal import render, render_verdict
+        from qprof.viewer.timeline import render_timeline
 
         console = Console(highlight=False)
-        for a in analyses:
+        for a, tl in zip(analyses, lines):
             render(a, console, top)
+            if tl is not None:
+                render_timeline(tl, console)
         v = verdict_of(analyses)
         if v is not None:
             render_verdict(v, console)

@@ -6,10 +6,12 @@ Checked against what the kernel and /proc say, not against qprof itself:
   overhead: at least the file, at most 1% more (22-29 bytes per record of up to 16 KiB, headers);
 - QUIC bytes (UDP, estimated from the probes' sampling windows) have a 95% interval that reaches the
   file size and starts below 6% over it (QUIC headers, AEAD tags and frames);
-- each side's CPU s/GB in the diff is its sampled CPU per GB moved, and /proc's CPU time over the same
-  bytes agrees with it within 15% (sampled against /proc CPU, the suite's tolerance in
-  tests/test_sampling_scope.py: /proc's utime/stime are charged per tick, samples skid past interrupts);
-  over the file's bytes instead, within that and the overheads above.
+- each side's CPU s/GB in the diff is its sampled CPU per GB moved, and /proc's CPU time (schedstat's
+  on-CPU nanoseconds: this kernel charges utime/stime per 4 ms tick) over the same bytes agrees with it
+  within 20%, over the file's bytes within that and the overheads above. Why 20%: on this 2-vCPU VM,
+  cpu-clock samples of the ngtcp2 client ran 5-16% over its schedstat time in repeated runs (a sample's
+  period is wall time on its CPU, schedstat leaves out what the hypervisor stole); the TCP processes
+  and the QUIC server stayed within 5%.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from qprof.endpoints import make_certificate, make_payload
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SIZE = 256 << 20
 GB = 1e9
-CPU_TOLERANCE = 0.15  # sampled CPU against /proc's, as tests/test_sampling_scope.py
+CPU_TOLERANCE = 0.20  # sampled CPU against schedstat's (see the module docstring)
 TCP_OVERHEAD = 0.01
 QUIC_OVERHEAD = 0.06
 
@@ -68,6 +70,22 @@ def runs(ngtcp2_tools: None, probes_available: None, tmp_path_factory: pytest.Te
     return {"quic": quic, "tcp": https}
 
 
+def on_cpu_seconds(run: Path) -> dict[int, float]:
+    """Per target, schedstat's on-CPU time over the run (first to last /proc reading of each thread)."""
+    first: dict[tuple[int, int], float] = {}
+    last: dict[tuple[int, int], float] = {}
+    for line in (run / "proc.jsonl").read_text().splitlines():
+        for pid, threads in json.loads(line)["threads"].items():
+            for t in threads:
+                if t.get("on_cpu_s") is not None:
+                    first.setdefault((int(pid), t["tid"]), t["on_cpu_s"])
+                    last[(int(pid), t["tid"])] = t["on_cpu_s"]
+    out: dict[int, float] = {}
+    for (pid, tid), v in last.items():
+        out[pid] = out.get(pid, 0.0) + v - first[(pid, tid)]
+    return out
+
+
 def report(run: Path) -> dict[str, Any]:
     return json.loads(qprof("report", str(run), "--format", "json").stdout)
 
@@ -103,19 +121,19 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
     r = qprof("diff", str(runs["quic"]), str(runs["tcp"]))
     print("\n" + r.stdout)
     d = json.loads(qprof("diff", str(runs["quic"]), str(runs["tcp"]), "--format", "json").stdout)
-    reports = {"a": by_role(report(runs["quic"])), "b": by_role(report(runs["tcp"]))}
+    on_cpu = {"a": on_cpu_seconds(runs["quic"]), "b": on_cpu_seconds(runs["tcp"])}
     quic_io = report(runs["quic"])["packet_io"]["processes"]
     assert {p["key"] for p in d["pairs"]} == {"server", "client"}
     for pair in d["pairs"]:
         for side, overhead in (("a", QUIC_OVERHEAD), ("b", TCP_OVERHEAD)):
             s = pair[side]
-            proc = reports[side][pair["key"]]
+            cpu = on_cpu[side][s["pid"]]
             assert (s["udp_bytes"] is None) == (side == "b") and (s["tcp_bytes"] is None) == (side == "a")
             per_gb = sum(c["cpu_seconds_per_gb_" + side] for c in pair["categories"])
             assert per_gb == pytest.approx(s["cpu_seconds"] / (s["bytes"] / GB), rel=1e-3)
             # /proc's CPU per GB, over the bytes the diff counted and over the file's bytes
-            proc_per_gb = proc["proc_cpu_seconds"] / (s["bytes"] / GB)
-            file_per_gb = proc["proc_cpu_seconds"] / (SIZE / GB)
+            proc_per_gb = cpu / (s["bytes"] / GB)
+            file_per_gb = cpu / (SIZE / GB)
             print(f"{pair['key']} {side}: {per_gb:.3f} CPU s/GB in the diff; /proc: {proc_per_gb:.3f} over the bytes "
                   f"counted, {file_per_gb:.3f} over the file")
             assert per_gb == pytest.approx(proc_per_gb, rel=CPU_TOLERANCE), (pair["key"], side)
