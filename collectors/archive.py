@@ -185,18 +185,26 @@ class Run:
     def stacks(self) -> Iterator[StackRecord]:
         return read_stacks(self.stacks_path)
 
-    def probes(self) -> dict[str, Any] | None:
-        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
-        p = self.path / PROBES
+    def _record(self, name: str, what: str, shape: schema.Of) -> dict[str, Any] | None:
+        """One JSON document of the archive, checked against its shape; None when the run has none."""
+        p = self.path / name
         try:
             data = schema.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise QprofError(f"{p}: unreadable probe record ({e})") from None
+            raise QprofError(f"{p}: unreadable {what} ({e})") from None
         if not isinstance(data, dict):
-            raise QprofError(f"{p}: not a probe record")
-        schema.validate(data, schema.PROBES, str(p))
+            raise QprofError(f"{p}: not a {what}")
+        schema.validate(data, shape, str(p))
+        return data
+
+    def probes(self) -> dict[str, Any] | None:
+        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
+        p = self.path / PROBES
+        data = self._record(PROBES, "probe record", schema.PROBES)
+        if data is None:
+            return None
         for prog in (data.get("programs") or {}).values():
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
@@ -205,15 +213,7 @@ class Run:
 
     def tcp(self) -> dict[str, Any] | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
-        p = self.path / TCP
-        try:
-            data = schema.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise QprofError(f"{p}: unreadable TCP record ({e})") from None
-        schema.validate(data, schema.TCP, str(p))
-        return data
+        return self._record(TCP, "TCP record", schema.TCP)
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
