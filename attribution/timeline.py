@@ -11,7 +11,7 @@ probes' sampling windows, whose totals change once a second. Rates are taken
 between successive changes of a total, so a UDP rate is a one-second average.
 
 Samples (perf -k monotonic) and readings share CLOCK_MONOTONIC: time 0 is the
-run's first /proc reading. A run recorded before, or refolded without that
+start of the bin holding the run's first /proc reading. A run recorded before, or refolded without that
 clock, has no common clock: its CPU starts at its first sample and no rates
 are drawn (`aligned` is false).
 """
@@ -27,7 +27,7 @@ from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
 from qprof.collectors.perf import SAMPLE_CLOCK
 from qprof.collectors.perfscript import BIN_S
-from qprof.collectors.stacks import StackRecord
+from qprof.collectors.stacks import StackRecord, read_header
 
 
 class TimelineBuilder:
@@ -125,23 +125,26 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[dict[str, A
     """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass."""
     meta = profile.run.meta
     aligned = (meta.get("sampling") or {}).get("clock") == SAMPLE_CLOCK and bool(readings)
-    all_bins = [b for per in builder.cpu.values() for b in per]
-    if aligned:
-        origin = float(readings[0]["mono"])
-        first = int(origin / BIN_S)
-    else:
-        first = min(all_bins, default=0)
-        origin = first * BIN_S
+    # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
+    # starts at a multiple of the grain
+    grain = max(1, int((read_header(profile.run.stacks_path) or {}).get("bin_grain", 1)))
+    bin_s = BIN_S * grain
+    all_bins = [b // grain for per in builder.cpu.values() for b in per]
+    # time 0 is the start of the bin holding the first /proc reading (aligned), or the first sample's
+    first = int(float(readings[0]["mono"]) / BIN_S) // grain if aligned else min(all_bins, default=0)
+    origin = first * bin_s
     last = max(all_bins, default=first)
     if aligned:
-        last = max(last, int(float(readings[-1]["mono"]) / BIN_S))
-    scale = profile.seconds_per_period / BIN_S  # period per bin -> cores
+        last = max(last, int(float(readings[-1]["mono"]) / BIN_S) // grain)
+    scale = profile.seconds_per_period / bin_s  # period per bin -> cores
     targets = []
     for p in profile.processes:
         if pids is not None and p.pid not in pids:
             continue
-        per_bin = builder.cpu.get(p.pid, {})
+        per_bin: dict[int, Counter[str]] = defaultdict(Counter)
+        for b, cats in builder.cpu.get(p.pid, {}).items():
+            per_bin[b // grain].update(cats)
         cpu = [{c: v * scale for c, v in per_bin.get(b, {}).items()} for b in range(first, last + 1)]
         rates, kinds = _rates(readings, p.pid, origin) if aligned else ([], "")
         targets.append(TargetTimeline(p.pid, p.comm, p.role, cpu, rates, kinds))
-    return Timeline(BIN_S, aligned, targets)
+    return Timeline(bin_s, aligned, targets)

@@ -38,7 +38,10 @@ from qprof.errors import QprofError
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
-
+# (stack, time bin) pairs kept for the timeline: a hot stack has one in every 100 ms bin, so a long run's
+# count grows with time; past this many, bins double in length (the header's bin_grain), which bounds
+# the memory (~100 bytes a pair) and the stacks file whatever the run's length
+MAX_BIN_ENTRIES = 500_000
 
 
 @dataclass
@@ -51,12 +54,14 @@ class FoldState:
     dropped: list[dict[str, Any]] = field(default_factory=list)
     unreadable: list[dict[str, Any]] = field(default_factory=list)
     stats: ParseStats = field(default_factory=ParseStats)
+    bin_grain: int = 1  # time bins per kept bin (collectors.stacks): 1 is BIN_S
 
     @classmethod
     def load(cls, path: Path) -> "FoldState":
         """Resume from a stacks file (its records and header)."""
         st = cls()
         head = read_header(path) or {}
+        st.bin_grain = max(1, int(head.get("bin_grain", 1)))
         for r in read_stacks(path) if path.is_file() else ():
             st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins)
         st.folded = [str(x) for x in head.get("folded", [])]
@@ -76,15 +81,27 @@ class FoldState:
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
     def merge(self, chunk: dict[StackKey, list]) -> None:
+        g = self.bin_grain
         for k, (n, period, bins) in chunk.items():
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            add_counts(self.acc, k, n, period, bins.items())
+            add_counts(self.acc, k, n, period, ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items())
+        while sum(len(slot[2]) for slot in self.acc.values()) > MAX_BIN_ENTRIES:
+            self.coarsen()
+
+    def coarsen(self) -> None:
+        """Double the bins' length: each kept bin starts at a multiple of the grain (in BIN_S)."""
+        g = self.bin_grain = self.bin_grain * 2
+        for slot in self.acc.values():
+            merged: dict[int, int] = {}
+            for b, p in slot[2].items():
+                merged[b - b % g] = merged.get(b - b % g, 0) + p
+            slot[2] = merged
 
     def header(self) -> dict[str, Any]:
         return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
                 "samples": self.stats.samples, "bad_lines": self.stats.bad_lines,
-                "bad_examples": self.stats.bad_examples}
+                "bad_examples": self.stats.bad_examples, "bin_grain": self.bin_grain}
 
     def save(self, path: Path) -> None:
         write_stacks(path, records(self.acc), self.header())
