@@ -344,6 +344,8 @@ class AttachSession:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
                     reading = procfs.reading(opts.pids)
+                    if self.probes is not None:  # new output lines only: the probes print once a second
+                        self._probe_maps = self.probes.live_maps()
                     if self.traffic is not None:
                         reading.update(self.traffic.poll(now, self._probe_maps))
                     procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
@@ -353,7 +355,6 @@ class AttachSession:
                     self.probes.tick()  # every poll tick: the statistics window is 0.1 s
                     if now >= next_sockets:
                         self.probes.poll_sockets()
-                        self._probe_maps = self.probes.live_maps()
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
                     if self.on_tick is not None:
