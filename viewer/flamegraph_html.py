@@ -116,7 +116,7 @@ _JS = """
         .text("samples and byte readings of this run have no common clock: CPU only, from its first sample");
     }
     var cats = data.legend.map(function (l) { return l.category; });
-    var m = {top: 8, right: 56, bottom: 26, left: 44}, h = 150;
+    var m = {top: 18, right: 56, bottom: 26, left: 44}, h = 140;
     tl.targets.forEach(function (t) {
       var n = t.cpu_cores[cats[0]].length, rows = [];
       for (var i = 0; i < n; i++) {
@@ -146,7 +146,7 @@ _JS = """
       g.append("g").attr("transform", "translate(0," + h + ")").call(d3.axisBottom(x).ticks(10))
         .append("text").attr("x", w).attr("y", 22).attr("fill", "#111").attr("text-anchor", "end").text("s");
       g.append("g").call(d3.axisLeft(y).ticks(4))
-        .append("text").attr("x", -4).attr("y", -1).attr("fill", "#111").attr("text-anchor", "end").text("cores");
+        .append("text").attr("x", 0).attr("y", -8).attr("fill", "#111").attr("text-anchor", "middle").text("cores");
       if (t.goodput_gbps.length) {
         var gmax = d3.max(t.goodput_gbps, function (r) { return r[2]; }) || 1;
         var y2 = d3.scaleLinear().domain([0, gmax]).nice().range([h, 0]);
@@ -156,7 +156,7 @@ _JS = """
           .attr("d", d3.line().x(function (p) { return x(p[0]); }).y(function (p) { return y2(p[1]); })(pts))
           .append("title").text("goodput, Gbit/s");
         g.append("g").attr("transform", "translate(" + w + ",0)").call(d3.axisRight(y2).ticks(4))
-          .append("text").attr("x", 4).attr("y", -1).attr("fill", "#111").attr("text-anchor", "start").text("Gbit/s");
+          .append("text").attr("x", 0).attr("y", -8).attr("fill", "#111").attr("text-anchor", "middle").text("Gbit/s");
       }
     });
   }
