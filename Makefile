@@ -4,9 +4,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# `go tool pprof` reads qprof's pprof export in the tests: Debian's Go only where no Go is installed
+GO_PACKAGE := $(if $(shell command -v go || ls /usr/local/go/bin/go 2>/dev/null),,golang-go)
 APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 \
                 libngtcp2-dev libngtcp2-crypto-gnutls-dev libnghttp3-dev libgnutls28-dev pkg-config \
-                cmake libclang-dev util-linux clang libbpf-dev chromium
+                cmake libclang-dev util-linux clang libbpf-dev chromium curl $(GO_PACKAGE)
 
 .PHONY: demo test setup system-deps venv clean
 

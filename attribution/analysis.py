@@ -9,6 +9,7 @@ from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
+from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
 
@@ -21,6 +22,14 @@ class Analysis:
     crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
+    tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
+
+    def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
+        """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
+        pio = self.packet_io.processes.get(pid) if self.packet_io is not None else None
+        udp = (pio.tx.bytes + pio.rx.bytes) if pio is not None else None
+        tcp = self.tcp.processes[pid].moved if self.tcp is not None and pid in self.tcp.processes else None
+        return udp, tcp
 
     @property
     def verdict(self) -> Verdict | None:
@@ -45,13 +54,19 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
     recs = recommend(pio, comms, {p.pid: p.mmsg_seen for p in profile.processes}) if pio is not None else []
     crypto = analyse_crypto(probes, pids, pio)
+    tcp = analyse_tcp(run.tcp(), pids)
     host = run.meta.get("host", {})
     host_cpus = int(host.get("cpus") or 1)
     sides = [ev for t in targets if t.get("role") in ("server", "client")
              for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
-                                      host.get("cpu_nodes"))]
+                                      host.get("cpu_nodes"), _tcp_pair(tcp, int(t["pid"])))]
              if ev is not None]
-    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes))
+    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes), tcp)
+
+
+def _tcp_pair(tcp: TcpIO | None, pid: int) -> tuple[int, int] | None:
+    p = tcp.processes.get(pid) if tcp is not None else None
+    return (p.sent, p.received) if p is not None and p.moved else None
 
 
 def observer_cpu(meta: dict, probes: dict) -> dict[str, float]:

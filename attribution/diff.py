@@ -1,9 +1,10 @@
 """Two runs compared: per matched process, how each category's and each symbol's cost changed.
 
 Costs are compared as shares of the process's sampled CPU time (percentage
-points) and, where the packet I/O probes counted the bytes a process moved
-through its UDP sockets (sent + received payload), as CPU seconds per GB
-(10^9 bytes). Why both, and not CPU seconds alone: two runs rarely last as
+points) and, where the bytes a process moved are known (sent + received
+payload: UDP from the packet I/O probes, TCP from the kernel's socket
+counters), as CPU seconds per GB (10^9 bytes): so a QUIC run and a TCP+TLS
+run of the same download compare what a byte costs each. Why both, and not CPU seconds alone: two runs rarely last as
 long or move as much, so raw seconds mostly measure that; a share says where
 the time went, CPU per GB says what a byte costs, so "Packet I/O doubled per
 GB while its share rose 20 pp" survives a run that was twice as long.
@@ -38,7 +39,14 @@ class Side:
     role: str | None
     cpu_seconds: float
     samples: int
-    bytes: int | None  # UDP payload bytes sent + received (packet I/O probes); None: not counted
+    udp_bytes: int | None  # UDP payload bytes sent + received (packet I/O probes); None: not counted
+    tcp_bytes: int | None = None  # TCP payload bytes sent + received (socket counters); None: not counted
+
+    @property
+    def bytes(self) -> int | None:
+        """Everything it moved through UDP and TCP sockets; None when neither was counted."""
+        known = [b for b in (self.udp_bytes, self.tcp_bytes) if b]
+        return sum(known) if known else None
 
     @property
     def gb(self) -> float | None:
@@ -46,7 +54,8 @@ class Side:
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "comm": self.comm, "role": self.role, "cpu_seconds": round(self.cpu_seconds, 6),
-                "samples": self.samples, "udp_bytes": self.bytes}
+                "samples": self.samples, "udp_bytes": self.udp_bytes, "tcp_bytes": self.tcp_bytes,
+                "bytes": self.bytes}
 
 
 def _per_gb(cpu: float, side: Side) -> float | None:
@@ -131,10 +140,9 @@ def keyed(profile: Profile, match_by: str) -> dict[str, ProcessProfile]:
 
 
 def _side(a: Analysis, p: ProcessProfile) -> Side:
-    pio = a.packet_io.processes.get(p.pid) if a.packet_io is not None else None
-    moved = (pio.tx.bytes + pio.rx.bytes) if pio is not None else 0
+    udp, tcp = a.bytes_moved(p.pid)
     return Side(p.pid, p.comm, p.role, a.profile.cpu_seconds(p.breakdown.period), p.breakdown.samples,
-                moved or None)
+                udp or None, tcp or None)
 
 
 def _symbols(p: ProcessProfile) -> Counter[tuple[str, str, str]]:
@@ -189,8 +197,8 @@ def diff_runs(a: Analysis, b: Analysis, top: int = 10) -> RunDiff:
     for run, side in ((path_a, "a"), (path_b, "b")):
         unknown = [p.key for p in pairs if getattr(p, side).bytes is None]
         if unknown:
-            d.notes.append(f"no UDP byte counts for {', '.join(unknown)} in {run} (packet I/O probes off, or no "
-                           "UDP traffic seen): CPU seconds per GB not shown for them")
+            d.notes.append(f"no byte counts for {', '.join(unknown)} in {run} (no UDP bytes from the packet I/O "
+                           "probes, no TCP bytes from its sockets): CPU seconds per GB not shown for them")
     if d.only_a:
         d.notes.append(f"only in {path_a}: {', '.join(d.only_a)}")
     if d.only_b:

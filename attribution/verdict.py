@@ -90,7 +90,8 @@ def _window(readings: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
 
 
 def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str, host_cpus: int,
-                  pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None) -> SideEvidence | None:
+                  pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
+                  tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
     rs = _window(readings, pid)
     if len(rs) < 2:
         return None
@@ -147,10 +148,13 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
             periods = cg1["nr_periods"] - cg0["nr_periods"]
             ev.throttled_periods = (cg1["nr_throttled"] - cg0["nr_throttled"]) / periods if periods > 0 else 0.0
             ev.throttled_s = cg1["throttled_s"] - cg0["throttled_s"]
+    moved = [max(tcp_bytes)] if tcp_bytes else []  # (sent, received) through TCP sockets
     if pio is not None and pid in pio.processes:
         p = pio.processes[pid]
         ev.drops = sum(p.drops.values())
-        ev.goodput_gbps = max(p.rx.bytes, p.tx.bytes) * 8 / wall / 1e9
+        moved.append(max(p.rx.bytes, p.tx.bytes))
+    if moved and max(moved):
+        ev.goodput_gbps = max(moved) * 8 / wall / 1e9
     _judge(ev)
     return ev
 

@@ -9,6 +9,7 @@ A run is a directory:
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
   probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
                    probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output
+  tcp.json         the targets' TCP sockets and their kernel byte counters (collectors.traffic)
 Mappings are not applied here: reports apply them later, on any machine.
 """
 
@@ -33,6 +34,7 @@ META = "meta.json"
 STACKS = "stacks.jsonl.gz"
 PROC = "proc.jsonl"
 PROBES = "probes.json"
+TCP = "tcp.json"
 
 # perf --switch-output names a finished chunk <perf data>.YYYYmmddHHMMSScc (collectors.chunks)
 _CHUNK_SUFFIX = re.compile(r"^\.\d{8,}$")
@@ -200,23 +202,35 @@ class Run:
     def stacks(self) -> Iterator[StackRecord]:
         return read_stacks(self.stacks_path)
 
-    def probes(self) -> dict[str, Any] | None:
-        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
-        p = self.path / PROBES
+    def _record(self, name: str, what: str, shape: schema.Of) -> dict[str, Any] | None:
+        """One JSON document of the archive, checked against its shape; None when the run has none."""
+        p = self.path / name
         try:
             data = schema.loads(read_text(p, MAX_PROBES_BYTES))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise QprofError(f"{p}: unreadable probe record ({e})") from None
+            raise QprofError(f"{p}: unreadable {what} ({e})") from None
         if not isinstance(data, dict):
-            raise QprofError(f"{p}: not a probe record")
-        schema.validate(data, schema.PROBES, str(p))
+            raise QprofError(f"{p}: not a {what}")
+        schema.validate(data, shape, str(p))
+        return data
+
+    def probes(self) -> dict[str, Any] | None:
+        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
+        p = self.path / PROBES
+        data = self._record(PROBES, "probe record", schema.PROBES)
+        if data is None:
+            return None
         for prog in (data.get("programs") or {}).values():
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
         return data
+
+    def tcp(self) -> dict[str, Any] | None:
+        """tcp.json (collectors.traffic), or None for a run without it."""
+        return self._record(TCP, "TCP record", schema.TCP)
 
     def proc_readings(self) -> Iterator[dict[str, Any]]:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a

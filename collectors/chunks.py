@@ -38,27 +38,32 @@ from qprof.errors import QprofError
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
-
+# (stack, time bin) pairs kept for the timeline: a hot stack has one in every 100 ms bin, so a long run's
+# count grows with time; past this many, bins double in length (the header's bin_grain), which bounds
+# the memory (~100 bytes a pair) and the stacks file whatever the run's length
+MAX_BIN_ENTRIES = 500_000
 
 
 @dataclass
 class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
-    acc: dict[StackKey, list[int]] = field(default_factory=dict)
+    acc: dict[StackKey, list] = field(default_factory=dict)  # stacks.Slot per distinct stack
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
     unreadable: list[dict[str, Any]] = field(default_factory=list)
     stats: ParseStats = field(default_factory=ParseStats)
+    bin_grain: int = 1  # time bins per kept bin (collectors.stacks): 1 is BIN_S
 
     @classmethod
     def load(cls, path: Path) -> "FoldState":
         """Resume from a stacks file (its records and header)."""
         st = cls()
         head = read_header(path) or {}
+        st.bin_grain = max(1, int(head.get("bin_grain", 1)))
         for r in read_stacks(path) if path.is_file() else ():
-            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period)
+            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins)
         st.folded = [str(x) for x in head.get("folded", [])]
         st.dropped = list(head.get("dropped", []))
         st.unreadable = list(head.get("unreadable", []))
@@ -66,24 +71,37 @@ class FoldState:
                               [str(x) for x in head.get("bad_examples", [])][:5])
         return st
 
-    def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int) -> None:
-        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period)
+    def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
+            bins: tuple[tuple[int, int], ...] = ()) -> None:
+        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period, bins)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
         """The stack built from shared frame objects: thousands of distinct stacks repeat the same
         few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
-    def merge(self, chunk: dict[StackKey, list[int]]) -> None:
-        for k, (n, period) in chunk.items():
+    def merge(self, chunk: dict[StackKey, list]) -> None:
+        g = self.bin_grain
+        for k, (n, period, bins) in chunk.items():
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            add_counts(self.acc, k, n, period)
+            add_counts(self.acc, k, n, period, ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items())
+        while sum(len(slot[2]) for slot in self.acc.values()) > MAX_BIN_ENTRIES:
+            self.coarsen()
+
+    def coarsen(self) -> None:
+        """Double the bins' length: each kept bin starts at a multiple of the grain (in BIN_S)."""
+        g = self.bin_grain = self.bin_grain * 2
+        for slot in self.acc.values():
+            merged: dict[int, int] = {}
+            for b, p in slot[2].items():
+                merged[b - b % g] = merged.get(b - b % g, 0) + p
+            slot[2] = merged
 
     def header(self) -> dict[str, Any]:
         return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
                 "samples": self.stats.samples, "bad_lines": self.stats.bad_lines,
-                "bad_examples": self.stats.bad_examples}
+                "bad_examples": self.stats.bad_examples, "bin_grain": self.bin_grain}
 
     def save(self, path: Path) -> None:
         write_stacks(path, records(self.acc), self.header())
@@ -165,7 +183,7 @@ class ChunkFolder:
     def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
         st = self.state
         log = self.out / f"perf-{group['unwind']}.log"
-        chunk: dict[StackKey, list[int]] = {}  # merged only once the chunk is read: a failure counts nothing
+        chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
         background = threading.current_thread() is not threading.main_thread()
@@ -173,7 +191,7 @@ class ChunkFolder:
             part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None,
                                     group.get("windows"))
             for r in part:
-                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             st.unreadable.append({"chunk": path.name, "reason": str(e)})
             self.status(f"warning: {path.name}: {e}")

@@ -97,11 +97,11 @@ def run_slices(perf: str, specs: list[SliceSpec], jobs: int) -> list[tuple[list[
 
 def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[StackRecord], ParseStats]:
     """Records of consecutive slices as one fold of the whole text: same keys summed, first-occurrence order."""
-    acc: dict[StackKey, list[int]] = {}
+    acc: dict[StackKey, list] = {}
     stats = ParseStats()
     for part, st in parts:
         for r in part:
-            add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period)
+            add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
         stats.absorb(st)
     return records(acc), stats
 

@@ -30,7 +30,7 @@ from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
 
 UNWIND_MODES = ("fp", "dwarf")
-SAMPLE_CLOCK = "CLOCK_MONOTONIC"  # perf record -k mono
+SAMPLE_CLOCK = "monotonic"  # perf -k: sample times on the clock of qprof's readings (meta sampling.clock)
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192
 
@@ -54,7 +54,10 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
            # qprof's own bpftrace loads programs meanwhile; perf 6.1 then recorded BPF ksymbol
            # events that its `perf script` refused ("failed to process type: 17")
            "--no-bpf-event",
-           "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
+           "-D", "-1", "--control", f"fifo:{ctl},{ack}",
+           # sample times on CLOCK_MONOTONIC, the clock of qprof's /proc and socket readings: the
+           # timeline puts CPU by category and bytes moved on one axis
+           "-k", SAMPLE_CLOCK]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
     if switch_output:

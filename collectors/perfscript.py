@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 # Fields requested from `perf script -F`; the header regex below matches them.
-PERF_SCRIPT_FIELDS = "comm,pid,tid,period,ip,sym,dso"
+PERF_SCRIPT_FIELDS = "comm,pid,tid,time,period,ip,sym,dso"
+# Sample times are kept at this grain for the timeline (attribution.timeline): bin = floor(time / BIN_S),
+# time in seconds of the clock perf recorded with (CLOCK_MONOTONIC: collectors.perf, `-k monotonic`).
+BIN_S = 0.1
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
@@ -25,10 +28,10 @@ UNKNOWN = "[unknown]"
 _KERNEL_SPACE_START = 0xFFFF800000000000
 _PERF_CONTEXT_MARKERS = 0xFFFFFFFFFFFFF000
 
-# "<comm> <pid>/<tid> <period>" with comm possibly containing spaces; an
+# "<comm> <pid>/<tid> [<time>:] <period>" with comm possibly containing spaces; an
 # optional "<event>:" tail is accepted for captures made with more fields.
 _HEADER = re.compile(
-    r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+(?P<period>\d+)(?:\s+\S+:)?\s*$"
+    r"^\s*(?P<comm>.*?)\s+(?P<pid>-?\d+)/(?P<tid>-?\d+)\s+(?:(?P<time>\d+\.\d+):\s+)?(?P<period>\d+)(?:\s+\S+:)?\s*$"
 )
 _SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
 # ELF symbol versions perf sometimes prints (cfree@GLIBC_2.2.5, clock_gettime@@GLIBC_2.17):
@@ -47,6 +50,16 @@ class Sample:
     comm: str
     period: int
     frames: tuple[Frame, ...]
+    bin: int | None = None  # time bin (BIN_S) of the sample; None when perf printed no time
+
+
+def time_bin(stamp: str) -> int | None:
+    """perf's "SECONDS.FRACTION" (a trailing ":" allowed) -> its BIN_S bin (tenths of a second), without
+    float rounding."""
+    whole, dot, frac = stamp.rstrip(":").partition(".")
+    if not (dot and whole.isdigit() and whole.isascii() and frac[:1].isdigit() and frac[:1].isascii()):
+        return None
+    return int(whole) * 10 + int(frac[0])
 
 
 @dataclass
@@ -117,12 +130,14 @@ def parse_frame(line: str) -> Frame | None:
     return (sym, dso)
 
 
-def parse_header(line: str) -> tuple[str, int, int, int] | None:
-    """Parse a sample's first line into (comm, pid, tid, period)."""
+def parse_header(line: str) -> tuple[str, int, int, int, int | None] | None:
+    """Parse a sample's first line into (comm, pid, tid, period, time bin or None)."""
     m = _HEADER.match(line)
     if m is None:
         return None
-    return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")))
+    stamp = m.group("time")
+    return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")),
+            time_bin(stamp) if stamp else None)
 
 
 class LineParser:
@@ -138,7 +153,7 @@ class LineParser:
 
     def __init__(self, stats: ParseStats | None = None) -> None:
         self.stats = stats if stats is not None else ParseStats()
-        self._header: tuple[str, int, int, int] | None = None
+        self._header: tuple[str, int, int, int, int | None] | None = None
         self._frames: list[Frame] = []
 
     def _take(self) -> Sample | None:
@@ -146,7 +161,7 @@ class LineParser:
         if header is None:
             return None
         self.stats.samples += 1
-        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames))
+        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames), header[4])
         self._header, self._frames = None, []
         return sample
 

@@ -152,9 +152,9 @@ META = Obj({
                  "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT, numbered=True),
                  "nics": [Obj({"name": STR, "numa_node": OPT_INT}, required=("name", "numa_node"))]}),
     "tools": MapOf(OPT_STR), "kernel_features": MapOf(ANY),
-    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL,
+    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL, "clock": STR,
                      "groups": [{"unwind": STR, "pids": [INT], "perf_data": STR,
-                                 "windows": MapOf([[OPT_INT]], numbered=True)}], "clock": STR}),
+                                 "windows": MapOf([[OPT_INT]], numbered=True)}]}),
     "targets": [Obj({"pid": INT, "comm": STR, "cmdline": [STR], "exe": OPT_STR, "objects": [_OBJECT],
                      "threads": MapOf(STR, numbered=True), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,
                      "unwind_reason": OPT_STR,
@@ -198,11 +198,24 @@ PROBES = Obj({
     "crypto": MapOf(Any),
 })
 
+_TCP_COUNTERS = Obj({"payload_sent": INT, "bytes_received": INT, "bytes_acked": INT, "bytes_sent": INT,
+                     "bytes_retrans": INT, "segs_out": INT, "segs_in": INT},
+                    required=("payload_sent", "bytes_received"))
+TCP = Obj({
+    "source": STR, "polls": INT, "namespaces": [STR], "errors": [STR], "lost_destroy_events": INT,
+    "unowned_closed": MapOf(INT),
+    "sockets": [Obj({"pid": INT, "cookie": INT, "family": INT, "local": STR, "peer": STR, "first": _TCP_COUNTERS,
+                     "last": _TCP_COUNTERS, "first_time": NUM, "last_time": NUM, "closed": BOOL},
+                    required=("pid", "first", "last"))],
+}, required=("sockets",))
+# cumulative bytes [sent, received] per target pid since the run started (collectors.traffic)
+_TRAFFIC = MapOf([NUM], numbered=True)
+
 # fields that readers index: a reading lacking one is damaged, and skipped
 _THREAD = ("tid", "comm", "utime_s", "stime_s")
 _CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
-    "t": NUM, "mono": NUM,
+    "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC,
     "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
                            "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT},
                           required=_THREAD)],

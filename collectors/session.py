@@ -35,6 +35,7 @@ from qprof.collectors.perf import SAMPLE_CLOCK, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
+from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
@@ -133,10 +134,12 @@ class AttachSession:
     """Collect one run; `run()` returns the archive path whatever ended the collection."""
 
     def __init__(self, opts: AttachOptions, *, on_ready: Callable[[], None] | None = None,
-                 stop_when: Callable[[], bool] | None = None,
+                 stop_when: Callable[[], bool | str | None] | None = None,
                  status: Callable[[str], None] | None = None,
                  on_tick: Callable[[LiveData], None] | None = None) -> None:
-        """`on_tick` gets the targets' raw live data about once a second while sampling."""
+        """`on_ready` runs once sampling and probes are live (release held targets there); `stop_when`
+        is asked every poll tick and ends the run when true (a string is the stop reason); `on_tick`
+        gets the targets' raw live data about once a second while sampling."""
         self.opts = opts
         self.on_tick = on_tick
         self.on_ready = on_ready
@@ -144,6 +147,8 @@ class AttachSession:
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
+        self.traffic: TrafficRecorder | None = None
+        self._probe_maps: dict[str, Any] = {}  # the probes' maps as last printed (read once a second)
         self.cgroups: SampleCgroups | None = None
         self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
@@ -209,6 +214,8 @@ class AttachSession:
             self.folder.abort()
         if self.probes is not None:
             self.probes.abort()
+        if self.traffic is not None:
+            self.traffic.close()
         for r in self.recorders:
             r.stop()
         if not self.meta:  # nothing collected yet: leave no half-made run directory
@@ -267,6 +274,8 @@ class AttachSession:
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
         self.probes.launch()
         self._perf = perf
+        self.traffic = TrafficRecorder(out, opts.pids, self.status)
+        self.traffic.start(time.monotonic())
         for mode, pids in groups.items():
             self._start_recorder(out, mode, pids)
         self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
@@ -289,6 +298,7 @@ class AttachSession:
         self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
+        self.traffic.finish(time.monotonic(), self.probes.live_maps())
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
         self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
@@ -409,6 +419,10 @@ class AttachSession:
                 if now >= next_reading or self._stop_reason:
                     self.follow_exec(out, now - start)
                     reading = procfs.reading(opts.pids)
+                    if self.probes is not None:  # new output lines only: the probes print once a second
+                        self._probe_maps = self.probes.live_maps()
+                    if self.traffic is not None:
+                        reading.update(self.traffic.poll(now, self._probe_maps))
                     procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
@@ -419,8 +433,7 @@ class AttachSession:
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
                     if self.on_tick is not None:
-                        self.on_tick(LiveData(now - start, opts.duration, reading,
-                                              self.probes.live_maps() if self.probes else {},
+                        self.on_tick(LiveData(now - start, opts.duration, reading, self._probe_maps,
                                               netstat.softirq_seconds(), self.meta["targets"]))
                 if self._stop_reason:
                     return
@@ -428,8 +441,8 @@ class AttachSession:
                     self._stop_reason = "duration reached"
                 elif not any(procfs.is_alive(p) for p in opts.pids):
                     self._stop_reason = "every target exited"
-                elif self.stop_when is not None and self.stop_when():
-                    self._stop_reason = "stop condition met"
+                elif self.stop_when is not None and (why := self.stop_when()):
+                    self._stop_reason = why if isinstance(why, str) else "stop condition met"
                 elif not any(r.running() for r in self.recorders):
                     self._stop_reason = "perf exited: " + self.recorders[0].log_tail()
                 else:

@@ -4,6 +4,9 @@ Folding at collection time keeps the archive small and reports fast, and lets a
 report run on a machine without the targets' binaries: symbols are resolved once,
 on the host that ran them. Period sums are kept beside counts because
 attribution weighs by period (CPU nanoseconds for cpu-clock), not by count.
+Sample times survive at a coarse grain: each record keeps its period per time
+bin (perfscript.BIN_S, 100 ms), which is what a timeline of CPU by category
+needs; a distinct stack costs one entry per bin it ran in, not per sample.
 
 The file may start with one header line, {"qprof_stacks": {...}}, saying which
 perf data chunks it already holds (collectors.chunks folds a long run chunk by
@@ -35,31 +38,38 @@ class StackRecord:
     samples: int
     period: int
     frames: tuple[Frame, ...]
+    bins: tuple[tuple[int, int], ...] = ()  # (time bin, period) in time order; () when no times were kept
 
 
 StackKey = tuple[int, int, str, tuple[Frame, ...]]  # pid, tid, comm, frames
+Slot = list[Any]  # [samples, period, {time bin: period}]
 
 
-def add_counts(acc: dict[Any, list[int]], key: Any, samples: int, period: int) -> None:
-    """Add to a key's [samples, period]: every fold (whole run, slices, chunks) sums this way."""
+def add_counts(acc: dict[Any, Slot], key: Any, samples: int, period: int,
+               bins: Iterable[tuple[int, int]] = ()) -> None:
+    """Add to a key's [samples, period, bins]: every fold (whole run, slices, chunks) sums this way."""
     slot = acc.get(key)
     if slot is None:
-        acc[key] = [samples, period]
+        slot = acc[key] = [samples, period, {}]
     else:
         slot[0] += samples
         slot[1] += period
+    if bins:
+        per_bin = slot[2]
+        for b, p in bins:
+            per_bin[b] = per_bin.get(b, 0) + p
 
 
-def records(acc: dict[StackKey, list[int]]) -> list[StackRecord]:
+def records(acc: dict[StackKey, Slot]) -> list[StackRecord]:
     """The records of an accumulator keyed by StackKey, in first-occurrence order."""
-    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in acc.items()]
+    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3], tuple(sorted(v[2].items()))) for k, v in acc.items()]
 
 
 def fold(samples: Iterable[Sample]) -> list[StackRecord]:
-    """Aggregate samples; memory grows with distinct stacks, not with samples."""
-    acc: dict[StackKey, list[int]] = {}
+    """Aggregate samples; memory grows with distinct stacks (and the time bins each ran in), not with samples."""
+    acc: dict[StackKey, Slot] = {}
     for s in samples:
-        add_counts(acc, (s.pid, s.tid, s.comm, s.frames), 1, s.period)
+        add_counts(acc, (s.pid, s.tid, s.comm, s.frames), 1, s.period, () if s.bin is None else ((s.bin, s.period),))
     return records(acc)
 
 
@@ -84,13 +94,11 @@ def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[s
         if header is not None:
             f.write(json.dumps({HEADER_KEY: header}, separators=(",", ":")) + "\n")
         for r in records:
-            f.write(
-                json.dumps(
-                    {"pid": r.pid, "tid": r.tid, "comm": r.comm, "samples": r.samples,
-                     "period": r.period, "frames": [list(fr) for fr in r.frames]},
-                    separators=(",", ":"),
-                )
-            )
+            obj: dict[str, Any] = {"pid": r.pid, "tid": r.tid, "comm": r.comm, "samples": r.samples,
+                                   "period": r.period, "frames": [list(fr) for fr in r.frames]}
+            if r.bins:
+                obj["bins"] = [list(b) for b in r.bins]
+            f.write(json.dumps(obj, separators=(",", ":")))
             f.write("\n")
             n += 1
     tmp.replace(path)
@@ -134,10 +142,11 @@ def _record(obj: object, path: Path, lineno: int) -> StackRecord:
     try:
         assert isinstance(obj, dict)
         frames = tuple((str(f[0]), str(f[1])) for f in obj["frames"])
+        bins = tuple((int(b[0]), int(b[1])) for b in obj.get("bins", ()))
         rec = StackRecord(int(obj["pid"]), int(obj["tid"]), str(obj["comm"]),
-                          int(obj["samples"]), int(obj["period"]), frames)
+                          int(obj["samples"]), int(obj["period"]), frames, bins)
     except (AssertionError, KeyError, TypeError, ValueError, IndexError, OverflowError):
         raise QprofError(f"{path}:{lineno}: not a stack record") from None
-    if rec.samples < 0 or rec.period < 0:
+    if rec.samples < 0 or rec.period < 0 or any(p < 0 for _, p in rec.bins):
         raise QprofError(f"{path}:{lineno}: negative sample count or period")
     return rec

@@ -22,8 +22,8 @@ garbage without blank lines could) is read line by line as it arrives.
 
 from __future__ import annotations
 
-from qprof.collectors.perfscript import Frame, LineParser, ParseStats, Sample, parse_frame, parse_header
-from qprof.collectors.stacks import StackRecord, add_counts
+from qprof.collectors.perfscript import Frame, LineParser, ParseStats, Sample, parse_frame, parse_header, time_bin
+from qprof.collectors.stacks import StackRecord, add_counts, records
 
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by
 _MISSING = object()
@@ -39,13 +39,14 @@ class StreamFolder:
         self.max_block = max_block
         self._carry = ""  # text after the last blank line seen: an unfinished sample
         self._spill: LineParser | None = None  # set while an over-long sample is read line by line
-        # (head, frame text) -> [samples, period, bad lines]; samples the fast path did not take are
-        # kept under their fold key, in the same dict so that first-occurrence order survives
+        # (head, frame text) -> [samples, period, bad lines, {time bin: period}]; samples the fast path
+        # did not take are kept under their fold key, in the same dict so that first-occurrence order
+        # survives. The head is the header without its time and period.
         self._texts: dict[object, list] = {}
         self._heads: dict[str, tuple[str, int, int] | None] = {}
         self._bodies: dict[str, tuple[tuple[Frame, ...], tuple[str, ...]] | None] = {}
         self._lines: dict[str, object] = {}  # frame line -> Frame, None (unreadable) or _INVALID
-        self._folded: dict[FoldKey, list[int]] = {}
+        self._folded: dict[FoldKey, list] = {}
         self._fast = 0  # samples counted by the fast path since the last flush
 
     # -- input
@@ -82,7 +83,7 @@ class StreamFolder:
             self._blocks(self._carry)
         self._carry = ""
         self._flush()
-        return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3]) for k, v in self._folded.items()]
+        return records(self._folded)
 
     # -- the fast path: one dictionary look-up per sample that repeats a known text
     def _blocks(self, text: str) -> None:
@@ -95,19 +96,28 @@ class StreamFolder:
             block = block.strip("\n")
             first, _, body = block.partition("\n")
             head, sep, period = first.rstrip().rpartition(" ")
+            when = None
+            if head.rstrip().endswith(":"):  # "comm pid/tid  TIME:" -> "comm pid/tid" and the time's bin
+                before, _, stamp = head.rstrip().rpartition(" ")
+                when = time_bin(stamp)
+                if when is not None:
+                    head = before.rstrip()
             slot = texts.get((head, body))
             if slot is not None and period.isdigit() and period.isascii():
+                n = int(period)
                 slot[0] += 1
-                slot[1] += int(period)
+                slot[1] += n
+                if when is not None:
+                    slot[3][when] = slot[3].get(when, 0) + n
                 fast += 1
                 if slot[2]:
                     for line in slot[2]:
                         bad(line)
                 continue
-            fast += self._first_sight(block, head, sep, period, body)
+            fast += self._first_sight(block, head, sep, period, body, when)
         self._fast += fast
 
-    def _first_sight(self, block: str, head: str, sep: str, period: str, body: str) -> int:
+    def _first_sight(self, block: str, head: str, sep: str, period: str, body: str, when: int | None) -> int:
         """A text not seen since the last flush: parse it, or read the whole sample with the line parser."""
         if not block:
             return 0
@@ -125,7 +135,7 @@ class StreamFolder:
             return 0
         for line in frames[1]:
             self.stats.bad(line)
-        self._texts[(head, body)] = [1, int(period), frames[1]]
+        self._texts[(head, body)] = [1, int(period), frames[1], {} if when is None else {when: int(period)}]
         if len(self._texts) >= self.max_texts or len(self._bodies) >= 8 * self.max_texts:
             self._fast += 1
             self._flush()
@@ -175,22 +185,24 @@ class StreamFolder:
         key = (s.pid, s.tid, s.comm, s.frames)
         slot = self._texts.get(key)
         if slot is None:
-            self._texts[key] = [1, s.period, ()]
+            slot = self._texts[key] = [1, s.period, (), {}]
         else:
             slot[0] += 1
             slot[1] += s.period
+        if s.bin is not None:
+            slot[3][s.bin] = slot[3].get(s.bin, 0) + s.period
 
     def _flush(self) -> None:
         """Fold the distinct texts into records and forget them (bounded memory)."""
         folded = self._folded
-        for key, (n, period, _bad) in self._texts.items():
+        for key, (n, period, _bad, bins) in self._texts.items():
             if len(key) == 2:  # (head, body): the fast path's text
                 comm_pid_tid = self._heads[key[0]]
                 frames = self._bodies[key[1]]
                 assert comm_pid_tid is not None and frames is not None
                 comm, pid, tid = comm_pid_tid
                 key = (pid, tid, comm, frames[0])
-            add_counts(folded, key, n, period)
+            add_counts(folded, key, n, period, bins.items())
         self.stats.samples += self._fast
         self._fast = 0
         self._texts.clear()

@@ -63,6 +63,7 @@ def main() -> None:
 
     \b
     qprof attach PID...      sample running endpoints, write a run archive
+    qprof record ...         run a benchmark's server and client under qprof, N times
     qprof report RUN         attribute and print (or --format json)
     qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
     qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
@@ -77,33 +78,66 @@ def _default_out() -> Path:
     return Path(f"qprof-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
 
 
+def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of `attach` that `record` shares: how to sample and what to keep."""
+    options = [
+        click.option("-d", "--duration", type=float, default=None,
+                     help="Seconds to sample; default: until Ctrl-C or every target exits."),
+        click.option("-F", "--frequency", type=int, default=999, show_default=True,
+                     help="Samples per second per thread."),
+        click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
+                     help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise."),
+        click.option("--scope", type=click.Choice(["system", "cgroup"]), default="system", show_default=True,
+                     help="system: perf samples every CPU and qprof keeps the targets' samples; cgroup: perf "
+                          "samples only while a target runs (through a perf_event cgroup), which costs each "
+                          "context switch between a target and another task (~4 us measured on a VM)."),
+        click.option("--probes", "probes", default="default", show_default=True,
+                     help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
+                          "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
+                          "uprobes on AEAD and header-protection calls)."),
+        click.option("--keep-raw", is_flag=True,
+                     help="Keep all raw perf data (by default each chunk is deleted once folded into stacks)."),
+        click.option("--raw-budget", default="256M", show_default=True,
+                     help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G)."),
+        click.option("--chunk-size", default="64M", show_default=True,
+                     help="perf data is folded in chunks of this size while sampling goes on."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="Print only the run directory (no live panel; it also stays off when stdout is not a "
+                          "terminal)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration: float | None, frequency: int,
+                    unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> Any:
+    from qprof.collectors.probing import parse_groups
+    from qprof.collectors.session import AttachOptions
+    from qprof.endpoints import parse_size
+
+    return AttachOptions(pids=pids, out=out, duration=duration, frequency=frequency, unwind=unwind,
+                         probes=parse_groups(probes), roles=roles, scope=scope, keep_raw=keep_raw,
+                         raw_budget=parse_size(raw_budget), chunk_bytes=parse_size(chunk_size))
+
+
+def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> Any:
+    """Run `run(status, on_tick)` with the live panel on a terminal, status lines on stderr otherwise."""
+    if not quiet and sys.stdout.isatty():
+        from qprof.viewer.live import LiveView
+
+        with LiveView(Console(highlight=False)) as view:
+            return run(view.status, view.tick)
+    return run((lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]")), None)
+
+
 @main.command()
 @click.argument("pids", nargs=-1, type=int)
 @click.option("--server", "servers", multiple=True, type=int, help="A server endpoint's pid (for the verdict).")
 @click.option("--client", "clients", multiple=True, type=int, help="A client endpoint's pid (for the verdict).")
-@click.option("-d", "--duration", type=float, default=None,
-              help="Seconds to sample; default: until Ctrl-C or every target exits.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Run directory to create (default: ./qprof-run-DATE-TIME).")
-@click.option("-F", "--frequency", type=int, default=999, show_default=True, help="Samples per second per thread.")
-@click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
-              help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise.")
-@click.option("--scope", type=click.Choice(["system", "cgroup"]), default="system", show_default=True,
-              help="system: perf samples every CPU and qprof keeps the targets' samples; cgroup: perf samples "
-                   "only while a target runs (through a perf_event cgroup), which costs each context switch "
-                   "between a target and another task (~4 us measured on a VM).")
-@click.option("--probes", "probes", default="default", show_default=True,
-              help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
-                   "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
-                   "uprobes on AEAD and header-protection calls).")
-@click.option("--keep-raw", is_flag=True,
-              help="Keep all raw perf data (by default each chunk is deleted once folded into stacks).")
-@click.option("--raw-budget", default="256M", show_default=True,
-              help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G).")
-@click.option("--chunk-size", default="64M", show_default=True,
-              help="perf data is folded in chunks of this size while sampling goes on.")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Print only the run directory (no live panel; it also stays off when stdout is not a terminal).")
+@_sampling_options
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
            out: Path | None, frequency: int, unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str,
@@ -117,32 +151,98 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     archive keeps whatever was collected. Needs root (perf sampling of other
     processes' kernel stacks).
     """
-    from qprof.collectors.probing import parse_groups
-    from qprof.collectors.session import AttachOptions, AttachSession
-    from qprof.endpoints import parse_size
+    from qprof.collectors.session import AttachSession
 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
-    opts = AttachOptions(pids=[*servers, *clients, *pids], out=out or _default_out(), duration=duration,
-                         frequency=frequency, unwind=unwind, probes=parse_groups(probes), roles=roles,
-                         scope=scope, keep_raw=keep_raw, raw_budget=parse_size(raw_budget),
-                         chunk_bytes=parse_size(chunk_size))
-    if not quiet and sys.stdout.isatty():
-        from qprof.viewer.live import LiveView
-
-        with LiveView(Console(highlight=False)) as view:
-            path = AttachSession(opts, status=view.status, on_tick=view.tick).run()
-    else:
-        status = (lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]"))
-        path = AttachSession(opts, status=status).run()
+    opts = _attach_options([*servers, *clients, *pids], out or _default_out(), roles, duration, frequency, unwind,
+                           scope, probes, keep_raw, raw_budget, chunk_size)
+    path = _watching(quiet, lambda status, tick: AttachSession(opts, status=status, on_tick=tick).run())
     click.echo(str(path))
     if not quiet:
         _stderr.print(f"qprof: run archive written; read it with: qprof report {path}")
 
 
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--server", default=None, metavar="'CMD ARGS'",
+              help="The server command, one quoted string; started held, released once sampling runs.")
+@click.option("--client", default=None, metavar="'CMD ARGS'",
+              help="The client command, one quoted string; released once the server is ready.")
+@click.option("--ready", "ready_spec", default="auto", show_default=True,
+              help="When the server is ready: auto (a listening TCP or bound UDP socket), udp:PORT, tcp:PORT, "
+                   "line:REGEX (its output) or delay:SECONDS.")
+@click.option("--ready-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds the server gets to be ready.")
+@click.option("-n", "--repeat", type=int, default=1, show_default=True,
+              help="Repetitions; each is one run archive (DIR/rep-NN when more than one).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Directory to create (default: ./qprof-run-DATE-TIME, ./qprof-record-DATE-TIME when repeated).")
+@_sampling_options
+@_guard
+def record(command: tuple[str, ...], server: str | None, client: str | None, ready_spec: str, ready_timeout: float,
+           repeat: int, out: Path | None, duration: float | None, frequency: int, unwind: str, scope: str,
+           probes: str, keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
+    """Run a benchmark under qprof: --server 'CMD' --client 'CMD', or one command after `--`.
+
+    \b
+    Each command starts held right after exec; the server is released once
+    sampling and probes are live, the client once the server is ready
+    (--ready); the run stops when the client exits, then the server is
+    stopped. With --repeat N, one archive per repetition, then the `qprof
+    table` summary over them. A command that cannot start, exits before it is
+    ready, never gets ready or fails stops the series with one line; the
+    archives written before stay.
+    """
+    from qprof.ready import parse_ready
+    from qprof.record import RecordOptions, commands_of, outcome_lines, record as run_record, recorded_runs
+
+    default = Path(f"qprof-record-{datetime.now().strftime('%Y%m%d-%H%M%S')}") if repeat > 1 else _default_out()
+    opts = RecordOptions(commands_of(server, client, command), out or default, repeat,
+                         parse_ready(ready_spec, ready_timeout) if server else parse_ready("auto"),
+                         _attach_options([], Path(), {}, duration, frequency, unwind, scope, probes, keep_raw,
+                                         raw_budget, chunk_size))
+    if ready_spec != "auto" and not server:
+        raise QprofError("--ready needs --server and --client: one command alone is released at once")
+    reps = _watching(quiet, lambda status, tick: run_record(opts, status, tick))
+    runs = recorded_runs(reps)
+    for r in runs:
+        click.echo(str(r))
+    if runs:
+        _print_summary(runs)
+    problems = outcome_lines(reps, opts)
+    for line in problems:
+        click.echo(line, err=True)
+    if problems:
+        sys.exit(2)
+
+
+def _table_rows(runs: list[Path], mappings: tuple[str, ...] = (), stack: str | None = None) -> list[Any]:
+    """`qprof table`'s rows of runs: one per run x process x category."""
+    from qprof.api import report_of
+    from qprof.viewer import rows as R
+
+    return [row for r in runs for row in R.table_rows(report_of(r, mappings, stack, top=1))]
+
+
+def _print_summary(runs: list[Path]) -> None:
+    """`qprof table`'s view of runs just recorded: one line per run and process, then the summary."""
+    from qprof.viewer import rows as R
+    from qprof.viewer.table import render, render_summary
+
+    table_rows = _table_rows(runs)
+    console = Console(highlight=False)
+    render(table_rows, console)
+    render_summary(R.summary_rows(table_rows), console)
+
+
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded"]), default="text", show_default=True,
-              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded", "pprof"]), default="text",
+              show_default=True,
+              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope), "
+                   "pprof (gzipped protobuf for go tool pprof, Pyroscope, Parca: needs -o).")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="With --format pprof: the file to write (e.g. profile.pb.gz).")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--top", type=int, default=5, show_default=True, help="Top symbols shown per category.")
@@ -150,12 +250,40 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
               help="Use this stack's mapping file instead of auto-detection (see `qprof mappings`).")
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
+@click.option("--timeline", is_flag=True,
+              help="Also each target's CPU by category and goodput over the run (text: a table per target; "
+                   "json: a `timeline` object).")
 @_guard
-def report(runs: tuple[Path, ...], fmt: str, mappings: tuple[str, ...], top: int, stack: str | None,
-           refold: bool) -> None:
+def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
+           stack: str | None, refold: bool, timeline: bool) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
-    print_report(list(runs), fmt, list(mappings), top, refold, stack)
+    if (fmt == "pprof") != (out is not None):
+        raise QprofError("--format pprof writes a file: give -o FILE (e.g. -o profile.pb.gz); -o is only for pprof")
+    if timeline and fmt not in ("text", "json"):
+        raise QprofError(f"--timeline goes with --format text or json, not {fmt}")
+    if fmt == "pprof":
+        _write_pprof(list(runs), out, list(mappings), refold, stack)
+        return
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline)
+
+
+def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
+    from qprof.attribution.analysis import analyse_run
+    from qprof.attribution.mapping import MappingSet
+    from qprof.viewer.output import output_format, write_atomic
+    from qprof.viewer.pprof import PprofCollector, pprof_bytes
+
+    if len(run_paths) != 1:
+        raise QprofError("--format pprof takes one run: give one run directory")
+    output_format(out, {".gz": "pprof", ".pb": "pprof", ".pprof": "pprof"})
+    seen = PprofCollector()
+    analysis = analyse_run(_open_run(run_paths[0], refold), MappingSet.load(mappings), stack, visit=seen)
+    data = pprof_bytes(analysis, seen)
+    write_atomic(out, data)
+    click.echo(str(out))
+    _stderr.print(f"qprof: pprof profile of {len(seen.seen):,} stacks written ({len(data):,} bytes)",
+                  markup=False, highlight=False)
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
@@ -181,9 +309,10 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
 
 
 def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
-                 stack: str | None = None) -> None:
+                 stack: str | None = None, timeline: bool = False) -> None:
     from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.timeline import TimelineBuilder, build
 
     if top < 1:
         raise QprofError("--top must be at least 1")
@@ -195,18 +324,24 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
                 click.echo(line)
         return
     ms = MappingSet.load(mappings)
-    analyses = [analyse_run(_open_run(p, refold), ms, stack) for p in run_paths]
+    builders = [TimelineBuilder() if timeline else None for _ in run_paths]
+    analyses = [analyse_run(_open_run(p, refold), ms, stack, visit=b) for p, b in zip(run_paths, builders)]
+    lines = [build(a.profile, b, list(a.profile.run.proc_readings())) if b is not None else None
+             for a, b in zip(analyses, builders)]
     if fmt == "json":
         from qprof.viewer.json_report import merged_dict, to_dict
 
-        doc = to_dict(analyses[0], top) if len(analyses) == 1 else merged_dict(analyses, top)
+        doc = to_dict(analyses[0], top, lines[0]) if len(analyses) == 1 else merged_dict(analyses, top, lines)
         click.echo(json.dumps(doc, indent=1))
     else:
         from qprof.viewer.terminal import render, render_verdict
+        from qprof.viewer.timeline import render_timeline
 
         console = Console(highlight=False)
-        for a in analyses:
+        for a, tl in zip(analyses, lines):
             render(a, console, top)
+            if tl is not None:
+                render_timeline(tl, console)
         v = verdict_of(analyses)
         if v is not None:
             render_verdict(v, console)
@@ -336,7 +471,6 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
     median share and CPU seconds with a 95% distribution-free confidence
     interval (order statistics; none below 6 runs, and it says so).
     """
-    from qprof.api import report_of
     from qprof.viewer import rows as R
     from qprof.viewer.table import check_output, render, render_summary, write
 
@@ -352,7 +486,7 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
         if r.resolve() in seen:
             raise QprofError(f"run {r} is given twice: list each run once")
         seen.add(r.resolve())
-    table_rows = [row for r in runs for row in R.table_rows(report_of(r, mappings, stack, top=1))]
+    table_rows = _table_rows(list(runs), mappings, stack)
     summary = R.summary_rows(table_rows)
     console = Console(highlight=False)
     if outputs is None:

@@ -1,9 +1,10 @@
 """`qprof demo`: qprof's main job on a real QUIC transfer, with nothing to set up.
 
-An ngtcp2 server and a held client run in two network namespaces joined by a
-veth pair (qprof.netlab: a real link between two hosts, built and removed by
-the demo); both are attached, the client is released once sampling runs,
-collection stops when the download ends, and the report ends with the verdict.
+An ngtcp2 server and client run in two network namespaces joined by a veth
+pair (qprof.netlab: a real link between two hosts, built and removed by the
+demo), recorded as `qprof record` runs any pair (qprof.record): both held from
+exec, the client released once the server's UDP port is bound, collection
+stopped when the download ends; the report ends with the verdict.
 Where namespaces cannot be made (not root, no `ip`), it says so and runs the
 same transfer on loopback.
 """
@@ -15,10 +16,13 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
-from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer, parse_size
+from qprof.collectors.archive import Run
+from qprof.collectors.session import AttachOptions
+from qprof.endpoints import Ngtcp2Transfer, make_certificate, parse_size
 from qprof.errors import QprofError
 from qprof.netlab import Lab, LabError
+from qprof.ready import Ready
+from qprof.record import Command, RecordOptions, outcome_lines, record
 
 
 @contextlib.contextmanager
@@ -44,26 +48,28 @@ def _place(status: Callable[[str], None], loopback: bool) -> Iterator[Lab | None
 
 
 def run_demo(size: str, out: Path, status: Callable[[str], None], loopback: bool = False) -> Path:
+    """`qprof record` of the ngtcp2 pair: the run archive of one transfer."""
     nbytes = parse_size(size)
     with _place(status, loopback) as lab:
-        xfer = Ngtcp2Transfer(nbytes) if lab is None else \
-            Ngtcp2Transfer(nbytes, host=lab.server_addr, placement=lab.placements())
+        xfer = Ngtcp2Transfer(nbytes) if lab is None else Ngtcp2Transfer(nbytes, host=lab.server_addr)
         with xfer:
             where = "loopback" if lab is None else \
                 f"two network namespaces ({lab.client_addr} -> {lab.server_addr}, veth)"
             status(f"ngtcp2 server on {xfer.host}:{xfer.port} serving {size}, client in {where}")
-            server = xfer.start_server()
-            client = xfer.start_client_stopped()
-            opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"})
-            path = AttachSession(opts, on_ready=xfer.release_client, stop_when=xfer.client_done,
-                                 status=status).run()
-            if xfer.client is not None:
-                xfer.client.wait(60)
-                if xfer.client.returncode:
-                    raise QprofError(f"the ngtcp2 client failed (exit {xfer.client.returncode}); "
-                                     f"run archive kept in {path}")
-            xfer.client_done()
-            g = xfer.goodput_gbps()
-            if g is not None:
-                status(f"transfer of {size} done: {g:.2f} Gbit/s goodput (client wall time, profiled)")
-    return path
+            key, cert = make_certificate(xfer.workdir, (xfer.host,))
+            place = lab.placements() if lab is not None else {}
+            commands = [Command("server", tuple(xfer.server_command(key, cert)), place.get("server")),
+                        Command("client", tuple(xfer.client_command()), place.get("client"))]
+            opts = RecordOptions(commands, out, ready=Ready("udp", port=xfer.port),
+                                 attach=AttachOptions(pids=[], out=out))
+            (rep,) = record(opts, status)
+            for line in outcome_lines([rep], opts):
+                status(line.removeprefix("qprof: error: "))
+            if rep.path is None or rep.failures:
+                raise QprofError("the demo's transfer failed" +
+                                 (f"; run archive kept in {rep.path}" if rep.path else ""))
+            took = Run.open(rep.path).meta.get("record", {}).get("client_s")
+            if took:
+                status(f"transfer of {size} done: {nbytes * 8 / took / 1e9:.2f} Gbit/s goodput "
+                       "(client wall time, profiled)")
+    return rep.path

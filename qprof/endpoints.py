@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from qprof.collectors.netns import CLONE_NEWNET, setns
 from qprof.errors import QprofError
 
 NGTCP2_SERVER = "gtlsserver"
@@ -104,15 +105,6 @@ def make_payload(directory: Path, size: int, name: str = "payload") -> Path:
 
 PTRACE_TRACEME = 0
 PTRACE_DETACH = 17
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
-    """setns(2) for the calling thread (os.setns needs Python 3.12)."""
-    if _libc.setns(fd, nstype) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 @dataclass(frozen=True)

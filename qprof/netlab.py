@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from qprof.endpoints import Placement, Transfer, setns
+from qprof.collectors.netns import setns
+from qprof.endpoints import Placement, Transfer
 from qprof.errors import QprofError
 
 PREFIX = "qprof-lab-"

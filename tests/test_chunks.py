@@ -182,3 +182,21 @@ def test_read_maps_never_raises(tmp_path_factory: pytest.TempPathFactory, lines:
     assert isinstance(maps, dict)
     if '{"type": "map", "data": {"@a": {"1,2": 3}}}' in lines:
         assert "@a" in maps
+
+
+def test_time_bins_coarsen_past_their_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run's (stack, bin) pairs stay under the budget: bins double in length, CPU time kept."""
+    from qprof.collectors import chunks
+    from qprof.collectors.chunks import FoldState
+
+    monkeypatch.setattr(chunks, "MAX_BIN_ENTRIES", 100)
+    st = FoldState()
+    stacks = [((f"f{i}", "/x"),) for i in range(3)]
+    for b in range(0, 200, 10):  # 20 chunks of 10 bins, 3 stacks in each bin
+        st.merge({(1, 1, "x", s): [10, 10 * 7, {b + k: 7 for k in range(10)}] for s in stacks})
+    entries = sum(len(slot[2]) for slot in st.acc.values())
+    assert entries <= 100 and st.bin_grain == 8
+    for slot in st.acc.values():
+        assert sum(slot[2].values()) == slot[1] == 200 * 7
+        assert all(b % 8 == 0 for b in slot[2])
+    assert st.header()["bin_grain"] == 8

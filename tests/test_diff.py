@@ -113,10 +113,10 @@ def test_matching_by_comm_duplicates_and_unknown_bytes(tmp_path: Path) -> None:
     (p,) = d["pairs"]
     assert p["b"]["udp_bytes"] is None
     assert all(c["cpu_seconds_per_gb_b"] is None and c["delta_cpu_seconds_per_gb"] is None for c in p["categories"])
-    assert any("no UDP byte counts for gtlsserver" in n for n in d["notes"])
+    assert any("no byte counts for gtlsserver" in n for n in d["notes"])
     assert any("only in" in n and "gtlsserver #2" in n for n in d["notes"])
     text = qprof("diff", str(a), str(b)).stdout
-    assert "Δ s/GB" not in text and "no UDP byte counts" in text  # no per-GB columns without both byte counts
+    assert "Δ s/GB" not in text and "no byte counts" in text  # no per-GB columns without both byte counts
 
 
 def test_nothing_to_compare_and_bad_arguments(tmp_path: Path) -> None:

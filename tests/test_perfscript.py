@@ -16,6 +16,7 @@ from qprof.collectors.perfscript import (
     Sample,
     parse_frame,
     parse_header,
+    time_bin,
     parse_samples,
     split_symbol_dso,
 )
@@ -109,17 +110,27 @@ def test_no_dso_group() -> None:
     "gtlsserver", "Web Content", "kworker/u8:2", "worker 1/2", "a 1/2 3", "1/2", "1234",
     "tokio-runtime-w", "x 12/34 56 ev:", "quic server #3",
 ])
-def test_comm_names(comm: str) -> None:
-    line = f"{comm:>16}  9926/9927     1001001 "
-    assert parse_header(line) == (comm, 9926, 9927, 1001001)
+@pytest.mark.parametrize("stamp, bin_", [("", None), ("  9146.799116:", 91467)])
+def test_comm_names(comm: str, stamp: str, bin_: int | None) -> None:
+    line = f"{comm:>16}  9926/9927{stamp}     1001001 "
+    assert parse_header(line) == (comm, 9926, 9927, 1001001, bin_)
     samples, stats = parse(line + "\n" + f"\t    7f5d1c2a3b4c sendmsg ({LIBC})\n\n")
-    assert [(s.comm, s.pid, s.tid, s.period) for s in samples] == [(comm, 9926, 9927, 1001001)]
+    assert [(s.comm, s.pid, s.tid, s.period, s.bin) for s in samples] == [(comm, 9926, 9927, 1001001, bin_)]
     assert stats.bad_lines == 0
 
 
+@pytest.mark.parametrize("stamp, bin_", [("0.000001:", 0), ("12.3:", 123), ("12.399999999", 123),
+                                          ("123456789.987654:", 1234567899), ("12:", None), ("x.1:", None),
+                                          ("12.:", None), ("١٢.3:", None)])
+def test_time_bins(stamp: str, bin_: int | None) -> None:
+    """Tenths of a second from the text itself: no float rounding near a bin's edge."""
+    assert time_bin(stamp) == bin_
+
+
 def test_header_with_event_tail() -> None:
-    assert parse_header("  server 1/2 250000 cpu-clock:") == ("server", 1, 2, 250000)
-    assert parse_header("  server 1/2 250000 cpu-clock:ppp:") == ("server", 1, 2, 250000)
+    assert parse_header("  server 1/2 250000 cpu-clock:") == ("server", 1, 2, 250000, None)
+    assert parse_header("  server 1/2 250000 cpu-clock:ppp:") == ("server", 1, 2, 250000, None)
+    assert parse_header("  server 1/2  5.25:  250000 cpu-clock:") == ("server", 1, 2, 250000, 52)
 
 
 def test_header_rejects() -> None:
@@ -254,11 +265,13 @@ def split_symbol_dso_is_offset(s: str) -> bool:
 
 
 _sample = st.tuples(_comm, st.integers(-1, 2**22), st.integers(-1, 2**22), st.integers(0, 2**40),
-                    st.lists(st.tuples(_ip, _sym, _dso), max_size=6))
+                    st.lists(st.tuples(_ip, _sym, _dso), max_size=6), st.none() | st.integers(0, 10**10))
 
 
-def _render(comm: str, pid: int, tid: int, period: int, frames: list[tuple[int, str, str]]) -> str:
-    out = [f"{comm:>16} {pid:5}/{tid:<5} {period:>10} "]
+def _render(comm: str, pid: int, tid: int, period: int, frames: list[tuple[int, str, str]],
+            micros: int | None = None) -> str:
+    when = "" if micros is None else f" {micros // 10**6:5}.{micros % 10**6:06d}:"
+    out = [f"{comm:>16} {pid:5}/{tid:<5}{when} {period:>10} "]
     out += [f"\t{ip:16x} {sym} ({dso})" for ip, sym, dso in frames]
     return "\n".join(out) + "\n"
 
@@ -273,8 +286,9 @@ def test_round_trip(samples: list, trailing_blank: bool) -> None:
     got = list(parse_samples(io.StringIO(text), stats))
     expected = [
         Sample(pid, tid, comm, period, tuple(
-            (sym, KERNEL_DSO if dso == UNKNOWN and _kernel_ip(ip) else dso) for ip, sym, dso in frames))
-        for comm, pid, tid, period, frames in samples
+            (sym, KERNEL_DSO if dso == UNKNOWN and _kernel_ip(ip) else dso) for ip, sym, dso in frames),
+            None if micros is None else micros // 100_000)
+        for comm, pid, tid, period, frames, micros in samples
     ]
     assert got == expected
     assert stats.bad_lines == 0 and stats.samples == len(samples)

@@ -130,3 +130,17 @@ def test_same_as_line_parser(text: str, cuts: list[int], max_texts: int, max_blo
 def test_same_as_line_parser_on_any_text(text: str, cuts: list[int], max_texts: int, max_block: int) -> None:
     # io.StringIO splits on "\n" only, as the folder does (perf's pipe is decoded with universal newlines first)
     same(streamed(text, cuts, max_texts, max_block), reference(text))
+
+
+def test_sample_times_are_kept_per_bin() -> None:
+    """With times in the headers (perf script -F ...,time,...), each record keeps its period per 100 ms
+    bin, identically on the fast path and the line parser's, wherever the text is cut."""
+    timed = [SAMPLE.replace("9926/9926 ", f"9926/9926  {t}: ").replace("1001001", str(p))
+             for t, p in (("100.01", 10), ("100.09", 20), ("100.10", 40), ("101.95", 80))]
+    odd = timed[1].replace("\n\n", "\n \n")  # a whitespace-only separator: the line parser's path
+    text = "".join([timed[0], odd, timed[2], timed[3]])
+    recs, stats = streamed(text, [30, 200, 333])
+    assert [(r.samples, r.period, r.bins) for r in recs] == [(4, 150, ((1000, 30), (1001, 40), (1019, 80)))]
+    same((recs, stats), reference(text))
+    for n in (1, 2, 3):  # flushed every n distinct texts: bins merge across flushes
+        same(streamed(text, [50], max_texts=n), reference(text))

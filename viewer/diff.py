@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from qprof.attribution.diff import Change, ProcessDiff, RunDiff
+from qprof.attribution.diff import Change, ProcessDiff, RunDiff, Side
 from qprof.viewer.flamegraph_svg import render_svg
 from qprof.viewer.flametree import FrameNode
 from qprof.viewer.folded import frame_name
@@ -40,9 +40,12 @@ def _delta(x: float | None) -> Text:
 
 def _side_line(p: ProcessDiff) -> str:
     a, b = p.a, p.b
-    mb = lambda s: "not counted" if s.bytes is None else f"{s.bytes / 1e6:,.1f} MB"  # noqa: E731
+    def moved(s: Side) -> str:
+        kinds = [f"{kind} {n / 1e6:,.1f} MB" for kind, n in (("UDP", s.udp_bytes), ("TCP", s.tcp_bytes)) if n]
+        return " + ".join(kinds) or "bytes not counted"
+
     per = lambda s: "" if s.gb is None else f", {s.cpu_seconds / s.gb:.3f} CPU s/GB"  # noqa: E731
-    return "\n".join(f"  {n}: pid {s.pid} {s.comm}, {s.cpu_seconds:.3f} CPU s ({s.samples:,} samples), UDP {mb(s)}"
+    return "\n".join(f"  {n}: pid {s.pid} {s.comm}, {s.cpu_seconds:.3f} CPU s ({s.samples:,} samples), {moved(s)}"
                      f"{per(s)}" for n, s in (("A", a), ("B", b)))
 
 
@@ -96,7 +99,7 @@ def render_diff(d: RunDiff, console: Console) -> None:
     say(f"qprof diff  A: {d.path_a}  B: {d.path_b}", "bold")
     per_gb_shown = any(p.a.bytes is not None and p.b.bytes is not None for p in d.pairs)
     say(f"  processes paired by {d.match_by}; shares (%) are of each process's sampled CPU time"
-        + ("; CPU s/GB: per 10^9 UDP payload bytes it sent and received" if per_gb_shown else ""))
+        + ("; CPU s/GB: per 10^9 payload bytes it sent and received (UDP and TCP)" if per_gb_shown else ""))
     for p in d.pairs:
         per_gb = p.a.bytes is not None and p.b.bytes is not None
         console.print()

@@ -8,6 +8,11 @@ tooltips; colours come from viewer.palette through its colour mapper, so a
 frame has the same colour as in the SVG. URL parameters `?s=REGEX` and
 `?z=FRAME` search and zoom at load, as in the SVG.
 
+Above the graph, a timeline per process shown (attribution.timeline): its
+CPU in cores per 100 ms, stacked by category in the category colours, and
+its goodput (Gbit/s, right axis) as a step line, so handshake, slow start,
+stalls and steady state show where the graph below only has totals.
+
 Symbol names are untrusted: the tree travels as JSON in a non-executed
 <script type="application/json"> block with `<`, `>` and `&` escaped, and the
 page only ever puts names into the document as text (d3's .text(), textContent).
@@ -20,6 +25,7 @@ import json
 from importlib import resources
 from typing import Any, Callable
 
+from qprof.attribution.categories import CATEGORIES
 from qprof.viewer.flametree import Flame, FrameNode
 from qprof.viewer.palette import SEARCH_MATCH, category_colour
 
@@ -73,6 +79,10 @@ h1 { font-size: 18px; margin: 0 0 4px 0; }
 #controls { font-size: 13px; margin-bottom: 6px; display: flex; gap: 8px; align-items: center; }
 #controls input { width: 260px; }
 #matched, #details { font-size: 12px; color: #333; min-height: 1.3em; }
+.tl-title { font-size: 13px; margin: 8px 0 0 0; }
+.tl-note { font-size: 12px; color: #444; }
+.tl-chart text { font-size: 11px; }
+.tl-goodput { fill: none; stroke: #111; stroke-width: 1.5px; }
 .d3-flame-graph-label { font-size: 11px; }
 """
 
@@ -98,6 +108,58 @@ _JS = """
     try { return new RegExp(term); }
     catch (err) { return new RegExp(term.replace(/[.*+?^${}()|[\\]\\\\]/g, "\\\\$&")); }
   }
+  function drawTimeline(tl, colours, width) {
+    var box = d3.select("#timeline");
+    if (!tl || !tl.targets.length) { box.append("p").attr("class", "tl-note").text("no timeline in this run"); return; }
+    if (!tl.aligned) {
+      box.append("p").attr("class", "tl-note")
+        .text("samples and byte readings of this run have no common clock: CPU only, from its first sample");
+    }
+    var cats = data.legend.map(function (l) { return l.category; });
+    var m = {top: 18, right: 56, bottom: 26, left: 44}, h = 140;
+    tl.targets.forEach(function (t) {
+      var n = t.cpu_cores[cats[0]].length, rows = [];
+      for (var i = 0; i < n; i++) {
+        var row = {t: i * tl.bin_s};
+        cats.forEach(function (c) { row[c] = t.cpu_cores[c][i]; });
+        rows.push(row);
+      }
+      if (n) rows.push(Object.assign({}, rows[n - 1], {t: n * tl.bin_s}));  // the last bin's right edge
+      var name = t.comm + " (pid " + t.pid + (t.role ? ", " + t.role : "") + ")";
+      box.append("p").attr("class", "tl-title")
+        .text(name + ": CPU cores by category per " + tl.bin_s + " s" +
+              (t.traffic ? "; goodput (Gbit/s, right axis, from " + t.traffic + ")" : ""));
+      var svg = box.append("svg").attr("class", "tl-chart").attr("data-pid", t.pid)
+        .attr("width", width).attr("height", h + m.top + m.bottom);
+      var g = svg.append("g").attr("transform", "translate(" + m.left + "," + m.top + ")");
+      var w = width - m.left - m.right;
+      var series = d3.stack().keys(cats)(rows);
+      var top = d3.max(series[series.length - 1] || [], function (d) { return d[1]; }) || 1;
+      var x = d3.scaleLinear().domain([0, Math.max(n * tl.bin_s, tl.bin_s)]).range([0, w]);
+      var y = d3.scaleLinear().domain([0, Math.max(1, top)]).nice().range([h, 0]);
+      var area = d3.area().curve(d3.curveStepAfter).x(function (d) { return x(d.data.t); })
+        .y0(function (d) { return y(d[0]); }).y1(function (d) { return y(d[1]); });
+      g.selectAll("path.tl-area").data(series).enter().append("path").attr("class", "tl-area")
+        .attr("data-category", function (d) { return d.key; })
+        .attr("fill", function (d) { return colours[d.key]; }).attr("d", area)
+        .append("title").text(function (d) { return d.key; });
+      g.append("g").attr("transform", "translate(0," + h + ")").call(d3.axisBottom(x).ticks(10))
+        .append("text").attr("x", w).attr("y", 22).attr("fill", "#111").attr("text-anchor", "end").text("s");
+      g.append("g").call(d3.axisLeft(y).ticks(4))
+        .append("text").attr("x", 0).attr("y", -8).attr("fill", "#111").attr("text-anchor", "middle").text("cores");
+      if (t.goodput_gbps.length) {
+        var gmax = d3.max(t.goodput_gbps, function (r) { return r[2]; }) || 1;
+        var y2 = d3.scaleLinear().domain([0, gmax]).nice().range([h, 0]);
+        var pts = [];
+        t.goodput_gbps.forEach(function (r) { pts.push([r[0], r[2]], [r[1], r[2]]); });
+        g.append("path").attr("class", "tl-goodput")
+          .attr("d", d3.line().x(function (p) { return x(p[0]); }).y(function (p) { return y2(p[1]); })(pts))
+          .append("title").text("goodput, Gbit/s");
+        g.append("g").attr("transform", "translate(" + w + ",0)").call(d3.axisRight(y2).ticks(4))
+          .append("text").attr("x", 0).attr("y", -8).attr("fill", "#111").attr("text-anchor", "middle").text("Gbit/s");
+      }
+    });
+  }
   var matched = document.getElementById("matched"), details = document.getElementById("details");
   var width = Math.max(600, document.getElementById("chart").clientWidth);
   var chart = flamegraph.default()
@@ -115,6 +177,7 @@ _JS = """
     })
     .setDetailsElement(details);
   d3.select("#chart").datum(data.tree).call(chart);
+  drawTimeline(data.timeline, data.colours, width);
   var box = document.getElementById("term");
   function search() { if (box.value) chart.search(box.value); else { chart.clear(); matched.textContent = ""; } }
   document.getElementById("controls").addEventListener("submit", function (e) { e.preventDefault(); search(); });
@@ -141,7 +204,9 @@ def flame_html(flame: Flame) -> str:
         return {"name": n.name, "value": n.period, "samples": n.samples, "share": round(n.period / total, 6),
                 "category": n.category, "fill": n.colour, "tip": flame.describe(n)}
 
-    data = {"legend": [{"category": c, "share": s, "colour": category_colour(c)} for c, s in flame.shares().items()]}
+    data = {"legend": [{"category": c, "share": s, "colour": category_colour(c)} for c, s in flame.shares().items()],
+            "colours": {c: category_colour(c) for c in CATEGORIES},
+            "timeline": flame.timeline.to_json() if flame.timeline is not None else None}
     doc = json.dumps(data)[:-1] + ',"tree":' + tree_json(flame.root, fields) + "}"
     css = vendored(VENDOR_CSS)
     scripts = "\n".join(f"<script>{vendored(name)}</script>" for name in VENDOR)
@@ -157,6 +222,7 @@ def flame_html(flame: Flame) -> str:
 <h1>{html.escape(flame.title)}</h1>
 <p id="subtitle">{html.escape(flame.subtitle)}</p>
 <div id="legend"></div>
+<div id="timeline"></div>
 <form id="controls"><input id="term" type="search" placeholder="search frames (regular expression)">
 <button type="submit">Search</button><button type="button" id="clear">Clear</button>
 <button type="button" id="reset">Reset zoom</button><span id="matched"></span></form>

@@ -32,6 +32,7 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.profile import ProcessProfile, Profile, attribute
+from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
 from qprof.collectors.archive import Run
 from qprof.collectors.stacks import StackRecord
 from qprof.errors import QprofError
@@ -151,6 +152,7 @@ class Flame:
     subtitle: str
     seconds_per_period: float
     processes: list[ProcessProfile]
+    timeline: Timeline | None = None  # the shown processes' CPU by category and goodput over the run
 
     def shares(self) -> dict[str, float]:
         """Each category's share of the CPU time shown: the legend."""
@@ -236,7 +238,14 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
         return got
 
     builder = FlameBuilder(label)
-    profile = attribute(run, mappings, stack, visit=builder)
+    over_time = TimelineBuilder(lambda rec: label(rec) is not None)
+
+    def visit(rec: StackRecord, decision: Decision) -> None:
+        builder(rec, decision)
+        over_time(rec, decision)
+
+    readings = list(run.proc_readings())
+    profile = attribute(run, mappings, stack, readings, visit=visit)
     chosen = _check_selection(run, profile, sel, role_pids)
     what = ", ".join(process_label(p.pid, p.comm, p.role) for p in chosen)
     if sel.tid is not None:
@@ -246,4 +255,5 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
     sub = (f"{what}: {builder.root.samples:,} samples, {cpu:.2f} CPU s; {meta.get('sampling', {}).get('event')} at "
            f"{meta.get('sampling', {}).get('frequency')} Hz; colour: the category holding most of a frame's time")
     return Flame(builder.root, f"qprof flame graph: {Path(run.path).resolve().name}", sub,
-                 profile.seconds_per_period, chosen)
+                 profile.seconds_per_period, chosen,
+                 build_timeline(profile, over_time, readings, [p.pid for p in chosen]))

@@ -12,6 +12,7 @@ from typing import Any
 from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
+from qprof.attribution.timeline import Timeline
 
 
 def _r(x: float) -> float:
@@ -48,7 +49,7 @@ def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float
     return float(process["categories"][UNCATEGORIZED]) - named
 
 
-def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
+def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None) -> dict[str, Any]:
     profile = analysis.profile
     meta = profile.run.meta
     procs = []
@@ -86,16 +87,19 @@ def to_dict(analysis: Analysis, top: int = 10) -> dict[str, Any]:
         "processes": procs,
         "targets_without_samples": profile.empty_targets,
         "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
+        "tcp": None if analysis.tcp is None else analysis.tcp.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
         "observer_cpu_s": {k: _r(v) for k, v in analysis.observer_cpu_s.items()},
+        **({"timeline": timeline.to_json()} if timeline is not None else {}),
     }
 
 
-def merged_dict(analyses: list[Analysis], top: int = 10) -> dict[str, Any]:
+def merged_dict(analyses: list[Analysis], top: int = 10,
+                timelines: list[Timeline | None] | None = None) -> dict[str, Any]:
     """Several runs (e.g. server and client recorded on two hosts): every run, all processes, one verdict."""
-    runs = [to_dict(a, top) for a in analyses]
+    runs = [to_dict(a, top, tl) for a, tl in zip(analyses, timelines or [None] * len(analyses))]
     v = verdict_of(analyses)
     return {"runs": runs, "categories": list(CATEGORIES),
             "processes": [p for r in runs for p in r["processes"]],

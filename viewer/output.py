@@ -42,15 +42,15 @@ def output_format(path: Path, formats: Mapping[str, str]) -> str:
     return formats[suffix]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path`: readers see the old file or the whole new one, mode 0600."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write `text` (UTF-8 if a str) to `path`: readers see the old file or the whole new one, mode 0600."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise QprofError(f"cannot write {path}: {e.strerror}; choose another -o") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

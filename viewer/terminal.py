@@ -15,6 +15,7 @@ from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypt
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, ProcessProfile, Profile
+from qprof.attribution.tcp import ProcessTcp
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
 COLOURS = TERMINAL
@@ -103,6 +104,13 @@ def _packet_io_table(p: ProcessPacketIO) -> Table:
         t.add_row(name, f"{d.syscalls:,}", f"{d.dgrams:,}", _fmt(d.per_syscall(), ".2f"),
                   f"{d.bytes / 1e6:,.1f}", Text(off + extra))
     return t
+
+
+def _tcp_line(t: ProcessTcp, say: "Callable[..., None]") -> None:
+    closed = sum(bool(s.get("closed")) for s in t.sockets)
+    say(f"  TCP (kernel socket counters): sent {t.sent / 1e6:,.1f} MB, received {t.received / 1e6:,.1f} MB over "
+        f"{len(t.sockets)} connection{'s' if len(t.sockets) != 1 else ''} ({closed} closed)"
+        + (f"; {t.retransmitted / 1e6:,.2f} MB retransmitted" if t.retransmitted > 0 else ""))
 
 
 def _estimates_note(p: ProcessPacketIO) -> str | None:
@@ -255,9 +263,13 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         console.print(_symbols_table(p, top))
         if len(p.threads) > 1:
             console.print(_threads_table(p, profile))
-        if pio is not None and p.pid in pio.processes:
-            console.print(_packet_io_table(pio.processes[p.pid]))
-            _packet_io_notes(pio.processes[p.pid], say)
+        tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
+        udp = pio.processes.get(p.pid) if pio is not None else None
+        if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):
+            console.print(_packet_io_table(udp))
+            _packet_io_notes(udp, say)
+        if tcp is not None and tcp.moved:
+            _tcp_line(tcp, say)
         cr = getattr(analysis, "crypto", None)
         if cr is not None and p.pid in cr.processes:
             _crypto_section(cr.processes[p.pid], say, console)

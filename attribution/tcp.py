@@ -1,0 +1,69 @@
+"""TCP bytes per process from the kernel's socket counters (tcp.json, collectors.traffic).
+
+What a TCP+TLS baseline needs beside its samples: how much each process moved,
+so its CPU time can be put per GB and set beside a QUIC endpoint's. Sent
+bytes are the acknowledged payload (TLS records and HTTP framing included,
+retransmissions once), received bytes the in-order payload
+(collectors.tcpinfo); bytes_retrans is what was sent again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ProcessTcp:
+    pid: int
+    sent: int = 0  # acknowledged payload bytes
+    received: int = 0
+    retransmitted: int = 0
+    sockets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def moved(self) -> int:
+        return self.sent + self.received
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sent_bytes": self.sent, "received_bytes": self.received,
+                "retransmitted_bytes": self.retransmitted,
+                "sockets": len(self.sockets), "closed": sum(bool(s.get("closed")) for s in self.sockets),
+                "connections": [{"local": s.get("local"), "peer": s.get("peer"), "closed": bool(s.get("closed")),
+                                 "sent_bytes": s["last"]["payload_sent"] - s["first"]["payload_sent"],
+                                 "received_bytes": s["last"]["bytes_received"] - s["first"]["bytes_received"]}
+                                for s in self.sockets]}
+
+
+@dataclass
+class TcpIO:
+    """The run's TCP picture: per process, and what could not be given an owner."""
+
+    processes: dict[int, ProcessTcp]
+    unowned: dict[str, int]
+    errors: list[str]
+    lost_destroy_events: int
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
+                "unowned_closed": self.unowned, "lost_destroy_events": self.lost_destroy_events,
+                "errors": self.errors}
+
+
+def analyse(record: dict[str, Any] | None, pids: list[int]) -> TcpIO | None:
+    """Per-process TCP bytes; None for a run recorded without (older archives)."""
+    if record is None:
+        return None
+    procs = {p: ProcessTcp(p) for p in pids}
+    for s in record.get("sockets", []):
+        p = procs.get(int(s["pid"]))
+        if p is None:
+            continue
+        first, last = s["first"], s["last"]
+        p.sent += last["payload_sent"] - first["payload_sent"]
+        p.received += last["bytes_received"] - first["bytes_received"]
+        p.retransmitted += int(last.get("bytes_retrans", 0)) - int(first.get("bytes_retrans", 0))
+        p.sockets.append(s)
+    return TcpIO(procs, dict(record.get("unowned_closed") or {}), list(record.get("errors") or []),
+                 int(record.get("lost_destroy_events") or 0), str(record.get("source") or ""))

@@ -1,0 +1,150 @@
+"""A run over time: each target's CPU by category per 100 ms, and the bytes it moved.
+
+Totals hide the phases of a transfer: handshake, slow start, loss episodes,
+steady state. The folded stacks keep each record's CPU time per time bin
+(collectors.stacks, perfscript.BIN_S), and the report's own attribution pass
+adds it up per process and category (TimelineBuilder is a
+profile.Visitor), so a bin's categories are the report's. Bytes come from
+the running totals in the /proc readings (collectors.traffic): TCP exact,
+from the kernel's socket counters every 0.25 s; UDP estimated from the
+probes' sampling windows, whose totals change once a second. Rates are taken
+between successive changes of a total, so a UDP rate is a one-second average.
+
+Samples (perf -k monotonic) and readings share CLOCK_MONOTONIC: time 0 is the
+start of the bin holding the run's first /proc reading. A run recorded before, or refolded without that
+clock, has no common clock: its CPU starts at its first sample and no rates
+are drawn (`aligned` is false).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.engine import Decision
+from qprof.attribution.profile import Profile
+from qprof.collectors.perf import SAMPLE_CLOCK
+from qprof.collectors.perfscript import BIN_S
+from qprof.collectors.stacks import StackRecord, read_header
+
+
+class TimelineBuilder:
+    """Visitor: CPU period per process, time bin and category, for the records `keep` accepts."""
+
+    def __init__(self, keep: Callable[[StackRecord], bool] = lambda rec: True) -> None:
+        self.keep = keep
+        self.cpu: dict[int, dict[int, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+
+    def __call__(self, rec: StackRecord, decision: Decision) -> None:
+        if rec.bins and self.keep(rec):
+            per_bin = self.cpu[rec.pid]
+            for b, period in rec.bins:
+                per_bin[b][decision.category] += period
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Bytes per second between two readings whose totals differ."""
+
+    start_s: float
+    end_s: float
+    sent_gbps: float
+    received_gbps: float
+
+
+@dataclass
+class TargetTimeline:
+    pid: int
+    comm: str
+    role: str | None
+    cpu: list[dict[str, float]]  # per bin from time 0: CPU cores by category (CPU seconds / BIN_S)
+    rates: list[Rate] = field(default_factory=list)
+    traffic: str = ""  # what the rates count: "TCP", "UDP (estimated)", both, or "" for none
+
+    @property
+    def goodput(self) -> list[tuple[float, float, float]]:
+        """(start s, end s, Gbit/s) of the direction that moved more: what the target was there for."""
+        sent = sum(r.sent_gbps * (r.end_s - r.start_s) for r in self.rates)
+        received = sum(r.received_gbps * (r.end_s - r.start_s) for r in self.rates)
+        return [(r.start_s, r.end_s, r.sent_gbps if sent > received else r.received_gbps) for r in self.rates]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "comm": self.comm, "role": self.role, "traffic": self.traffic,
+                "cpu_cores": {c: [round(b.get(c, 0.0), 4) for b in self.cpu] for c in CATEGORIES},
+                "rates": [{"start_s": round(r.start_s, 3), "end_s": round(r.end_s, 3),
+                           "sent_gbps": round(r.sent_gbps, 4), "received_gbps": round(r.received_gbps, 4)}
+                          for r in self.rates],
+                "goodput_gbps": [[round(a, 3), round(b, 3), round(g, 4)] for a, b, g in self.goodput]}
+
+
+@dataclass
+class Timeline:
+    bin_s: float
+    aligned: bool  # samples and byte readings on one clock (see the module docstring)
+    targets: list[TargetTimeline]
+
+    @property
+    def bins(self) -> int:
+        return max((len(t.cpu) for t in self.targets), default=0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bin_s": self.bin_s, "aligned": self.aligned, "bins": self.bins,
+                "targets": [t.to_json() for t in self.targets]}
+
+
+def _rates(readings: list[dict[str, Any]], pid: int, origin: float) -> tuple[list[Rate], str]:
+    """Rates between successive changes of the target's running byte totals (TCP + UDP)."""
+    kinds: set[str] = set()
+    points: list[tuple[float, float, float]] = []
+    for r in readings:
+        sent = received = 0.0
+        seen = False
+        for kind in ("tcp", "udp"):
+            v = (r.get(kind) or {}).get(str(pid))
+            if v and len(v) == 2:
+                sent, received, seen = sent + v[0], received + v[1], True
+                if v[0] or v[1]:
+                    kinds.add(kind)
+        if seen:
+            points.append((float(r["mono"]) - origin, sent, received))
+    rates, prev = [], points[0] if points else None
+    for p in points[1:]:
+        assert prev is not None
+        if (p[1], p[2]) != (prev[1], prev[2]) and p[0] > prev[0]:
+            dt = p[0] - prev[0]
+            rates.append(Rate(prev[0], p[0], (p[1] - prev[1]) * 8 / dt / 1e9, (p[2] - prev[2]) * 8 / dt / 1e9))
+            prev = p
+    label = " + ".join(x for x in ("TCP" if "tcp" in kinds else "", "UDP (estimated)" if "udp" in kinds else "") if x)
+    return rates, label
+
+
+def build(profile: Profile, builder: TimelineBuilder, readings: list[dict[str, Any]],
+          pids: list[int] | None = None) -> Timeline:
+    """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass."""
+    meta = profile.run.meta
+    aligned = (meta.get("sampling") or {}).get("clock") == SAMPLE_CLOCK and bool(readings)
+    # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
+    # starts at a multiple of the grain
+    grain = max(1, int((read_header(profile.run.stacks_path) or {}).get("bin_grain", 1)))
+    bin_s = BIN_S * grain
+    all_bins = [b // grain for per in builder.cpu.values() for b in per]
+    # time 0 is the start of the bin holding the first /proc reading (aligned), or the first sample's
+    first = int(float(readings[0]["mono"]) / BIN_S) // grain if aligned else min(all_bins, default=0)
+    origin = first * bin_s
+    last = max(all_bins, default=first)
+    if aligned:
+        last = max(last, int(float(readings[-1]["mono"]) / BIN_S) // grain)
+    scale = profile.seconds_per_period / bin_s  # period per bin -> cores
+    targets = []
+    for p in profile.processes:
+        if pids is not None and p.pid not in pids:
+            continue
+        per_bin: dict[int, Counter[str]] = defaultdict(Counter)
+        for b, cats in builder.cpu.get(p.pid, {}).items():
+            per_bin[b // grain].update(cats)
+        cpu = [{c: v * scale for c, v in per_bin.get(b, {}).items()} for b in range(first, last + 1)]
+        rates, kinds = _rates(readings, p.pid, origin) if aligned else ([], "")
+        targets.append(TargetTimeline(p.pid, p.comm, p.role, cpu, rates, kinds))
+    return Timeline(bin_s, aligned, targets)

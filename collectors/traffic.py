@@ -1,0 +1,166 @@
+"""Bytes each target moves, over the run: TCP from the kernel's socket counters, UDP from the probes.
+
+TCP (collectors.tcpinfo): every poll dumps the TCP sockets of each target's
+network namespace and keeps those whose inode one of the targets holds;
+destroy broadcasts give each closed socket's last counters. A socket's bytes
+are counted from its first sighting: a socket already open when the run
+started starts from its counters then (the first poll, before the targets are
+released), a later one from zero. The run's record goes to tcp.json: per
+socket its owner, addresses, and first and last counters.
+
+UDP has no per-socket byte counters in the kernel: the packetio probes'
+sampling windows estimate each process's bytes (probes/packetio/windows.py);
+their running totals, as the probes last printed them, are sampled at each
+poll, so the time series costs nothing more.
+
+Each poll returns {"tcp": {pid: [sent, received]}, "udp": {pid: [sent, received]}}
+(cumulative bytes since the start), which the session writes into that
+moment's /proc reading: one time series, one clock (CLOCK_MONOTONIC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from qprof.collectors import archive, netstat, procfs
+from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
+from qprof.probes.packetio.record import Windows
+
+_COUNTERS = ("payload_sent", "bytes_received", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out", "segs_in")
+
+
+@dataclass
+class _Tracked:
+    pid: int
+    sock: TcpSocket
+    first: dict[str, int]
+    last: dict[str, int]
+    first_time: float
+    last_time: float
+    closed: bool = False
+
+    def moved(self) -> tuple[int, int]:
+        """(sent, received) payload bytes since first seen: acknowledged out, in-order in."""
+        return (self.last["payload_sent"] - self.first["payload_sent"],
+                self.last["bytes_received"] - self.first["bytes_received"])
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.sock
+        return {"pid": self.pid, "cookie": s.cookie, "family": 6 if s.family == 10 else 4, "local": s.local,
+                "peer": s.peer, "first": self.first, "last": self.last, "first_time": self.first_time,
+                "last_time": self.last_time, "closed": self.closed}
+
+
+def _counters(s: TcpSocket) -> dict[str, int] | None:
+    vals = {k: getattr(s, k) for k in _COUNTERS}
+    if vals["payload_sent"] is None or vals["bytes_received"] is None:
+        return None
+    return {k: int(v or 0) for k, v in vals.items()}
+
+
+def udp_totals(maps: dict[str, Any]) -> dict[int, list[float]]:
+    """Per process, the packetio windows' running estimates of UDP bytes sent and received."""
+    w = Windows.from_json(maps.get("@windows"))
+    if w is None or "tx_bytes" not in w.series or "rx_bytes" not in w.series:
+        return {}
+    tx, rx = w.series.index("tx_bytes"), w.series.index("rx_bytes")
+    return {int(k): [round(g.sum[tx]), round(g.sum[rx])] for k, g in w.groups.items() if k.isdigit()}
+
+
+@dataclass
+class TrafficRecorder:
+    """Polls the targets' TCP sockets and folds in the probes' UDP totals; see the module docstring."""
+
+    out: Path
+    pids: list[int]
+    status: Callable[[str], None] = lambda msg: None
+    diags: dict[str, TcpDiag] = field(default_factory=dict)
+    tracked: dict[tuple[str, int], _Tracked] = field(default_factory=dict)
+    unowned: dict[str, int] = field(default_factory=lambda: {"sockets": 0, "payload_sent": 0, "bytes_received": 0})
+    errors: list[str] = field(default_factory=list)
+    _polls: int = 0
+
+    def start(self, now: float) -> dict[str, Any]:
+        """Open sock_diag in each target's namespace and take the first counters."""
+        for pid in self.pids:
+            ns = netstat.netns_id(pid)
+            if ns is None or ns in self.diags:
+                continue
+            try:
+                self.diags[ns] = TcpDiag(pid)
+            except OSError as e:
+                self._error(f"sock_diag in {ns} (pid {pid}): {e.strerror or e}: TCP bytes not counted there")
+        return self.poll(now, {})
+
+    def _error(self, msg: str) -> None:
+        if msg not in self.errors:
+            self.errors.append(msg)
+            self.status(f"warning: {msg}")
+
+    def poll(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
+        """One reading of the targets' TCP sockets; the cumulative bytes per target, both kinds."""
+        owners: dict[int, int] | None = None
+        first_poll = self._polls == 0
+        self._polls += 1
+        for ns, diag in self.diags.items():
+            try:
+                live, gone = diag.dump(), diag.destroyed()
+            except OSError as e:
+                self._error(f"sock_diag in {ns}: {e.strerror or e}")
+                continue
+            for s in live:
+                key = (ns, s.cookie)
+                t = self.tracked.get(key)
+                counters = _counters(s)
+                if counters is None or s.state == TCP_LISTEN:
+                    continue
+                if t is None:
+                    if owners is None:
+                        owners = {int(i): p for p in self.pids for i in procfs.socket_inodes(p)}
+                    owner = owners.get(s.inode)
+                    if owner is None:
+                        continue
+                    base = counters if first_poll else {k: 0 for k in counters}
+                    t = self.tracked[key] = _Tracked(owner, s, base, counters, now, now)
+                t.last, t.last_time = counters, now
+            for s in gone:
+                counters = _counters(s)
+                t = self.tracked.get((ns, s.cookie))
+                if counters is None:
+                    continue
+                if t is None:  # opened and closed between two polls: whose it was is unknown
+                    if s.state != TCP_LISTEN and (counters["payload_sent"] or counters["bytes_received"]):
+                        self.unowned["sockets"] += 1
+                        self.unowned["payload_sent"] += counters["payload_sent"]
+                        self.unowned["bytes_received"] += counters["bytes_received"]
+                    continue
+                t.last, t.last_time, t.closed = counters, now, True
+        tcp: dict[str, list[int]] = {}
+        for t in self.tracked.values():
+            moved = t.moved()
+            acc = tcp.setdefault(str(t.pid), [0, 0])
+            acc[0] += moved[0]
+            acc[1] += moved[1]
+        udp = {str(p): v for p, v in udp_totals(udp_maps).items() if p in self.pids}
+        return {k: v for k, v in (("tcp", tcp), ("udp", udp)) if v}
+
+    def record(self) -> dict[str, Any]:
+        lost = sum(d.lost_events for d in self.diags.values())
+        return {"source": "sock_diag tcp_info (payload sent: acknowledged, once; received: in order) and its "
+                          "socket-destroy broadcasts", "polls": self._polls,
+                "sockets": [t.to_json() for t in self.tracked.values()], "unowned_closed": self.unowned,
+                "lost_destroy_events": lost, "errors": self.errors, "namespaces": sorted(self.diags)}
+
+    def finish(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
+        """A last reading (sockets closed at the end), the record written to tcp.json, sockets closed."""
+        last = self.poll(now, udp_maps)
+        archive.write_json_atomic(self.out / archive.TCP, self.record())
+        self.close()
+        return last
+
+    def close(self) -> None:
+        for d in self.diags.values():
+            d.close()
+        self.diags = {}
