@@ -9,6 +9,7 @@ from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
+from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
 
@@ -21,6 +22,7 @@ class Analysis:
     crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
+    stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
 
     @property
     def verdict(self) -> Verdict | None:
@@ -30,7 +32,8 @@ class Analysis:
 def verdict_of(analyses: list[Analysis]) -> Verdict | None:
     """One verdict over one run, or over runs recorded on different hosts (one side each)."""
     sides = [s for a in analyses for s in a.sides]
-    return judge(sides) if sides else None
+    records = [r for a in analyses for r in a.stack_records]
+    return judge(sides, records) if sides else None
 
 
 def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit: Visitor | None = None) -> Analysis:
@@ -49,7 +52,7 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     host_cpus = int(host.get("cpus") or 1)
     sides = [ev for t in targets if t.get("role") in ("server", "client")
              for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
-                                      host.get("cpu_nodes"))]
+                                      host.get("cpu_nodes"), probes.get("qdiscs"))]
              if ev is not None]
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes))
 

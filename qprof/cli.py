@@ -150,12 +150,15 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
               help="Use this stack's mapping file instead of auto-detection (see `qprof mappings`).")
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
+@click.option("--qlog", "qlog", type=click.Path(path_type=Path), default=None,
+              help="Directory of the endpoints' qlog files (e.g. quic-go's QLOGDIR): the stack's own record of "
+                   "why its sender waited, shown beside the verdict.")
 @_guard
 def report(runs: tuple[Path, ...], fmt: str, mappings: tuple[str, ...], top: int, stack: str | None,
-           refold: bool) -> None:
+           refold: bool, qlog: Path | None) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
-    print_report(list(runs), fmt, list(mappings), top, refold, stack)
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, qlog)
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
@@ -176,9 +179,10 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
 
 
 def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
-                 stack: str | None = None) -> None:
+                 stack: str | None = None, qlog: Path | None = None) -> None:
     from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.stackrecord import read_dir
 
     if top < 1:
         raise QprofError("--top must be at least 1")
@@ -190,7 +194,10 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
                 click.echo(line)
         return
     ms = MappingSet.load(mappings)
+    records = read_dir(qlog) if qlog is not None else []
     analyses = [analyse_run(_open_run(p, refold), ms, stack) for p in run_paths]
+    for a in analyses:
+        a.stack_records = records
     if fmt == "json":
         from qprof.viewer.json_report import merged_dict, to_dict
 
