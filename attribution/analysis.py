@@ -10,6 +10,7 @@ from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
+from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
 
@@ -23,6 +24,7 @@ class Analysis:
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
+    stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -39,7 +41,8 @@ class Analysis:
 def verdict_of(analyses: list[Analysis]) -> Verdict | None:
     """One verdict over one run, or over runs recorded on different hosts (one side each)."""
     sides = [s for a in analyses for s in a.sides]
-    return judge(sides) if sides else None
+    records = [r for a in analyses for r in a.stack_records]
+    return judge(sides, records) if sides else None
 
 
 def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit: Visitor | None = None) -> Analysis:
@@ -59,7 +62,7 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     host_cpus = int(host.get("cpus") or 1)
     sides = [ev for t in targets if t.get("role") in ("server", "client")
              for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
-                                      host.get("cpu_nodes"), _tcp_pair(tcp, int(t["pid"])))]
+                                      host.get("cpu_nodes"), probes.get("qdiscs"), _tcp_pair(tcp, int(t["pid"])))]
              if ev is not None]
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes), tcp)
 

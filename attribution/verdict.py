@@ -1,38 +1,90 @@
-"""Who limits the run: the server's CPU, the client's, both, or neither (network, congestion, flow control).
+"""Who limits the run, and why: the server, the client, both, or neither, with the cause named.
 
-Only what qprof measured on the targets and their cgroups decides, never how
-a test set them up. Per side, from /proc (schedstat: ns on a CPU and ns
-runnable but waiting) and the cgroup's CPU controller:
-- the busiest thread's demand: on-CPU share of wall time plus run-queue share
-  (the founding study saw >95% on the limiting side; most stacks are
-  single-threaded);
-- the whole process's demand against what it may use: the host's CPUs, or its
-  cgroup quota (a container capped at 30% of a core is CPU-limited at 30%);
-- cgroup throttling: the share of enforcement periods in which it was throttled.
-A side is CPU-limited when any of these reaches its threshold. Time blocked in
-epoll/poll/recv (waiting for packets), receive drops and goodput are evidence
-shown beside the decision. Each side's rates come from its own window, so two
-archives from two hosts (no clock sync) can be judged together.
+Only what qprof measured on the targets decides, never how a test set them up.
+Per side, over its own window (two archives from two hosts need no clock sync):
+
+- CPU, from schedstat per thread (ns on a CPU, ns runnable but waiting for
+  one) summed over the process, against its capacity: the CPUs its affinity
+  and its cpuset both allow, capped by its cgroup quota. `cpu-busy`: on a CPU
+  most of what it may use, or one thread on a CPU nearly all the time (most
+  QUIC stacks do their work in one thread), or wanting a CPU (on one or
+  stalled) all the time. `cpu-starved`: its cgroup throttled, or stalled for a
+  CPU (wanting one with none of its threads running) for long, relative to
+  the CPU time it got. Stalls are the CPU pressure "full" (PSI) of a cgroup
+  holding only this process, or, for a single thread, its run-queue time. The
+  run-queue times of a process's threads are not summed into a stall: threads
+  of one process (Go's, tokio's) also wait for each other, which is no limit
+  from outside. A multi-threaded process in a shared cgroup has no stall figure.
+- `receive-buffer`: datagrams dropped at its sockets for lack of buffer
+  (SOCKET_RCVBUFF and kin, counted exactly by the probes) as a share of those
+  that arrived, at a side not CPU-limited itself (a CPU-limited receiver's
+  drops are its CPU's symptom).
+- `link`: a queue on the way out of a side's namespace held back or dropped
+  the run's packets (tc qdisc overlimits, drops and requeues per packet).
+- `flow-control/application` when nothing above is found: both waited with
+  no CPU saturated, no drops and no queue on this host (the sender had nothing
+  it was allowed to send; a bottleneck beyond this host would look the same).
+
+When findings of several kinds are met, the one that binds is named and the
+others are noted: a queue that filled on the way out means the sender
+produced faster than the link carried (`link`, whatever a side's CPU did);
+a receiver losing a large share of its datagrams holds a loss-based sender
+far below what its CPU allows (`receive-buffer`); then the CPU-limited sides.
+
+Every criterion is a named threshold (THRESHOLDS); each side's findings carry
+the value, the threshold and whether it was met, and the report prints them.
+Where the stack recorded why its sender waited (qlog, attribution.stackrecord),
+its split of the sender's time is put beside the verdict with whether it agrees.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from qprof.attribution.packetio import PacketIO
+from qprof.attribution.stackrecord import SenderRecord, agreement, sender
 
-THRESHOLDS = {
-    "busiest_thread_demand": 0.90,  # on-CPU + run-queue share of wall time
-    "process_demand_of_capacity": 0.90,  # (on-CPU + run-queue) / min(host CPUs, cgroup quota)
-    "throttled_periods": 0.25,  # share of CFS periods in which the cgroup was throttled
+THRESHOLDS: dict[str, float] = {
+    "thread_on_cpu": 0.90,  # cpu-busy: the busiest thread on a CPU this share of wall time
+    "on_cpu_of_capacity": 0.90,  # cpu-busy: the process's on-CPU cores / its capacity
+    "demand_of_capacity": 0.90,  # CPU-limited: (on-CPU + stalled) / capacity; or one thread runnable
+    "stalled": 0.15,  # cpu-starved: share of wall time it wanted a CPU and none of its threads ran ...
+    "stall_ratio": 0.40,  # ... and that stall / (stall + on-CPU cores) (a single thread: waiting / runnable)
+    "throttled_periods": 0.25,  # cpu-starved: share of CFS periods in which its cgroup was throttled
+    "receive_drop_share": 0.02,  # receive-buffer: dropped at its sockets / (received + dropped)
+    "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
 }
 MIN_WINDOW_S = 0.5
+CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "flow-control/application")
+# kernel drop reasons (skb_drop_reason) meaning the socket had no room
+RECEIVE_BUFFER_REASONS = {"SOCKET_RCVBUFF", "SOCKET_BACKLOG", "PROTO_MEM"}
 # x86_64 system calls a thread sits in while it waits for packets
 WAIT_SYSCALLS = {"232": "epoll_wait", "281": "epoll_pwait", "441": "epoll_pwait2", "7": "poll",
                  "271": "ppoll", "23": "select", "270": "pselect6", "45": "recvfrom", "47": "recvmsg",
                  "299": "recvmmsg", "426": "io_uring_enter"}
 OTHER_SYSCALLS = {"202": "futex", "35": "nanosleep", "230": "clock_nanosleep", "0": "read", "1": "write"}
+
+
+def is_queue_reason(reason: str) -> bool:
+    """A drop in a queueing discipline (tbf, fq_codel, ...) or by tc on the way."""
+    return reason.startswith(("QDISC", "TC_", "FQ_", "CAKE"))
+
+
+@dataclass
+class Finding:
+    """One measured fact against its threshold: what decided (or did not decide) a cause."""
+
+    cause: str
+    threshold: str  # a key of THRESHOLDS
+    value: float
+    met: bool
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cause": self.cause, "threshold": self.threshold, "limit": THRESHOLDS[self.threshold],
+                "value": round(self.value, 4), "met": self.met, "text": self.text}
 
 
 @dataclass
@@ -47,19 +99,42 @@ class SideEvidence:
     busiest_runqueue: float = 0.0
     busiest_blocked: float = 0.0
     blocked_in: dict[str, float] = field(default_factory=dict)  # syscall -> share of readings while blocked
+    threads: int = 0
     process_cpu_cores: float = 0.0
-    process_runqueue_cores: float = 0.0
+    process_runqueue_cores: float = 0.0  # summed over threads: counts threads waiting for each other too
+    stalled: float | None = None  # share of wall time it wanted a CPU and none of its threads ran
+    stalled_from: str = ""  # PSI "full" of its own cgroup, or its one thread's run-queue time
+    stall_ratio: float | None = None  # stalled / (stalled + on-CPU cores)
     capacity_cores: float = 0.0
+    capacity_from: str = ""  # what set the capacity: host, affinity, cpuset, quota
+    cpus_allowed: list[int] | None = None  # affinity
+    cpuset: list[int] | None = None
     quota_cores: float | None = None
     throttled_periods: float | None = None
     throttled_s: float | None = None
-    cpus: list[int] = field(default_factory=list)
+    pressure_some: float | None = None  # PSI of its own cgroup: share of time some thread waited for a CPU
+    pressure_full: float | None = None  # ... and every runnable thread waited
+    host_pressure_some: float | None = None  # the host's (/proc/pressure/cpu)
+    cpus: list[int] = field(default_factory=list)  # CPUs the busiest thread was seen on
     numa_nodes: list[int] = field(default_factory=list)  # of those CPUs
     cpu_changes: int = 0  # migrations of the busiest thread seen between readings
-    drops: int = 0
+    drops: int = 0  # all drops at its ports
+    drop_reasons: dict[str, int] = field(default_factory=dict)
+    receive_drops: int = 0  # for lack of socket buffer
+    received_datagrams: float | None = None
+    receive_drop_share: float | None = None
+    queue_packets: int | None = None  # on its namespace's qdiscs (not lo) over the run
+    queue_events: int | None = None  # overlimits + drops + requeues there
+    queue_share: float | None = None
     goodput_gbps: float | None = None
+    cause: str | None = None  # what limits this side, or None
     cpu_limited: bool = False
-    reasons: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def reasons(self) -> list[str]:
+        """The findings that decided its cause."""
+        return [f.text for f in self.findings if f.met and f.cause == self.cause]
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -67,21 +142,25 @@ class SideEvidence:
             if isinstance(v, float):
                 d[k] = round(v, 4)
         d["blocked_in"] = {k: round(v, 3) for k, v in self.blocked_in.items()}
+        d["findings"] = [f.to_json() for f in self.findings]
+        d["reasons"] = self.reasons
         return d
 
 
 @dataclass
 class Verdict:
     limited_by: str  # server-limited | client-limited | both | neither
+    cause: str  # one of CAUSES, or two joined by "+" when both sides limit for different reasons
     summary: str
     sides: list[SideEvidence]
     thresholds: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    stack_record: dict[str, Any] | None = None  # the stack's own word (qlog) and whether it agrees
 
     def to_json(self) -> dict[str, Any]:
-        return {"limited_by": self.limited_by, "summary": self.summary,
+        return {"limited_by": self.limited_by, "cause": self.cause, "summary": self.summary,
                 "evidence": {s.role: s.to_json() for s in self.sides},
-                "thresholds": self.thresholds, "notes": self.notes}
+                "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
 
 
 def _window(readings: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
@@ -89,9 +168,16 @@ def _window(readings: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
     return [r for r in readings if r.get("threads", {}).get(key)]
 
 
+def _mode(values: list[Any]) -> Any:
+    keyed = Counter(repr(v) for v in values)
+    return next(v for v in values if repr(v) == keyed.most_common(1)[0][0]) if values else None
+
+
 def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str, host_cpus: int,
                   pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
-                  tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
+                  qdiscs: dict[str, Any] | None = None, tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
+    """The measured facts of one side over its window, judged (its cause, if it limits).
+    `tcp_bytes`: (sent, received) through its TCP sockets, for a TCP baseline's goodput."""
     rs = _window(readings, pid)
     if len(rs) < 2:
         return None
@@ -100,8 +186,22 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
     ev = SideEvidence(role, pid, comm, wall)
     if wall < MIN_WINDOW_S:
         return ev
+    _cpu(ev, rs, pid, wall, cpu_nodes)
+    _capacity(ev, rs, pid, host_cpus, wall)
+    _network(ev, pid, pio, qdiscs or {})
+    moved = [max(tcp_bytes)] if tcp_bytes else []
+    if pio is not None and pid in pio.processes:
+        p = pio.processes[pid]
+        moved.append(max(p.rx.bytes, p.tx.bytes))
+    if moved and max(moved):
+        ev.goodput_gbps = max(moved) * 8 / wall / 1e9
+    _judge(ev)
+    return ev
+
+
+def _cpu(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, wall: float, cpu_nodes: dict[str, int] | None) -> None:
+    """schedstat per thread (first and last reading it appears in), summed over the process."""
     key = str(pid)
-    # per thread: first and last reading in which it appears
     seen_first: dict[int, dict[str, Any]] = {}
     seen_last: dict[int, dict[str, Any]] = {}
     for r in rs:
@@ -115,23 +215,37 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
             continue
         on = (t1["on_cpu_s"] - t0["on_cpu_s"]) / wall
         rq = ((t1.get("run_delay_s") or 0) - (t0.get("run_delay_s") or 0)) / wall
+        ev.threads += 1
         ev.process_cpu_cores += on
         ev.process_runqueue_cores += rq
         if best is None or on + rq > best[1] + best[2]:
             best = (tid, on, rq, t1["comm"])
-    if best is not None:
-        ev.busiest_tid, ev.busiest_on_cpu, ev.busiest_runqueue, ev.busiest_thread = best[0], best[1], best[2], best[3]
-        ev.busiest_blocked = max(0.0, 1.0 - best[1] - best[2])
-        states = [next((t for t in r["threads"][key] if t["tid"] == best[0]), None) for r in rs]
-        states = [t for t in states if t is not None]
-        blocked = [t.get("syscall") for t in states if t.get("state") in ("S", "D")]
-        for sc in blocked:
-            name = WAIT_SYSCALLS.get(str(sc)) or OTHER_SYSCALLS.get(str(sc)) or f"syscall {sc}"
-            ev.blocked_in[name] = ev.blocked_in.get(name, 0.0) + 1 / len(blocked)
-        cpus = [t["cpu"] for t in states if t.get("cpu", -1) >= 0]
-        ev.cpus = sorted(set(cpus))
-        ev.numa_nodes = sorted({(cpu_nodes or {}).get(str(c), 0) for c in ev.cpus})
-        ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
+    if best is None:
+        return
+    ev.busiest_tid, ev.busiest_on_cpu, ev.busiest_runqueue, ev.busiest_thread = best[0], best[1], best[2], best[3]
+    ev.busiest_blocked = max(0.0, 1.0 - best[1] - best[2])
+    states = [next((t for t in r["threads"][key] if t["tid"] == best[0]), None) for r in rs]
+    states = [t for t in states if t is not None]
+    blocked = [t.get("syscall") for t in states if t.get("state") in ("S", "D")]
+    for sc in blocked:
+        name = WAIT_SYSCALLS.get(str(sc)) or OTHER_SYSCALLS.get(str(sc)) or f"syscall {sc}"
+        ev.blocked_in[name] = ev.blocked_in.get(name, 0.0) + 1 / len(blocked)
+    cpus = [t["cpu"] for t in states if t.get("cpu", -1) >= 0]
+    ev.cpus = sorted(set(cpus))
+    ev.numa_nodes = sorted({(cpu_nodes or {}).get(str(c), 0) for c in ev.cpus})
+    ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
+
+
+def _share(a: dict[str, Any] | None, b: dict[str, Any] | None, wall: float, kind: str = "some_s") -> float | None:
+    if not a or not b or a.get(kind) is None or b.get(kind) is None:
+        return None
+    return max(0.0, (b[kind] - a[kind]) / wall)
+
+
+def _capacity(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, host_cpus: int, wall: float) -> None:
+    """What the process may use: CPUs allowed by both its affinity and its cpuset, capped by its quota;
+    throttling and CPU pressure of its cgroup."""
+    key = str(pid)
     # An exiting process leaves its cgroup (v1 moves it to the root; a zombie shows none):
     # judge by the cgroup it lived in for most readings, first to last reading in it.
     cgs = [r["cgroups"][key] for r in rs if (r.get("cgroups") or {}).get(key)]
@@ -140,76 +254,180 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
         home = max(set(paths), key=paths.count)
         cgs = [c for c in cgs if c.get("path") == home]
     cg0, cg1 = (cgs[0], cgs[-1]) if cgs else (None, None)
-    ev.capacity_cores = float(host_cpus)
+    lims = [r["limits"][key] for r in rs if (r.get("limits") or {}).get(key)]
+    ev.cpus_allowed = _mode([lim.get("cpus_allowed") for lim in lims if lim.get("cpus_allowed")])
+    ev.cpuset = _mode([lim.get("cpuset") for lim in lims if lim.get("cpuset")])
+    usable = set(range(host_cpus))
+    ev.capacity_from = f"the host's {host_cpus} CPUs"
+    for name, cpus in (("affinity", ev.cpus_allowed), ("cpuset", ev.cpuset)):
+        if cpus and set(cpus) & usable != usable:
+            usable &= set(cpus)
+            ev.capacity_from = f"its {name} (CPU {','.join(map(str, sorted(usable)))})"
+    ev.capacity_cores = float(max(1, len(usable)))
     if cg1 and cg1.get("quota_cores"):
         ev.quota_cores = cg1["quota_cores"]
-        ev.capacity_cores = min(ev.capacity_cores, cg1["quota_cores"])
-        if cg0:
-            periods = cg1["nr_periods"] - cg0["nr_periods"]
-            ev.throttled_periods = (cg1["nr_throttled"] - cg0["nr_throttled"]) / periods if periods > 0 else 0.0
+        if ev.quota_cores < ev.capacity_cores:
+            ev.capacity_cores = ev.quota_cores
+            ev.capacity_from = f"its cgroup quota of {ev.quota_cores:.2f} cores"
+    if cg0 and cg1:
+        periods = cg1["nr_periods"] - cg0["nr_periods"]
+        if periods > 0:
+            ev.throttled_periods = (cg1["nr_throttled"] - cg0["nr_throttled"]) / periods
             ev.throttled_s = cg1["throttled_s"] - cg0["throttled_s"]
-    moved = [max(tcp_bytes)] if tcp_bytes else []  # (sent, received) through TCP sockets
+    # a cgroup's pressure speaks for this side only when the side is alone in it
+    own = [(r["mono"], r["limits"][key]) for r in rs
+           if ((r.get("limits") or {}).get(key) or {}).get("pressure") and r["limits"][key].get("pressure_procs") == 1]
+    if len(own) >= 2 and own[-1][0] - own[0][0] >= MIN_WINDOW_S:
+        span = own[-1][0] - own[0][0]
+        a, b = own[0][1]["pressure"], own[-1][1]["pressure"]
+        ev.pressure_some, ev.pressure_full = _share(a, b, span), _share(a, b, span, "full_s")
+    ev.host_pressure_some = _share(rs[0].get("pressure"), rs[-1].get("pressure"), wall)
+    # Stalled: wanted a CPU with none of its threads running. PSI "full" of a cgroup holding only this
+    # process says it; for one thread it is that thread's run-queue time. Threads of one process also
+    # wait for each other, so their summed run-queue time cannot say it.
+    if ev.pressure_full is not None:
+        ev.stalled, ev.stalled_from = ev.pressure_full, "CPU pressure (PSI full) of its own cgroup"
+    elif ev.threads == 1:
+        ev.stalled, ev.stalled_from = ev.process_runqueue_cores, "its one thread's run-queue time"
+    if ev.stalled is not None and ev.stalled + ev.process_cpu_cores > 0:
+        ev.stall_ratio = ev.stalled / (ev.stalled + ev.process_cpu_cores)
+
+
+def _network(ev: SideEvidence, pid: int, pio: PacketIO | None, qdiscs: dict[str, Any]) -> None:
+    """Drops at its ports by reason (exact, from the probes) and its namespace's queues."""
     if pio is not None and pid in pio.processes:
         p = pio.processes[pid]
+        ev.drop_reasons = dict(p.drops)
         ev.drops = sum(p.drops.values())
-        moved.append(max(p.rx.bytes, p.tx.bytes))
-    if moved and max(moved):
-        ev.goodput_gbps = max(moved) * 8 / wall / 1e9
-    _judge(ev)
-    return ev
+        ev.receive_drops = sum(n for r, n in p.drops.items() if r in RECEIVE_BUFFER_REASONS)
+        rx = p.estimates.get("rx.datagrams")
+        ev.received_datagrams = rx.value if rx is not None else (float(p.rx.dgrams) if p.rx.dgrams else None)
+        if ev.received_datagrams is not None and ev.received_datagrams + ev.receive_drops > 0:
+            ev.receive_drop_share = ev.receive_drops / (ev.received_datagrams + ev.receive_drops)
+    for ns in qdiscs.values():
+        if pid not in (ns.get("pids") or []):
+            continue
+        first = {q.get("dev"): q for q in ns.get("first") or []}
+        packets = events = 0
+        for q in ns.get("last") or []:
+            q0 = first.get(q.get("dev"), {})
+            if q0.get("kind") != q.get("kind"):
+                continue
+            packets += (q.get("packets") or 0) - (q0.get("packets") or 0)
+            events += sum((q.get(k) or 0) - (q0.get(k) or 0) for k in ("overlimits", "drops", "requeues"))
+        ev.queue_packets, ev.queue_events = packets, events
+        ev.queue_share = events / packets if packets > 0 else None
 
 
 def _judge(ev: SideEvidence) -> None:
+    """Test every criterion (kept as findings with their values) and name the side's cause."""
     th = THRESHOLDS
-    busy = ev.busiest_on_cpu + ev.busiest_runqueue
-    if busy >= th["busiest_thread_demand"]:
-        ev.reasons.append(f"busiest thread {ev.busiest_thread} ({ev.busiest_tid}) on a CPU {ev.busiest_on_cpu:.0%} "
-                          f"+ waiting for one {ev.busiest_runqueue:.0%} of the time "
-                          f">= {th['busiest_thread_demand']:.0%}")
-    demand = ev.process_cpu_cores + ev.process_runqueue_cores
-    if ev.capacity_cores and demand / ev.capacity_cores >= th["process_demand_of_capacity"]:
-        cap = f"its cgroup quota of {ev.quota_cores:.2f} cores" if ev.quota_cores == ev.capacity_cores \
-            else f"{ev.capacity_cores:.0f} CPUs"
-        ev.reasons.append(f"process wants {demand:.2f} cores of {cap} "
-                          f">= {th['process_demand_of_capacity']:.0%}")
-    if ev.throttled_periods is not None and ev.throttled_periods >= th["throttled_periods"]:
-        ev.reasons.append(f"cgroup throttled in {ev.throttled_periods:.0%} of CPU periods "
-                          f"({ev.throttled_s:.2f} s) >= {th['throttled_periods']:.0%}")
-    ev.cpu_limited = bool(ev.reasons)
+    cap = ev.capacity_cores or 1.0
+    on = ev.process_cpu_cores
+    t_on, t_rq = ev.busiest_on_cpu, ev.busiest_runqueue
+    name = f"{ev.busiest_thread} ({ev.busiest_tid})"
+
+    def add(cause: str, key: str, value: float, text: str) -> bool:
+        met = value >= th[key]
+        ev.findings.append(Finding(cause, key, value, met, f"{text} {'>=' if met else '<'} {th[key]:.0%}"))
+        return met
+
+    busy = add("cpu-busy", "thread_on_cpu", t_on, f"busiest thread {name} on a CPU {t_on:.0%} of the time")
+    busy |= add("cpu-busy", "on_cpu_of_capacity", on / cap,
+                f"process on a CPU {on:.2f} cores of {cap:.2f} ({ev.capacity_from}) = {on / cap:.0%}")
+    stalled = ev.stalled or 0.0
+    full = max((on + stalled) / cap, t_on + t_rq)
+    wanted = add("cpu-starved" if stalled > on else "cpu-busy", "demand_of_capacity", full,
+                 f"wanting a CPU: on one or stalled {on + stalled:.2f} of {cap:.2f} cores, busiest thread "
+                 f"runnable {t_on + t_rq:.0%} = {full:.0%}")
+    starved = False
+    if ev.stalled is not None and ev.stall_ratio is not None:
+        add("cpu-starved", "stalled", ev.stalled,
+            f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})")
+        starved = ev.stalled >= th["stalled"] and add(
+            "cpu-starved", "stall_ratio", ev.stall_ratio,
+            f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} stalled, "
+            f"{on:.2f} cores on a CPU)")
+    if ev.throttled_periods is not None:
+        starved |= add("cpu-starved", "throttled_periods", ev.throttled_periods,
+                       f"cgroup throttled in {ev.throttled_periods:.0%} of CPU periods ({ev.throttled_s or 0:.2f} s)")
+    if ev.receive_drop_share is not None:
+        add("receive-buffer", "receive_drop_share", ev.receive_drop_share,
+            f"{ev.receive_drops} datagrams dropped at its sockets for lack of buffer, "
+            f"{ev.receive_drop_share:.2%} of {(ev.received_datagrams or 0) + ev.receive_drops:.0f}")
+    if ev.queue_share is not None:
+        add("link", "queue_share", ev.queue_share,
+            f"queues in its namespace held back or dropped {ev.queue_events} of {ev.queue_packets} packets "
+            f"({ev.queue_share:.2%}: tc overlimits, drops, requeues)")
+    if starved or (wanted and stalled > on):
+        ev.cause = "cpu-starved"
+    elif busy or wanted:
+        ev.cause = "cpu-busy"
+    ev.cpu_limited = ev.cause is not None
+    if ev.cause is None and any(f.met and f.cause == "receive-buffer" for f in ev.findings):
+        ev.cause = "receive-buffer"
 
 
 def _describe(ev: SideEvidence) -> str:
     waits = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.blocked_in.items(), key=lambda kv: -kv[1])[:2])
     s = (f"{ev.role} {ev.comm} ({ev.pid}): busiest thread on-CPU {ev.busiest_on_cpu:.0%}, run-queue "
          f"{ev.busiest_runqueue:.0%}, blocked {ev.busiest_blocked:.0%}" + (f" (in {waits})" if waits else "")
-         + f"; process {ev.process_cpu_cores:.2f} cores")
-    if ev.quota_cores:
-        s += f" of a {ev.quota_cores:.2f}-core quota"
+         + f"; process {ev.process_cpu_cores:.2f} cores on-CPU + {ev.process_runqueue_cores:.2f} waiting "
+         f"({ev.threads} threads) of {ev.capacity_cores:.2f} ({ev.capacity_from})")
+    if ev.pressure_some is not None:
+        s += f"; CPU pressure of its cgroup: some {ev.pressure_some:.0%}, full {ev.pressure_full or 0:.0%}"
+    elif ev.stalled is None:
+        s += ("; stalls unknown: a multi-threaded process needs a cgroup of its own with CPU pressure (PSI) "
+              "for them (its threads also wait for each other)")
+    if ev.drops:
+        s += "; drops at its ports: " + ", ".join(f"{r} {n}" for r, n in sorted(ev.drop_reasons.items()))
     return s
 
 
-def judge(sides: Iterable[SideEvidence]) -> Verdict:
-    """Combine the sides' evidence into one of the four verdicts."""
+def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = None) -> Verdict:
+    """Combine the sides' evidence into one of the four verdicts with its cause."""
     sides = list(sides)
     by_role = {s.role: s for s in sides}
     notes = []
     for s in sides:
         if s.window_s < MIN_WINDOW_S:
-            notes.append(f"{s.role}: window {s.window_s:.2f} s is too short to judge its CPU")
+            notes.append(f"{s.role}: window {s.window_s:.2f} s is too short to judge")
     srv, cli = by_role.get("server"), by_role.get("client")
-    s_lim = bool(srv and srv.cpu_limited)
-    c_lim = bool(cli and cli.cpu_limited)
-    limited = {(True, False): "server-limited", (False, True): "client-limited",
-               (True, True): "both", (False, False): "neither"}[(s_lim, c_lim)]
     if srv is None or cli is None:
-        notes.append("only one side was measured: the other side's CPU is unknown")
-    if limited == "neither":
-        summary = ("no side is CPU-bound: the network, congestion control or flow control limits the run")
+        notes.append("only one side was measured: the other side is unknown")
+    # Which limit binds, when several sides' findings are met: a queue that filled on the way out
+    # means the sender produced faster than the link carried (the link binds, whatever its CPU
+    # did); a receiver losing a large share of datagrams for lack of buffer holds any loss-based
+    # sender far below what its CPU allows; otherwise the CPU-limited sides.
+    queued = [f for s in sides for f in s.findings if f.cause == "link" and f.met]
+    buffer = [s for s in sides if s.cause == "receive-buffer"]
+    cpu = [s for s in sides if s.cpu_limited]
+    culprits = [] if queued else buffer or cpu
+    for s in sides:
+        if s.cause is not None and s not in culprits:
+            notes.append(f"{s.role} was {s.cause} too ({'; '.join(s.reasons)}), but "
+                         + ("packets queued on the way out: the sender outpaced the link" if queued else
+                            f"{' and '.join(c.role for c in culprits)} lost datagrams for lack of buffer"))
+            s.cause, s.cpu_limited = None, False
+    limiting = {s.role for s in culprits}
+    limited = {frozenset({"server"}): "server-limited", frozenset({"client"}): "client-limited",
+               frozenset({"server", "client"}): "both"}.get(frozenset(limiting), "neither")
+    if culprits:
+        cause = "+".join(sorted({str(s.cause) for s in culprits}))
+        summary = "; ".join(f"{s.role} is {s.cause}: {'; '.join(s.reasons)}" for s in culprits)
+    elif queued:
+        cause = "link"
+        summary = "the link limits: " + "; ".join(f.text for f in queued)
     else:
-        culprits = [s for s in sides if s.cpu_limited]
-        summary = "; ".join(f"{s.role} is CPU-bound: {s.reasons[0]}" for s in culprits)
-    drops = [s for s in sides if s.drops]
-    if drops:
-        notes.append("receive-buffer drops: " + ", ".join(f"{s.role} {s.drops}" for s in drops))
+        cause = "flow-control/application"
+        summary = ("no side is CPU-limited, no datagram was dropped for lack of buffer, no queue on this host "
+                   "held the packets back: the sender waited with nothing it was allowed to send "
+                   "(the application or flow control; a bottleneck beyond this host looks the same)")
     notes += [_describe(s) for s in sides]
-    return Verdict(limited, summary, sides, dict(THRESHOLDS), notes)
+    v = Verdict(limited, cause, summary, sides, dict(THRESHOLDS), notes)
+    rec = sender(records or [])
+    if rec is not None:
+        want, agrees = agreement(cause, sorted(limiting), rec)
+        v.stack_record = {**rec.to_json(), "expected": list(want), "agrees": agrees,
+                          "files": [r.file for r in records or []]}
+    return v

@@ -1,23 +1,30 @@
-"""The verdict's proof: real transfers between two namespaces, one side made the bottleneck on purpose.
+"""The verdict's proof: real transfers between two namespaces, one thing made the bottleneck on purpose.
 
     sudo .venv/bin/python bench/verdict_matrix.py [--runs 10] [--stacks ngtcp2,quicgo]
-                                                  [--scenarios server-limited,client-limited,neither,uncapped]
+                                                  [--scenarios server-quota,...] [-o DIR]
 
-Scenarios (qprof.netlab.SCENARIOS): the server's cgroup capped at 0.3 of a
-core, the client's capped the same, neither (both uncapped, the veth shaped to
-200 Mbit/s with tbf), and uncapped (reported as measured, no expected answer).
-Each run: a fresh lab, server and held client placed in their namespaces and
-cgroups, `qprof attach`'s session on both with the default probes, the client
-released once sampling runs, collection stopped when the client exits, then
-`qprof report RUN --format json` and its `verdict.limited_by`. Transfer sizes
-are calibrated per scenario and stack (a short unprofiled transfer) so a
-profiled run lasts about --seconds. Runs are interleaved (run 1 of every
-scenario and stack, then run 2, ...) so a change in the host's load spreads
-over all cells.
+Scenarios (qprof.netlab.SCENARIOS, each with the limiting side and the cause
+the verdict must name): a side's cgroup capped at 0.3 of a core; a side bound
+to one CPU beside a busy process (contention); a side in a one-CPU cpuset
+shared with a busy process; the client bound to one CPU alone (affinity); the
+client's socket held at a tiny SO_RCVBUF; the link shaped with tbf; the server
+pacing its own writes (application, test endpoints with that option only);
+and uncapped runs, reported as measured with no expected answer. The verdict
+never sees any of this: it decides from what qprof measured.
 
-Goal (issue 5): the verdict is right in >= 95% of all runs and >= 9 of 10 in
-each scenario. Everything the labs create is removed on exit, also on
-Ctrl-C; leftovers of earlier killed runs are removed at start.
+Each run: a fresh lab, server and held client placed in their namespaces,
+cgroups and CPUs, `qprof attach`'s session on both with the default probes,
+the client released once sampling runs, collection stopped when the client
+exits, then `qprof report RUN --format json` (with `--qlog` where the stack
+wrote qlog) and its `verdict.limited_by` and `verdict.cause`. A run is right
+when both match. Transfer sizes are calibrated per scenario and stack (a short
+unprofiled transfer) so a profiled run lasts about --seconds. Runs are
+interleaved (run 1 of every scenario and stack, then run 2, ...) so a change in
+the host's load spreads over all cells.
+
+Goal: right in >= 95% of all runs and >= 9 of 10 in each cell. Everything the
+labs create is removed on exit, also on Ctrl-C; leftovers of earlier killed
+runs are removed at start.
 """
 
 from __future__ import annotations
@@ -33,34 +40,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from qprof.netlab import (SCENARIOS, RunResult, Scenario, cleanup, measure_goodput,  # noqa: E402
-                          run_scenario, size_for, transfer_factory)
+                          run_scenario, size_for, transfer_factory, unsupported)
 
 GOAL_OVERALL, GOAL_CELL = 0.95, 0.9
+SHORT = {"server-limited": "S", "client-limited": "C", "neither": "N", "both": "B"}
 
 
 def fmt_run(r: RunResult) -> str:
     if r.error:
         return f"ERROR {r.error}"
-    v = r.verdict if r.has_verdict else "no verdict yet"
+    v = f"{r.verdict} ({r.cause})" if r.has_verdict else "no verdict"
     mark = "" if r.hit is None or not r.has_verdict else (" ok" if r.hit else " WRONG")
     cpu = " ".join(f"{role} {r.cpu.get(role, 0):.2f} cores" + (f" (throttled {r.throttled[role]:.0%})"
                                                               if role in r.throttled else "")
                    for role in ("server", "client"))
+    word = ""
+    if r.stack_word:
+        word = f"  stack says {r.stack_word.get('dominant')} ({r.stack_word.get('agrees')})"
     return (f"{v}{mark}  {r.goodput_mbit or 0:7.0f} Mbit/s  {r.seconds or 0:5.1f} s  "
-            f"{r.size / 2**20:6.0f} MiB  {cpu}")
+            f"{r.size / 2**20:6.0f} MiB  {cpu}{word}")
 
 
-def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str], runs: int) -> tuple[str, bool]:
-    short = {"server-limited": "S", "client-limited": "C", "neither": "N", "both": "B"}
-    lines = [f"{'scenario':15s} {'stack':8s} {'expected':15s} {'hits':>7s}  per-run verdicts "
-             "(S server, C client, N neither, B both, - none, E error)"]
+def cell_mark(r: RunResult) -> str:
+    """One letter per run: the limiting side, lower case when the cause was wrong."""
+    if r.error:
+        return "E"
+    m = SHORT.get(r.verdict or "", "-")
+    return m.lower() if r.expected_cause and r.cause != r.expected_cause and r.verdict == r.expected else m
+
+
+def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str], runs: int,
+          skipped: dict[tuple[str, str], str]) -> tuple[str, bool]:
+    lines = [f"{'scenario':18s} {'stack':7s} {'expected':32s} {'right':>6s}  per run "
+             "(S server, C client, N neither, B both; lower case: right side, wrong cause; E error)"]
     total = hits = 0
     goal = True
-    any_verdict = any(r.has_verdict for r in results)
     for sc in scenarios:
         for st in stacks:
+            expect = f"{sc.expected} ({sc.cause})" if sc.expected else "(as measured)"
+            if (sc.name, st) in skipped:
+                lines.append(f"{sc.name:18s} {st:7s} {expect:32s} {'n/a':>6s}  {skipped[sc.name, st]}")
+                continue
             cell = [r for r in results if r.scenario == sc.name and r.stack == st]
-            marks = "".join("E" if r.error else short.get(r.verdict or "", "-") for r in cell)
+            marks = "".join(cell_mark(r) for r in cell)
             if sc.expected is None:
                 rate = "-"
             else:
@@ -69,14 +91,12 @@ def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]
                 hits += k
                 rate = f"{k}/{len(cell)}"
                 goal &= len(cell) > 0 and k / len(cell) >= GOAL_CELL
-            lines.append(f"{sc.name:15s} {st:8s} {sc.expected or '(as measured)':15s} {rate:>7s}  {marks}")
+            lines.append(f"{sc.name:18s} {st:7s} {expect:32s} {rate:>6s}  {marks}")
     overall = hits / total if total else 0.0
     goal &= total > 0 and overall >= GOAL_OVERALL
     lines.append(f"overall: {hits}/{total} = {overall:.0%} "
-                 f"(goal: >= {GOAL_OVERALL:.0%} overall and >= {GOAL_CELL * 10:.0f}/10 per scenario, "
+                 f"(goal: >= {GOAL_OVERALL:.0%} overall and >= {GOAL_CELL * 10:.0f}/10 per cell, "
                  f">= 10 runs each: {'MET' if goal and runs >= 10 else 'not met'})")
-    if results and not any_verdict:
-        lines.append("no verdict yet: the reports have no verdict.limited_by (hits count as misses)")
     return "\n".join(lines), goal
 
 
@@ -85,9 +105,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=10, help="runs per scenario and stack (default 10)")
     ap.add_argument("--stacks", default="ngtcp2,quicgo", help="comma-separated: ngtcp2 and tests/endpoints stacks")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {', '.join(SCENARIOS)}")
-    ap.add_argument("--seconds", type=float, default=8.0, help="target length of a profiled transfer "
-                    "(sizes assume profiling costs 30%% of the unprofiled goodput; runs land at ~5-10 s)")
-    ap.add_argument("-o", "--out", type=Path, help="keep every run archive under this directory")
+    ap.add_argument("--seconds", type=float, default=6.0, help="target length of a profiled transfer "
+                    "(sizes assume profiling costs 30%% of the unprofiled goodput)")
+    ap.add_argument("-o", "--out", type=Path, help="keep every run archive (and qlog) under this directory")
     ap.add_argument("-v", "--verbose", action="store_true", help="print qprof's progress messages")
     args = ap.parse_args(argv)
     stacks = [s for s in args.stacks.split(",") if s]
@@ -103,33 +123,42 @@ def main(argv: list[str]) -> int:
     out_root = args.out or Path(tempfile.mkdtemp(prefix="qprof-verdict-matrix-"))
     out_root.mkdir(parents=True, exist_ok=True)
     results: list[RunResult] = []
+    skipped: dict[tuple[str, str], str] = {}
     try:
         factories = {st: transfer_factory(st) for st in stacks}
         sizes: dict[tuple[str, str], int] = {}
         for sc in scenarios:
             for st in stacks:
-                bps = measure_goodput(sc, factories[st])
+                why = unsupported(sc, st)
+                if why:
+                    skipped[sc.name, st] = why
+                    print(f"skipped    {sc.name:18s} {st:7s} {why}", flush=True)
+                    continue
+                bps = measure_goodput(sc, st, factories[st])
                 sizes[sc.name, st] = size_for(bps, args.seconds)
-                print(f"calibrated {sc.name:15s} {st:8s} {bps / 1e6:7.0f} Mbit/s unprofiled -> "
+                print(f"calibrated {sc.name:18s} {st:7s} {bps / 1e6:7.0f} Mbit/s unprofiled -> "
                       f"{sizes[sc.name, st] / 2**20:.0f} MiB per run", flush=True)
         t0 = time.monotonic()
         for i in range(1, args.runs + 1):
             for sc in scenarios:
                 for st in stacks:
+                    if (sc.name, st) in skipped:
+                        continue
                     run_dir = out_root / f"{sc.name}-{st}-{i:02d}"
                     r = run_scenario(sc, st, factories[st], sizes[sc.name, st], run_dir, status=status)
                     results.append(r)
-                    print(f"[{i}/{args.runs}] {sc.name:15s} {st:8s} expected {sc.expected or '-':15s} "
-                          f"{fmt_run(r)}", flush=True)
+                    expect = f"{sc.expected} ({sc.cause})" if sc.expected else "-"
+                    print(f"[{i}/{args.runs}] {sc.name:18s} {st:7s} expected {expect:32s} {fmt_run(r)}", flush=True)
                     if not keep:
                         shutil.rmtree(run_dir, ignore_errors=True)
+                        shutil.rmtree(run_dir.parent / f"{run_dir.name}-qlog", ignore_errors=True)
         print(f"\n{len(results)} runs in {time.monotonic() - t0:.0f} s\n")
     except KeyboardInterrupt:
         print("\ninterrupted: the table covers the runs done so far", file=sys.stderr)
     finally:
         if not keep:
             shutil.rmtree(out_root, ignore_errors=True)
-    text, goal = table(results, scenarios, stacks, args.runs)
+    text, goal = table(results, scenarios, stacks, args.runs, skipped)
     print(text)
     if keep:
         print(f"run archives in {out_root}")

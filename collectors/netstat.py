@@ -1,4 +1,4 @@
-"""Network facts read without probes: UDP MIB counters, socket buffers, sysctls, softirq counts.
+"""Network facts read without probes: UDP MIB counters, qdiscs, socket buffers, sysctls, softirq counts.
 
 Read at the start and the end of a run; differences are the run's. Counters
 are read in each target's own network namespace (/proc/PID/net, nsenter),
@@ -7,6 +7,7 @@ so targets in other namespaces are measured where they live.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -142,6 +143,40 @@ def softirq_seconds() -> dict[str, float]:
                     out[parts[0][3:]] = int(parts[7]) / hz
     except (OSError, ValueError):
         pass
+    return out
+
+
+_QDISC_KEYS = ("bytes", "packets", "drops", "overlimits", "requeues", "backlog", "qlen")
+
+
+def qdiscs(pid: int) -> list[dict[str, Any]]:
+    """Queueing disciplines of the target's network namespace with their counters (`tc -s qdisc`):
+    drops and overlimits there mean a queue or shaper on the way out was full or holding packets."""
+    tc = shutil.which("tc")
+    if tc is None:
+        return []
+    cmd = [tc, "-s", "-j", "qdisc", "show"]
+    if netns_id(pid) != netns_id(os.getpid()):
+        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", *cmd]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        found = json.loads(r.stdout or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    return [{"dev": q.get("dev"), "kind": q.get("kind"), "handle": q.get("handle"),
+             **{k: q.get(k) for k in _QDISC_KEYS}} for q in found if isinstance(q, dict) and q.get("dev") != "lo"]
+
+
+def netns_qdiscs(pids: list[int]) -> dict[str, dict[str, Any]]:
+    """The qdiscs of each network namespace the targets live in: {netns: {"pids": [...], "qdiscs": [...]}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in pids:
+        ns = netns_id(p)
+        if ns is None:
+            continue
+        if ns not in out:
+            out[ns] = {"pids": [], "qdiscs": qdiscs(p)}
+        out[ns]["pids"].append(p)
     return out
 
 

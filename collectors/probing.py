@@ -4,7 +4,9 @@ The groups (probes/registry.py; each one a package under probes/) say what
 they need and how they start; this module runs the ones asked for with
 `--probes`, keeps what each printed, and reads what needs no probe at all at
 the start and the end of every run: the targets' UDP sockets (buffers, drop
-counters), the UDP MIB counters of their namespaces, and the sysctls.
+counters), the UDP MIB counters of their namespaces, and the sysctls; sockets
+and the namespaces' qdiscs (queue drops, shaper overlimits) as first and last
+seen, read every second.
 
 Probe cost is measured, not guessed: BPF run-time statistics are switched on
 with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
@@ -136,6 +138,10 @@ class ProbeCollector:
                 seen["last"] = {k: sk.get(k) for k in _SOCKET_COUNTERS}
                 seen["last_time"] = now
         self.record["sockets"] = list(self._sockets.values())
+        qdiscs = self.record.setdefault("qdiscs", {})
+        for ns, found in netstat.netns_qdiscs(self.pids).items():
+            seen_ns = qdiscs.setdefault(ns, {"pids": found["pids"], "first": found["qdiscs"], "first_time": now})
+            seen_ns.update(last=found["qdiscs"], last_time=now)
 
     def _save(self) -> None:
         archive.write_json_atomic(self.out / archive.PROBES, self.record)

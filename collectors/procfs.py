@@ -199,11 +199,68 @@ def cgroup_cpu(pid: int) -> dict[str, Any] | None:
             "throttled_s": throttled}
 
 
+def cpu_list(text: str | None) -> list[int] | None:
+    """'0-3,6' -> [0, 1, 2, 3, 6]; None for text that is not a CPU list."""
+    if not text or not text.strip():
+        return None
+    out: list[int] = []
+    try:
+        for part in text.strip().split(","):
+            lo, _, hi = part.partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        return None
+    return out
+
+
+def _pressure(text: str | None) -> dict[str, float] | None:
+    """A PSI file's cumulative stall times: {"some_s": ..., "full_s": ...}."""
+    out = {}
+    for line in (text or "").splitlines():
+        kind, _, rest = line.partition(" ")
+        total = next((kv[6:] for kv in rest.split() if kv.startswith("total=")), None)
+        if kind in ("some", "full") and total and total.isdigit():
+            out[f"{kind}_s"] = int(total) / 1e6
+    return out or None
+
+
+_V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+
+
+def cpu_limits(pid: int) -> dict[str, Any]:
+    """What bounds the process's CPU beside a quota: its affinity, its cpuset's CPUs, and the CPU
+    pressure (PSI) of its v2 cgroup with how many processes share that cgroup."""
+    out: dict[str, Any] = {"cpus_allowed": None, "cpuset": None, "pressure": None, "pressure_procs": None}
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            out["cpus_allowed"] = cpu_list(line.split(":", 1)[1])
+    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "cpuset" in parts[1].split(","):
+            out["cpuset"] = cpu_list(_read(f"/sys/fs/cgroup/cpuset{parts[2]}/cpuset.effective_cpus"))
+        elif parts[0] == "0":
+            path = outer_path(parts[2])
+            for root in _V2_ROOTS:
+                base = f"{root}{path.rstrip('/')}"
+                if out["cpuset"] is None and os.path.exists(f"{base}/cpuset.cpus.effective"):
+                    out["cpuset"] = cpu_list(_read(f"{base}/cpuset.cpus.effective"))
+                if path != "/" and os.path.exists(f"{base}/cpu.pressure"):
+                    out["pressure"] = _pressure(_read(f"{base}/cpu.pressure"))
+                    out["pressure_procs"] = len((_read(f"{base}/cgroup.procs") or "").split())
+                    break
+    return out
+
+
 def reading(pids: list[int]) -> dict[str, Any]:
-    """One timestamped /proc reading for all targets (a line of proc.jsonl)."""
+    """One timestamped /proc reading for all targets (a line of proc.jsonl), with the host's CPU
+    pressure (PSI, absent on kernels without it)."""
     return {"t": time.time(), "mono": time.monotonic(),
             "threads": {str(p): thread_times(p) for p in pids},
-            "cgroups": {str(p): cgroup_cpu(p) for p in pids}}
+            "cgroups": {str(p): cgroup_cpu(p) for p in pids},
+            "limits": {str(p): cpu_limits(p) for p in pids},
+            "pressure": _pressure(_read("/proc/pressure/cpu"))}
 
 
 def socket_inodes(pid: int) -> set[str]:

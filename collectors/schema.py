@@ -180,6 +180,8 @@ _WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": 
 _SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
              "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
 _COUNTERS = MapOf(OPT_NUM)
+_QDISC = Obj({"dev": OPT_STR, "kind": OPT_STR, "handle": OPT_STR, "bytes": OPT_NUM, "packets": OPT_NUM,
+              "drops": OPT_NUM, "overlimits": OPT_NUM, "requeues": OPT_NUM, "backlog": OPT_NUM, "qlen": OPT_NUM})
 PROBES = Obj({
     "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))],
     "bpftrace_version": OPT_STR,
@@ -196,6 +198,7 @@ PROBES = Obj({
     "sockets": [{"fds": [INT], "pids": [INT], "port": OPT_INT, "local": STR, "peer": STR,
                  "first": _COUNTERS, "last": _COUNTERS, "first_time": NUM, "last_time": NUM}],
     "crypto": MapOf(Any),
+    "qdiscs": MapOf(Obj({"pids": [INT], "first": [_QDISC], "last": [_QDISC], "first_time": NUM, "last_time": NUM})),
 })
 
 _TCP_COUNTERS = Obj({"payload_sent": INT, "bytes_received": INT, "bytes_acked": INT, "bytes_sent": INT,
@@ -224,6 +227,9 @@ PROC_READING = Obj({
                                           "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM},
                                          required=_CGROUP)),
                      numbered=True),
+    "limits": MapOf(Obj({"cpus_allowed": Either(T(None), [INT]), "cpuset": Either(T(None), [INT]),
+                         "pressure": Either(T(None), MapOf(NUM)), "pressure_procs": OPT_INT}), numbered=True),
+    "pressure": Either(T(None), MapOf(NUM)),
 }, required=("mono", "threads"))
 
 

@@ -250,12 +250,15 @@ def _print_summary(runs: list[Path]) -> None:
               help="Use this stack's mapping file instead of auto-detection (see `qprof mappings`).")
 @click.option("--refold", is_flag=True,
               help="Re-run perf script on the run's perf data (on the host that recorded it).")
+@click.option("--qlog", "qlog", type=click.Path(path_type=Path), default=None,
+              help="Directory of the endpoints' qlog files (e.g. quic-go's QLOGDIR): the stack's own record of "
+                   "why its sender waited, shown beside the verdict.")
 @click.option("--timeline", is_flag=True,
               help="Also each target's CPU by category and goodput over the run (text: a table per target; "
                    "json: a `timeline` object).")
 @_guard
 def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
-           stack: str | None, refold: bool, timeline: bool) -> None:
+           stack: str | None, refold: bool, timeline: bool, qlog: Path | None) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
     if (fmt == "pprof") != (out is not None):
@@ -265,7 +268,7 @@ def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[s
     if fmt == "pprof":
         _write_pprof(list(runs), out, list(mappings), refold, stack)
         return
-    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline)
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog)
 
 
 def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
@@ -309,9 +312,10 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
 
 
 def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
-                 stack: str | None = None, timeline: bool = False) -> None:
+                 stack: str | None = None, timeline: bool = False, qlog: Path | None = None) -> None:
     from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
+    from qprof.attribution.stackrecord import read_dir
     from qprof.attribution.timeline import TimelineBuilder, build
 
     if top < 1:
@@ -328,6 +332,9 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
     analyses = [analyse_run(_open_run(p, refold), ms, stack, visit=b) for p, b in zip(run_paths, builders)]
     lines = [build(a.profile, b, list(a.profile.run.proc_readings())) if b is not None else None
              for a, b in zip(analyses, builders)]
+    records = read_dir(qlog) if qlog is not None else []
+    for a in analyses:
+        a.stack_records = records
     if fmt == "json":
         from qprof.viewer.json_report import merged_dict, to_dict
 

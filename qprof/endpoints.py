@@ -113,9 +113,9 @@ class Placement:
 
     `netns` is a namespace file (e.g. /run/netns/NAME, what `ip netns add`
     makes); `cgroups` are cgroup directories (one per hierarchy) the process
-    joins; `cpus` its CPU affinity (empty: any CPU). `preexec()` runs in the child between fork and exec, so the program
-    starts there, capped from its first instruction; `check(pid)` confirms it
-    from the parent.
+    joins; `cpus` its CPU affinity (empty: any CPU). `preexec()` runs in the
+    child between fork and exec, so the program starts there, capped from its
+    first instruction; `check(pid)` confirms it from the parent.
     """
 
     netns: str | None = None
@@ -123,8 +123,6 @@ class Placement:
     cpus: tuple[int, ...] = ()
 
     def preexec(self) -> None:
-        if self.cpus:
-            os.sched_setaffinity(0, self.cpus)
         if self.netns:
             fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -137,6 +135,8 @@ class Placement:
                 os.write(fd, b"0")  # 0: the writing process itself
             finally:
                 os.close(fd)
+        if self.cpus:  # after the cgroups: joining a v1 cpuset resets the affinity to its CPUs
+            os.sched_setaffinity(0, self.cpus)
 
     def check(self, pid: int) -> None:
         if self.netns and os.stat(f"/proc/{pid}/ns/net").st_ino != os.stat(self.netns).st_ino:
@@ -203,7 +203,8 @@ class Transfer:
     cycle: certificate (its SAN names `host`), server start until its UDP port
     is bound, the held client, release, completion, goodput, and clean-up of
     both processes and the work directory. `placement` maps a role ("server",
-    "client") to the network namespace and cgroup its process starts in.
+    "client") to the network namespace and cgroup its process starts in, `env`
+    to variables added to its environment (a test endpoint's options).
     """
 
     size: int
@@ -211,6 +212,7 @@ class Transfer:
     port: int = field(default_factory=free_udp_port)
     host: str = "127.0.0.1"  # the server's address: it binds there, the client connects there
     placement: dict[str, Placement] = field(default_factory=dict)
+    env: dict[str, dict[str, str]] = field(default_factory=dict)  # role -> variables added to its environment
     server: subprocess.Popen[bytes] | None = None
     client: Any = None  # a held process with .release() (StoppedProcess or alike)
     released_at: float | None = None
@@ -235,7 +237,10 @@ class Transfer:
 
     def _placed(self, role: str) -> dict[str, Any]:
         where = self.placement.get(role)
-        return {"preexec_fn": where.preexec} if where is not None else {}
+        kw: dict[str, Any] = {"preexec_fn": where.preexec} if where is not None else {}
+        if self.env.get(role):
+            kw["env"] = {**os.environ, **self.env[role]}
+        return kw
 
     def _check_placed(self, role: str, pid: int) -> None:
         where = self.placement.get(role)

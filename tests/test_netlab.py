@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from qprof.netlab import NETNS_DIR, PREFIX, STATE_DIR, Lab, cleanup, cpu_cgroups
+from qprof.netlab import (NETNS_DIR, PREFIX, STATE_DIR, Hog, Lab, ReceiveBufferClamp, cleanup, cpu_cgroups,
+                          lab_roots, pressure_root)
 
 pytestmark = [pytest.mark.root]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -39,9 +40,7 @@ def leftovers(lab_id: str) -> list[str]:
     found += [line for line in ns.splitlines() if lab_id in line]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     found += [line for line in links.splitlines() if f"ql{lab_id}" in line]
-    cgs = cpu_cgroups()
-    if cgs is not None and (cgs.root / f"{PREFIX}{lab_id}").exists():
-        found.append(str(cgs.root / f"{PREFIX}{lab_id}"))
+    found += [str(root / f"{PREFIX}{lab_id}") for root in lab_roots() if (root / f"{PREFIX}{lab_id}").exists()]
     if (STATE_DIR / f"{lab_id}.json").exists():
         found.append(str(STATE_DIR / f"{lab_id}.json"))
     return found
@@ -138,6 +137,62 @@ def test_cpu_cap_observed_from_proc(lab_tools: None) -> None:
         assert cores == pytest.approx(0.3, abs=0.1)
         assert stat.get("nr_throttled", 0) > 0
         assert free_cores > 0.45, "the uncapped role is not capped"
+
+
+def test_affinity_cpuset_weight_and_a_busy_neighbour_as_set(lab_tools: None) -> None:
+    """What the verdict's contention scenarios build, seen from /proc and the cgroup files; all removed after."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("affinity and cpuset placement need two CPUs; this host has one")
+    with Lab(cpus={"server": (0,)}, cpusets={"client": (1,)}, weights={"client": 8.0},
+             hogs=(Hog(cpus=(0,)), Hog(cpuset_of="client"))) as lab:
+        lab_id = lab.id
+        srv, cli = lab.popen("server", ["sleep", "60"]), lab.popen("client", ["sleep", "60"])
+        hogs = [p for p in lab._procs if p not in (srv, cli)]
+        assert os.sched_getaffinity(srv.pid) == {0} and os.sched_getaffinity(cli.pid) == {1}
+        assert [os.sched_getaffinity(h.pid) for h in hogs] == [{0}, {1}]
+        cpu = cpu_cgroups()
+        assert cpu is not None
+        weight = "cpu.shares" if cpu.version == 1 else "cpu.weight"
+        assert (lab.cgroup("client") / weight).read_text().strip() == ("8192" if cpu.version == 1 else "800")
+        if pressure_root() is not None:  # a v2 cgroup each, for per-side CPU pressure
+            v2 = [line for line in Path(f"/proc/{srv.pid}/cgroup").read_text().splitlines() if line.startswith("0::")]
+            assert v2 == [f"0::/{PREFIX}{lab_id}/server"]
+        t0, c0 = time.monotonic(), cpu_ticks(hogs[0].pid)
+        time.sleep(1.0)
+        cores = (cpu_ticks(hogs[0].pid) - c0) / HZ / (time.monotonic() - t0)
+        print(f"\nbusy neighbour on CPU 0: {cores:.2f} cores")
+        assert cores > 0.3, "the busy neighbour does not run"
+    assert leftovers(lab_id) == []
+    assert all(h.poll() is not None for h in hogs)
+
+
+RAISER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+SO_RCVBUFFORCE = 33
+for i in range(400):
+    if i in (0, 100):  # raise it, as stacks do at start and some again later
+        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 20)
+    print(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), flush=True)
+    time.sleep(0.01)
+"""
+
+
+def test_receive_buffer_clamp_holds_a_running_programs_buffer(lab_tools: None) -> None:
+    """The receive-buffer scenario's clamp: a program that raises its buffer, twice, is set back each time."""
+    proc = subprocess.Popen([sys.executable, "-c", RAISER], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    sizes = [int(proc.stdout.readline())]
+    clamp = ReceiveBufferClamp(proc.pid, 4096, interval=0.005).start()
+    try:
+        sizes += [int(line) for line in proc.stdout]
+    finally:
+        clamp.stop()
+        proc.wait(10)
+    assert sizes[0] == 2 << 20  # the kernel doubles what is asked
+    assert sizes.index(8192) < 100, "not set back before the program's second raise"
+    assert sizes[-1] == 8192 and clamp.sets >= 2, "the second raise was not set back"
 
 
 def test_transfer_placed_in_namespaces_and_cgroups(lab_tools: None) -> None:

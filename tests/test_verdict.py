@@ -1,73 +1,188 @@
-"""The verdict's logic on synthetic /proc readings: thresholds, roles, cgroups, bad input."""
+"""The verdict's logic on synthetic /proc readings: thresholds, causes, capacity, drops, queues, bad input."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qprof.attribution.verdict import THRESHOLDS, judge, side_evidence
+from qprof.attribution.packetio import PacketIO, ProcessPacketIO
+from qprof.attribution.sampling import Estimate
+from qprof.attribution.verdict import CAUSES, THRESHOLDS, judge, side_evidence
 from conftest import examples
 
 def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float | None = None,
-             throttled: float = 0.0, syscall: str = "232", n: int = 11) -> list[dict[str, Any]]:
-    """n readings over `seconds` of one single-threaded process with the given shares."""
+             throttled: float = 0.0, syscall: str = "232", n: int = 11, threads: int = 1,
+             psi_full: float | None = None, psi_some: float | None = None, cpus: list[int] | None = None,
+             cpuset: list[int] | None = None, procs_in_cgroup: int = 1) -> list[dict[str, Any]]:
+    """n readings over `seconds` of one process whose `threads` threads share `on_cpu` and `runq`
+    (cores) equally; with `psi_full`, its own cgroup's CPU pressure."""
     out = []
     for i in range(n):
         t = seconds * i / (n - 1)
         cg = {"version": "v1", "path": "/x", "quota_cores": quota, "nr_periods": int(t * 10),
               "nr_throttled": int(t * 10 * throttled), "throttled_s": t * throttled * 0.07}
+        pressure = None if psi_full is None else {"some_s": t * (psi_some or psi_full), "full_s": t * psi_full}
         out.append({"mono": t, "t": t, "threads": {str(pid): [
-            {"tid": pid, "comm": f"p{pid}", "state": "S", "utime_s": 0, "stime_s": 0, "on_cpu_s": t * on_cpu,
-             "run_delay_s": t * runq, "syscall": syscall, "cpu": i % 2}]},
-            "cgroups": {str(pid): cg}})
+            {"tid": pid + k, "comm": f"p{pid}", "state": "S", "utime_s": 0, "stime_s": 0,
+             "on_cpu_s": t * on_cpu / threads, "run_delay_s": t * runq / threads, "syscall": syscall, "cpu": i % 2}
+            for k in range(threads)]},
+            "cgroups": {str(pid): cg},
+            "limits": {str(pid): {"cpus_allowed": cpus or [0, 1], "cpuset": cpuset or [0, 1], "pressure": pressure,
+                                  "pressure_procs": procs_in_cgroup}},
+            "pressure": {"some_s": t * 0.1, "full_s": 0.0}})
     return out
 
 
 def merge(*rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for parts in zip(*rs):
-        r = {"mono": parts[0]["mono"], "t": parts[0]["t"], "threads": {}, "cgroups": {}}
+        r: dict[str, Any] = {"mono": parts[0]["mono"], "t": parts[0]["t"], "threads": {}, "cgroups": {}, "limits": {},
+                             "pressure": parts[0]["pressure"]}
         for p in parts:
-            r["threads"].update(p["threads"])
-            r["cgroups"].update(p["cgroups"])
+            for k in ("threads", "cgroups", "limits"):
+                r[k].update(p[k])
         out.append(r)
     return out
 
 
-def verdict(srv: list[dict[str, Any]], cli: list[dict[str, Any]], cpus: int = 2) -> Any:
+def packet_io(client_rx: float = 0, client_drops: dict[str, int] | None = None) -> PacketIO:
+    """The probes' view: the client received `client_rx` datagrams and lost `client_drops` at its port."""
+    cli = ProcessPacketIO(2, drops=dict(client_drops or {}))
+    cli.rx.dgrams = int(client_rx)
+    cli.estimates["rx.datagrams"] = Estimate.of(client_rx)
+    return PacketIO({1: ProcessPacketIO(1), 2: cli}, {}, {}, {}, None, [])
+
+
+def verdict(srv: list[dict[str, Any]], cli: list[dict[str, Any]], cpus: int = 2, pio: PacketIO | None = None,
+            qdiscs: dict[str, Any] | None = None) -> Any:
     rs = merge(srv, cli)
-    sides = [side_evidence(rs, 1, "server", "srv", cpus, None), side_evidence(rs, 2, "client", "cli", cpus, None)]
+    sides = [side_evidence(rs, 1, "server", "srv", cpus, pio, None, qdiscs),
+             side_evidence(rs, 2, "client", "cli", cpus, pio, None, qdiscs)]
     return judge([s for s in sides if s is not None])
 
 
-def test_busy_server_thread_is_server_limited() -> None:
+def test_busy_server_thread_is_server_limited_cpu_busy() -> None:
     v = verdict(readings(1, 10, 0.97, 0.0), readings(2, 10, 0.6, 0.05))
-    assert v.limited_by == "server-limited"
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
     assert "busiest thread" in v.summary and "90%" in v.summary
 
 
-def test_run_queue_time_counts_as_demand() -> None:
-    v = verdict(readings(1, 10, 0.5, 0.1), readings(2, 10, 0.55, 0.4))
-    assert v.limited_by == "client-limited"
+def test_one_thread_waiting_half_its_runnable_time_is_starved() -> None:
+    """One busy process beside it on its CPU: on a CPU 26%, in the run queue 26% (the case that said
+    'neither' before): stalled for half of what it got."""
+    v = verdict(readings(1, 10, 0.26, 0.26), readings(2, 10, 0.22, 0.03))
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["stalled_from"] == "its one thread's run-queue time"
+    assert srv["stall_ratio"] == 0.5
 
 
-def test_capped_cgroup_is_limited_at_its_quota() -> None:
+def test_threads_waiting_for_each_other_are_not_starved() -> None:
+    """A Go-like process: its threads' summed run-queue time is as large as its CPU time, but its cgroup's
+    PSI says it was rarely stalled as a whole."""
+    v = verdict(readings(1, 10, 0.45, 0.5, threads=6, psi_full=0.07, psi_some=0.4), readings(2, 10, 0.4, 0.02))
+    assert v.limited_by == "neither"
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["stalled_from"].startswith("CPU pressure") and srv["stalled"] == 0.07
+
+
+def test_multithreaded_stall_from_its_cgroups_pressure() -> None:
+    v = verdict(readings(1, 10, 0.2, 0.5, threads=4), readings(2, 10, 0.45, 0.9, threads=6, psi_full=0.46))
+    assert (v.limited_by, v.cause) == ("client-limited", "cpu-starved")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["stalled"] is None, "summed run-queue time of threads is not a stall"
+    assert any("stalls unknown" in n for n in v.notes)
+
+
+def test_a_shared_cgroups_pressure_is_not_the_sides() -> None:
+    v = verdict(readings(1, 10, 0.45, 0.9, threads=6, psi_full=0.46, procs_in_cgroup=3), readings(2, 10, 0.4, 0.02))
+    assert v.limited_by == "neither"
+    assert v.to_json()["evidence"]["server"]["pressure_full"] is None
+
+
+def test_capacity_is_affinity_and_cpuset_and_quota() -> None:
+    """Four threads at 0.23 cores each: nothing near a CPU, but the process may use only CPU 1."""
+    v = verdict(readings(1, 10, 0.92, 0.0, threads=4, cpus=[0, 1], cpuset=[1]), readings(2, 10, 0.3, 0.0),
+                cpus=2)
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["capacity_cores"] == 1 and "cpuset (CPU 1)" in srv["capacity_from"]
+    v = verdict(readings(1, 10, 0.92, 0.0, threads=4, cpus=[1], cpuset=[0, 1], quota=0.5), readings(2, 10, 0.3, 0))
+    assert v.to_json()["evidence"]["server"]["capacity_cores"] == 0.5
+    v = verdict(readings(1, 10, 0.92, 0.0, threads=4), readings(2, 10, 0.3, 0.0), cpus=2)
+    assert v.limited_by == "neither", "on 2 free CPUs 0.92 cores is not a limit"
+
+
+def test_capped_cgroup_is_starved_by_throttling() -> None:
     v = verdict(readings(1, 10, 0.29, 0.0, quota=0.3, throttled=0.8), readings(2, 10, 0.2, 0.0))
-    assert v.limited_by == "server-limited"
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
     ev = v.to_json()["evidence"]["server"]
     assert ev["quota_cores"] == 0.3 and ev["throttled_periods"] >= 0.75
+    assert any(f["threshold"] == "throttled_periods" and f["met"] for f in ev["findings"])
 
 
-def test_neither_when_both_wait_for_packets() -> None:
-    v = verdict(readings(1, 10, 0.3, 0.02), readings(2, 10, 0.35, 0.03))
-    assert v.limited_by == "neither"
+def test_receive_buffer_drops_limit_the_receiver() -> None:
+    pio = packet_io(client_rx=80_000, client_drops={"SOCKET_RCVBUFF": 18_000, "NOT_SPECIFIED": 3})
+    v = verdict(readings(1, 10, 0.4, 0.03), readings(2, 10, 0.35, 0.03), pio=pio)
+    assert (v.limited_by, v.cause) == ("client-limited", "receive-buffer")
+    cli = v.to_json()["evidence"]["client"]
+    assert cli["receive_drops"] == 18_000 and cli["drops"] == 18_003
+    assert 0.18 < cli["receive_drop_share"] < 0.19
+
+
+def test_few_drops_do_not_decide() -> None:
+    pio = packet_io(client_rx=300_000, client_drops={"SOCKET_RCVBUFF": 500})  # 0.17%: bursts, not a limit
+    assert verdict(readings(1, 10, 0.4, 0.03), readings(2, 10, 0.35, 0.03), pio=pio).limited_by == "neither"
+
+
+def test_a_cpu_limited_sender_with_a_few_drops_at_the_receiver() -> None:
+    """A starved sender sends in bursts: a few drops at the receiver (0.2%) do not move the verdict."""
+    pio = packet_io(client_rx=300_000, client_drops={"SOCKET_RCVBUFF": 561})
+    v = verdict(readings(1, 10, 0.26, 0.26), readings(2, 10, 0.35, 0.03), pio=pio)
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    assert "SOCKET_RCVBUFF 561" in " ".join(v.notes)
+
+
+def test_losing_a_fifth_of_the_datagrams_binds_before_the_senders_cpu() -> None:
+    pio = packet_io(client_rx=80_000, client_drops={"SOCKET_RCVBUFF": 18_000})
+    v = verdict(readings(1, 10, 0.3, 0.0, quota=0.3, throttled=0.9), readings(2, 10, 0.35, 0.03), pio=pio)
+    assert (v.limited_by, v.cause) == ("client-limited", "receive-buffer")
+    assert any(n.startswith("server was cpu-starved too") for n in v.notes)
+    assert v.to_json()["evidence"]["server"]["cause"] is None
+
+
+def qdiscs(pid: int, packets: int, overlimits: int, drops: int = 0) -> dict[str, Any]:
+    q0 = {"dev": "veth0", "kind": "tbf", "packets": 0, "overlimits": 0, "drops": 0, "requeues": 0}
+    return {"net:[1]": {"pids": [pid], "first": [q0], "last": [{**q0, "packets": packets, "overlimits": overlimits,
+                                                                  "drops": drops}]}}
+
+
+def test_a_queue_on_the_way_is_the_link() -> None:
+    v = verdict(readings(1, 10, 0.1, 0.02), readings(2, 10, 0.15, 0.01), qdiscs=qdiscs(1, 54_000, 13_000, 1))
+    assert (v.limited_by, v.cause) == ("neither", "link")
+    assert "13001 of 54000" in v.summary
+
+
+def test_a_filled_queue_binds_before_a_senders_stalls() -> None:
+    """The sender kept a shaper's queue full: it outpaced the link, whatever stalls it had."""
+    v = verdict(readings(1, 10, 0.43, 1.1, threads=6, psi_full=0.31), readings(2, 10, 0.45, 0.6, threads=6,
+                                                                             psi_full=0.18),
+                qdiscs=qdiscs(1, 58_000, 15_000))
+    assert (v.limited_by, v.cause) == ("neither", "link")
+    assert any(n.startswith("server was cpu-starved too") and "outpaced the link" in n for n in v.notes)
+
+
+def test_neither_with_nothing_found_is_flow_control_or_application() -> None:
+    v = verdict(readings(1, 10, 0.3, 0.02), readings(2, 10, 0.35, 0.03), qdiscs=qdiscs(1, 54_000, 0))
+    assert (v.limited_by, v.cause) == ("neither", "flow-control/application")
     assert v.to_json()["evidence"]["server"]["blocked_in"] == {"epoll_wait": 1.0}
 
 
 def test_both() -> None:
-    assert verdict(readings(1, 10, 0.95, 0.0), readings(2, 10, 0.93, 0.0)).limited_by == "both"
+    v = verdict(readings(1, 10, 0.95, 0.0), readings(2, 10, 0.3, 0.0, quota=0.3, throttled=0.9))
+    assert (v.limited_by, v.cause) == ("both", "cpu-busy+cpu-starved")
 
 
 def test_one_side_only_and_short_windows_are_noted() -> None:
@@ -80,34 +195,44 @@ def test_one_side_only_and_short_windows_are_noted() -> None:
     assert side_evidence(rs[:1], 1, "server", "srv", 2, None) is None
 
 
-def test_thresholds_are_reported() -> None:
+def test_thresholds_and_findings_are_reported() -> None:
     v = verdict(readings(1, 10, 0.5, 0.0), readings(2, 10, 0.5, 0.0))
-    assert v.to_json()["thresholds"] == THRESHOLDS
+    doc = v.to_json()
+    assert doc["thresholds"] == THRESHOLDS
+    for f in doc["evidence"]["server"]["findings"]:
+        assert f["limit"] == THRESHOLDS[f["threshold"]] and f["met"] == (f["value"] >= f["limit"])
 
 
-def limited_by_rule(on: float, rq: float, quota: float | None, throttled: float | None, cpus: int) -> bool:
-    """The documented rule, from the shares the readings were made with."""
-    demand = on + rq
-    capacity = min(cpus, quota) if quota else cpus
-    return (demand >= THRESHOLDS["busiest_thread_demand"]
-            or demand / capacity >= THRESHOLDS["process_demand_of_capacity"]
-            or (throttled is not None and throttled >= THRESHOLDS["throttled_periods"]))
+CPU_CAUSES = ("cpu-busy", "cpu-starved")
+VERDICT_OF = {(True, False): "server-limited", (False, True): "client-limited", (True, True): "both",
+              (False, False): "neither"}
 
 
 @settings(max_examples=examples(200), deadline=None)
 @given(st.floats(0, 2), st.floats(0, 1), st.floats(0, 2), st.floats(0, 1),
-       st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64))
-def test_verdict_follows_the_thresholds(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
-                                        thr: float, cpus: int) -> None:
-    cap1 = min(cpus, quota) if quota else cpus
-    for demand, cap in ((on1 + rq1, cap1), (on2 + rq2, cpus)):  # off the thresholds by more than rounding
-        assume(abs(demand - 0.9) > 1e-6 and abs(demand / cap - 0.9) > 1e-6)
-    v = verdict(readings(1, 5, on1, rq1, quota, thr), readings(2, 5, on2, rq2), cpus)
-    throttled = int(5 * 10 * thr) / (5 * 10) if quota else None  # readings(): 10 periods a second for 5 s
-    want = {(True, False): "server-limited", (False, True): "client-limited", (True, True): "both",
-            (False, False): "neither"}[(limited_by_rule(on1, rq1, quota, throttled, cpus),
-                                        limited_by_rule(on2, rq2, None, None, cpus))]
-    assert v.limited_by == want == v.to_json()["limited_by"]
+       st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64), st.integers(1, 8),
+       st.one_of(st.none(), st.floats(0, 1)))
+def test_verdict_follows_the_findings(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
+                                      thr: float, cpus: int, threads: int, psi: float | None) -> None:
+    """Without drops or queues, a side limits exactly when its CPU findings say so, and the verdict is
+    the pair of sides' answers: what was measured decides, checked against the findings the report prints."""
+    v = verdict(readings(1, 5, on1, rq1, quota, thr, threads=threads, psi_full=psi), readings(2, 5, on2, rq2), cpus)
+    doc = v.to_json()
+    assert doc["limited_by"] == v.limited_by
+    assert set(v.cause.split("+")) <= set(CAUSES)
+    limited = {}
+    for role in ("server", "client"):
+        findings = doc["evidence"][role]["findings"]
+        for f in findings:
+            assert f["met"] == (f["value"] >= f["limit"]), f
+        met = {f["threshold"]: f["met"] for f in findings if f["cause"] in CPU_CAUSES}
+        # stalled decides only together with the stall ratio (stalled as long as it ran)
+        limited[role] = (any(met.get(k, False) for k in ("thread_on_cpu", "on_cpu_of_capacity", "demand_of_capacity",
+                                                         "throttled_periods"))
+                         or (met.get("stalled", False) and met.get("stall_ratio", False)))
+        assert doc["evidence"][role]["cpu_limited"] == limited[role], doc["evidence"][role]
+    assert v.limited_by == VERDICT_OF[(limited["server"], limited["client"])]
+    assert (v.limited_by == "neither") == (v.cause == "flow-control/application")
 
 
 def test_cgroup_evidence_survives_the_exit_move_to_the_root() -> None:

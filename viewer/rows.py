@@ -38,7 +38,8 @@ PROBE_COLUMNS = ("run", "pid", "comm", "role", "tid",
                  *(f"{d}_{k}" for d in ("tx", "rx") for k in _DIRECTION_KEYS),
                  *(_offload_column("gso", k) for k in _GSO_KEYS), *(_offload_column("gro", k) for k in _GRO_KEYS),
                  "ack_ratio", "drops", "drop_reasons", "ports")
-_EVIDENCE = tuple(f.name for f in fields(SideEvidence))
+# per side: its facts and cause, the findings that decided it as `reasons` (every finding is in the JSON)
+_EVIDENCE = tuple(f.name for f in fields(SideEvidence) if f.name != "findings") + ("reasons",)
 VERDICT_COLUMNS = ("run", "limited_by", *_EVIDENCE, "summary", "notes")
 RUN_COLUMNS = ("run", "status", "start_time", "duration_s", "stop_reason", "hostname", "cpus", "cpu_model",
                "kernel", "event", "frequency", "unwind", "probes", "stack", "perf", "samples", "cpu_seconds",
@@ -128,7 +129,8 @@ def verdict_rows(report: dict[str, Any]) -> list[Row]:
     run = _run_path(report)
     common = {"run": run, "limited_by": v["limited_by"], "summary": v["summary"], "notes": _joined(v["notes"], " | ")}
     rows = [_shape({**common, **{k: _flat(x) for k, x in ev.items()}}, VERDICT_COLUMNS) for ev in v["evidence"].values()]
-    rows.append(_shape({**common, "role": "overall", "cpu_limited": v["limited_by"] != "neither"}, VERDICT_COLUMNS))
+    rows.append(_shape({**common, "role": "overall", "cause": v.get("cause"),
+                        "cpu_limited": str(v.get("cause", "")).startswith("cpu")}, VERDICT_COLUMNS))
     return rows
 
 

@@ -289,10 +289,25 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
 
 
 def render_verdict(v: Verdict, console: Console) -> None:
+    """The verdict, its cause, every criterion per side with its measured value and threshold, the
+    stack's own record beside it, notes and the thresholds."""
     colour = {"neither": "cyan", "both": "red"}.get(v.limited_by, "yellow")
     console.print()
-    console.print(Text(f"verdict: {v.limited_by}", style=f"bold {colour}"))
+    console.print(Text(f"verdict: {v.limited_by} (cause: {v.cause})", style=f"bold {colour}"))
     console.print(Text(f"  {v.summary}"))
+    for s in v.sides:
+        console.print(Text(f"  {s.role} {s.comm} ({s.pid}): " + (s.cause or "not limiting"), style="bold"))
+        for f in s.findings:
+            console.print(Text(f"    [{'x' if f.met else ' '}] {f.cause:15s} {f.text}",
+                               style="" if f.met else "dim"))
+    rec = v.stack_record
+    if rec is not None:
+        split = ", ".join(f"{r} {x:.0%}" for r, x in sorted(rec["shares"].items(), key=lambda kv: -kv[1]))
+        said = {True: "agrees", False: "disagrees", None: "cannot say"}[rec["agrees"]]
+        want = " or ".join(rec["expected"]) or "nothing for this cause"
+        console.print(Text(f"  the stack's own record (qlog, {rec['role']}, the sender): {split} of "
+                           f"{rec['span_s']:.1f} s; {rec['packets_lost']} of {rec['packets_sent']} packets lost: "
+                           f"{said} (a {v.cause} verdict expects {want})", style="bold"))
     for n in v.notes:
         console.print(Text(f"  - {n}", style="dim"))
     for s in v.sides:

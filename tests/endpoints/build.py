@@ -85,6 +85,9 @@ class EndpointSpec:
     # up, right before connecting (interpreted stacks: keeps start-up out of the profile).
     # Without it the client is held right after exec (qprof.endpoints.StoppedProcess).
     client_stop_env: str | None = None
+    # Options a scenario may ask of this stack -> the environment variable that sets them, e.g.
+    # {"app_rate_mbit": "QPROF_BULK_RATE_MBIT"} (the server paces its writes), {"qlog_dir": "QLOGDIR"}
+    env_options: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
 
     @property

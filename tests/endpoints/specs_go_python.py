@@ -70,6 +70,7 @@ register(EndpointSpec(
     server=lambda out, addr, cert, key: [str(out / "quicgo"), "server", addr, str(cert), str(key)],
     client=lambda out, addr, n: [str(out / "quicgo"), "client", addr, str(n)],
     test_bytes=1 << 30,
+    env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT", "qlog_dir": "QLOGDIR"},
 ))
 
 

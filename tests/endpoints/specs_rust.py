@@ -91,7 +91,7 @@ def _cargo_build(binary: str):  # type: ignore[no-untyped-def]
 
 
 def _rust_spec(name: str, binary: str, mapping: str, needs: tuple[tuple[str, str], ...] = (),
-               test_bytes: int = 1 << 30) -> EndpointSpec:
+               test_bytes: int = 1 << 30, env_options: dict[str, str] | None = None) -> EndpointSpec:
     return register(EndpointSpec(
         name=name,
         mapping=mapping,
@@ -100,12 +100,14 @@ def _rust_spec(name: str, binary: str, mapping: str, needs: tuple[tuple[str, str
         server=lambda out, addr, cert, key: [str(out / binary), "server", addr, str(cert), str(key)],
         client=lambda out, addr, n: [str(out / binary), "client", addr, str(n)],
         test_bytes=test_bytes,
+        env_options=env_options or {},
         notes={"unwind": "frame pointers (RUSTFLAGS -C force-frame-pointers=yes, CFLAGS -fno-omit-frame-pointer)",
                "profile": 'release, debug = "line-tables-only", strip = false'},
     ))
 
 
-QUINN = _rust_spec("quinn", "quinn-bulk", "quinn", test_bytes=2 << 30)
+QUINN = _rust_spec("quinn", "quinn-bulk", "quinn", test_bytes=2 << 30,
+                   env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT"})
 S2NQUIC = _rust_spec("s2nquic", "s2n-quic-bulk", "s2n-quic", test_bytes=4 << 30)
 # BoringSSL is built from boring-sys's bundled sources (cmake) and bound with bindgen (libclang)
 QUICHE = _rust_spec("quiche", "quiche-bulk", "quiche", needs=(("cmake", "cmake"), ("libclang", "libclang-dev")),

@@ -12,6 +12,10 @@
 // count (8 bytes, big-endian), then closes its send side; the server writes
 // that many bytes from a reused random buffer and closes the stream; the
 // client reads until EOF and checks the count.
+//
+// Environment: QPROF_BULK_RATE_MBIT=R makes the server pace its own writes to
+// R Mbit/s (an application-limited sender); QLOGDIR=DIR makes both ends
+// write a qlog per connection into DIR (quic-go's own tracer).
 package main
 
 import (
@@ -30,6 +34,7 @@ import (
 	"unsafe"
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlog"
 )
 
 const alpn = "qprof-bulk"
@@ -41,7 +46,21 @@ func config() *quic.Config {
 		InitialConnectionReceiveWindow: 32 << 20,
 		MaxConnectionReceiveWindow:     128 << 20,
 		MaxIdleTimeout:                 30 * time.Second,
+		Tracer:                         qlog.DefaultConnectionTracer, // nil trace unless QLOGDIR is set
 	}
+}
+
+// appRate is the server's own sending rate in bytes/s from QPROF_BULK_RATE_MBIT (0: as fast as it can).
+func appRate() float64 {
+	v := os.Getenv("QPROF_BULK_RATE_MBIT")
+	if v == "" {
+		return 0
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r <= 0 {
+		fail("QPROF_BULK_RATE_MBIT must be a positive number of Mbit/s, not %q", v)
+	}
+	return r * 1e6 / 8
 }
 
 func fail(format string, args ...any) {
@@ -83,15 +102,24 @@ func serve(conn *quic.Conn, buf []byte) {
 		return
 	}
 	left := binary.BigEndian.Uint64(hdr[:])
+	rate, chunk := appRate(), uint64(len(buf))
+	if rate > 0 {
+		chunk = 16 << 10 // paced: small writes, each when the rate allows it
+	}
+	start, sent := time.Now(), 0.0
 	for left > 0 {
-		n := uint64(len(buf))
+		n := chunk
 		if left < n {
 			n = left
+		}
+		if rate > 0 {
+			time.Sleep(time.Until(start.Add(time.Duration(sent / rate * float64(time.Second)))))
 		}
 		if _, err := str.Write(buf[:n]); err != nil {
 			return
 		}
 		left -= n
+		sent += float64(n)
 	}
 	str.Close()
 	// the client closes the connection once it has read everything

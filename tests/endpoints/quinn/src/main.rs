@@ -6,10 +6,13 @@
 //! The client sends an 8-byte big-endian count; the server answers with that
 //! many bytes written from one reused buffer and finishes the stream. The
 //! client reads to the end, checks the count and prints `bytes=N seconds=S`.
+//!
+//! QPROF_BULK_RATE_MBIT=R makes the server pace its own writes to R Mbit/s (an
+//! application-limited sender).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Endpoint, TransportConfig, VarInt};
@@ -32,6 +35,18 @@ fn transport() -> Arc<TransportConfig> {
     t.send_window(CONN_WINDOW as u64);
     t.max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
     Arc::new(t)
+}
+
+/// The server's own sending rate in bytes/s from QPROF_BULK_RATE_MBIT (None: as fast as it can).
+fn app_rate() -> Option<f64> {
+    let v = std::env::var("QPROF_BULK_RATE_MBIT").ok()?;
+    match v.parse::<f64>() {
+        Ok(r) if r > 0.0 => Some(r * 1e6 / 8.0),
+        _ => {
+            eprintln!("quinn-bulk: QPROF_BULK_RATE_MBIT must be a positive number of Mbit/s, not {v:?}");
+            std::process::exit(1)
+        }
+    }
 }
 
 fn usage() -> ! {
@@ -87,10 +102,17 @@ async fn serve(incoming: quinn::Incoming) -> Res<()> {
         let mut hdr = [0u8; 8];
         recv.read_exact(&mut hdr).await?;
         let mut left = u64::from_be_bytes(hdr);
+        let rate = app_rate();
+        let chunk = if rate.is_some() { 16 << 10 } else { CHUNK }; // paced: small writes, each when due
+        let (start, mut sent) = (tokio::time::Instant::now(), 0u64);
         while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
+            let n = left.min(chunk as u64) as usize;
+            if let Some(r) = rate {
+                tokio::time::sleep_until(start + Duration::from_secs_f64(sent as f64 / r)).await;
+            }
             send.write_all(&buf[..n]).await?;
             left -= n as u64;
+            sent += n as u64;
         }
         send.finish()?;
         // keep the stream alive until the peer has everything (or closes)

@@ -1,0 +1,182 @@
+"""What the QUIC stack itself recorded about why its sender waited (qlog), to set beside the verdict.
+
+The verdict decides from what the kernel measured; a stack that writes qlog
+(quic-go with QLOGDIR, `qprof report --qlog DIR`) says in its own words what
+held its sender back, and the report shows whether the two agree. From each
+connection's qlog (JSON-SEQ, one file per connection and vantage point):
+- `recovery:congestion_state_updated`: slow_start, congestion_avoidance and
+  recovery mean the sender filled its congestion window when an ACK came
+  (`congestion_control`); application_limited means it did not;
+- DATA_BLOCKED / STREAM_DATA_BLOCKED frames it sent, until the MAX_DATA /
+  MAX_STREAM_DATA it received next: blocked by the peer's flow control
+  (`flow_control`);
+- `application`: not filling its window and not flow-control blocked (nothing
+  to send: the application, or a sender too slow to produce packets);
+- `recovery:packet_lost`: packets it declared lost.
+Time is weighted between events, from the connection's first to last event.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from qprof.errors import QprofError
+
+REASONS = ("congestion_control", "flow_control", "application")
+_CWND_STATES = {"slow_start", "congestion_avoidance", "recovery"}
+_TIME = re.compile(rb'"time":\s*([0-9.eE+-]+)')
+# events parsed in full (the rest only give their time): state changes, losses, blocked and window frames
+_WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_data", b"max_stream_data")
+
+
+@dataclass
+class SenderRecord:
+    """One connection's qlog from one vantage point: how its sending time splits by reason."""
+
+    file: str
+    role: str | None  # vantage point: server or client
+    span_s: float = 0.0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REASONS, 0.0))
+    packets_sent: int = 0
+    packets_lost: int = 0
+    states_seen: bool = False  # the stack logs congestion states at all
+
+    def shares(self) -> dict[str, float]:
+        known = sum(self.seconds.values())
+        return {r: (s / known if known else 0.0) for r, s in self.seconds.items()}
+
+    @property
+    def dominant(self) -> str | None:
+        shares = self.shares()
+        return max(shares, key=lambda r: shares[r]) if self.states_seen and any(shares.values()) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "role": self.role, "span_s": round(self.span_s, 3),
+                "seconds": {r: round(s, 3) for r, s in self.seconds.items()},
+                "shares": {r: round(s, 3) for r, s in self.shares().items()}, "dominant": self.dominant,
+                "packets_sent": self.packets_sent, "packets_lost": self.packets_lost}
+
+
+def _records(path: Path) -> Iterator[bytes]:
+    """JSON-SEQ records (RS-prefixed or one per line)."""
+    with open(path, "rb") as f:
+        for line in f:
+            line = line.strip(b"\x1e \t\r\n")
+            if line:
+                yield line
+
+
+def _frames(ev: dict[str, Any]) -> list[str]:
+    return [str(f.get("frame_type")) for f in (ev.get("data") or {}).get("frames") or [] if isinstance(f, dict)]
+
+
+def read_qlog(path: Path) -> SenderRecord:
+    """The sending-time split of one qlog file (malformed records are skipped, the file is not)."""
+    rec = SenderRecord(path.name, None)
+    state: str | None = None
+    blocked_since: dict[str, float] = {}  # "connection"/"stream" -> ms when a *_BLOCKED frame went out
+    first = last = None
+    at = 0.0  # ms up to which time has been given a reason
+    for raw in _records(path):
+        if rec.role is None and b'"vantage_point"' in raw[:4096]:  # the file's header
+            try:
+                head = json.loads(raw)
+                rec.role = (((head.get("trace") or {}).get("vantage_point")) or {}).get("type")
+            except ValueError:
+                pass
+            continue
+        m = _TIME.search(raw[:64])
+        if not m:
+            continue
+        try:
+            t = float(m.group(1))
+        except ValueError:
+            continue
+        if first is None:
+            first = at = t
+        last = t
+        if b'"transport:packet_sent"' in raw[:80] or b'"packet_sent"' in raw[:80]:
+            rec.packets_sent += 1
+        if not any(w in raw for w in _WANTED):
+            continue
+        try:
+            ev = json.loads(raw)
+        except ValueError:
+            continue
+        name = str(ev.get("name", ""))
+        _account(rec, state, blocked_since, at, t)
+        at = t
+        if name.endswith("congestion_state_updated"):
+            rec.states_seen = True
+            state = str((ev.get("data") or {}).get("new"))
+        elif name.endswith("packet_lost"):
+            rec.packets_lost += 1
+        elif name.endswith("packet_sent"):
+            for f in _frames(ev):
+                if f in ("data_blocked", "stream_data_blocked"):
+                    blocked_since.setdefault("connection" if f == "data_blocked" else "stream", t)
+        elif name.endswith("packet_received"):
+            for f in _frames(ev):
+                blocked_since.pop({"max_data": "connection", "max_stream_data": "stream"}.get(f, ""), None)
+    if first is not None and last is not None:
+        _account(rec, state, blocked_since, at, last)
+        rec.span_s = (last - first) / 1e3
+    return rec
+
+
+def _account(rec: SenderRecord, state: str | None, blocked: dict[str, float], start: float, end: float) -> None:
+    """Give the time from `start` to `end` (ms) to the reason that held then."""
+    if end <= start or state is None:
+        return
+    s = (end - start) / 1e3
+    if blocked:
+        rec.seconds["flow_control"] += s
+    elif state in _CWND_STATES:
+        rec.seconds["congestion_control"] += s
+    else:
+        rec.seconds["application"] += s
+
+
+def read_dir(directory: Path) -> list[SenderRecord]:
+    """Every qlog in `directory` (*.sqlog, *.qlog); a missing directory is one clear error."""
+    if not directory.is_dir():
+        raise QprofError(f"--qlog {directory}: no such directory (give the directory the endpoints wrote "
+                         "their qlog files into, e.g. their QLOGDIR)")
+    files = sorted(p for p in directory.iterdir() if p.suffix in (".sqlog", ".qlog") and p.is_file())
+    if not files:
+        raise QprofError(f"--qlog {directory}: no .sqlog or .qlog files there")
+    return [read_qlog(p) for p in files]
+
+
+def sender(records: list[SenderRecord]) -> SenderRecord | None:
+    """The record of the side that sent most (a bulk transfer's sender), among those with states."""
+    with_states = [r for r in records if r.states_seen]
+    return max(with_states, key=lambda r: r.packets_sent) if with_states else None
+
+
+# what the stack should say for each cause of the verdict: the sender's dominant reason(s)
+EXPECTED_REASONS = {
+    "link": ("congestion_control",),
+    "receive-buffer": ("congestion_control",),
+    "flow-control/application": ("application", "flow_control"),
+}
+
+
+def agreement(cause: str | None, limiting_roles: list[str], record: SenderRecord) -> tuple[tuple[str, ...], bool | None]:
+    """(reasons the stack should give, whether it does) for the verdict's cause. A CPU-limited sender
+    cannot fill its window (application, in the stack's words); a CPU-limited receiver holds the
+    sender back by flow control or losses. None: the record cannot say (no congestion states)."""
+    if cause in EXPECTED_REASONS:
+        want = EXPECTED_REASONS[cause]
+    elif cause in ("cpu-busy", "cpu-starved") and record.role in limiting_roles:
+        want = ("application",)
+    elif cause in ("cpu-busy", "cpu-starved"):
+        want = ("congestion_control", "flow_control")
+    else:
+        return (), None
+    dom = record.dominant
+    return want, (None if dom is None else dom in want)

@@ -1,0 +1,78 @@
+"""The stack's own record of why its sender waited (qlog), and whether it agrees with the verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qprof.attribution.stackrecord import agreement, read_dir, read_qlog, sender
+from qprof.errors import QprofError
+
+
+def qlog(path: Path, role: str, events: list[tuple[float, str, dict]]) -> Path:
+    """A JSON-SEQ qlog as quic-go writes it: a header record, then one event per record (times in ms)."""
+    head = {"file_schema": "urn:ietf:params:qlog:file:sequential", "trace": {"vantage_point": {"type": role}}}
+    lines = [json.dumps(head)] + [json.dumps({"time": t, "name": n, "data": d}) for t, n, d in events]
+    path.write_text("".join(f"\x1e{line}\n" for line in lines))
+    return path
+
+
+def state(t: float, new: str) -> tuple[float, str, dict]:
+    return t, "recovery:congestion_state_updated", {"new": new}
+
+
+def sent(t: float, *frames: str) -> tuple[float, str, dict]:
+    return t, "transport:packet_sent", {"frames": [{"frame_type": f} for f in frames]}
+
+
+def received(t: float, *frames: str) -> tuple[float, str, dict]:
+    return t, "transport:packet_received", {"frames": [{"frame_type": f} for f in frames]}
+
+
+def test_time_split_by_reason(tmp_path: Path) -> None:
+    """0-1000 ms cwnd-limited, 1000-1500 flow-control blocked, 1500-4000 application-limited."""
+    events = [state(0, "slow_start"), sent(10, "stream"), state(400, "congestion_avoidance"),
+              (600, "recovery:packet_lost", {}), state(1000, "application_limited"),
+              sent(1000, "stream", "stream_data_blocked"), received(1500, "ack", "max_stream_data"),
+              sent(2000, "stream"), (4000, "transport:connection_closed", {})]
+    rec = read_qlog(qlog(tmp_path / "a_server.sqlog", "server", events))
+    assert rec.role == "server" and rec.span_s == pytest.approx(4.0)
+    assert rec.seconds == pytest.approx({"congestion_control": 1.0, "flow_control": 0.5, "application": 2.5})
+    assert rec.packets_lost == 1 and rec.packets_sent == 3
+    assert rec.dominant == "application"
+
+
+def test_sender_is_the_side_that_sent_most(tmp_path: Path) -> None:
+    qlog(tmp_path / "c_client.sqlog", "client", [state(0, "application_limited"), sent(1, "ack"), sent(2, "ack")])
+    qlog(tmp_path / "c_server.sqlog", "server", [state(0, "slow_start")] + [sent(t, "stream") for t in range(1, 9)])
+    (tmp_path / "notes.txt").write_text("not a qlog")
+    recs = read_dir(tmp_path)
+    assert len(recs) == 2
+    s = sender(recs)
+    assert s is not None and s.role == "server" and s.dominant == "congestion_control"
+
+
+def test_agreement_per_cause(tmp_path: Path) -> None:
+    app = read_qlog(qlog(tmp_path / "x_server.sqlog", "server", [state(0, "application_limited"), sent(900, "stream")]))
+    assert agreement("flow-control/application", [], app) == (("application", "flow_control"), True)
+    assert agreement("link", [], app) == (("congestion_control",), False)
+    assert agreement("cpu-starved", ["server"], app) == (("application",), True)  # a slow sender leaves its window
+    assert agreement("cpu-starved", ["client"], app)[1] is False
+    silent = read_qlog(qlog(tmp_path / "y_server.sqlog", "server", [sent(0, "stream"), sent(5, "stream")]))
+    assert silent.dominant is None and agreement("link", [], silent)[1] is None
+
+
+def test_damaged_records_are_skipped_not_fatal(tmp_path: Path) -> None:
+    p = qlog(tmp_path / "d_server.sqlog", "server", [state(0, "slow_start"), sent(1000, "stream")])
+    p.write_text(p.read_text() + '\x1e{"time": 1500, "name": "recovery:congestion_state_upd\n\x1e[1, 2\n')
+    rec = read_qlog(p)
+    assert rec.seconds["congestion_control"] == pytest.approx(1.5)
+
+
+def test_bad_directories_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(QprofError, match="no such directory"):
+        read_dir(tmp_path / "nope")
+    with pytest.raises(QprofError, match="no .sqlog or .qlog files"):
+        read_dir(tmp_path)
