@@ -30,6 +30,17 @@ _GSO_KEYS = tuple(ProcessPacketIO(0).gso)
 _GRO_KEYS = tuple(ProcessPacketIO(0).gro)
 
 
+_ESTIMATED = ("tx.datagrams", "tx.bytes", "rx.datagrams", "rx.bytes")  # report keys of estimates with intervals
+
+
+def _estimate_columns(estimates: dict[str, Any]) -> Row:
+    out: Row = {}
+    for k in _ESTIMATED:
+        low, high = (estimates.get(k) or {}).get("interval") or (None, None)
+        out[f"{k.replace('.', '_')}_low"], out[f"{k.replace('.', '_')}_high"] = low, high
+    return out
+
+
 def _offload_column(group: str, key: str) -> str:
     return key if key.startswith(group) else f"{group}_{key}"
 
@@ -37,7 +48,9 @@ def _offload_column(group: str, key: str) -> str:
 PROBE_COLUMNS = ("run", "pid", "comm", "role", "tid",
                  *(f"{d}_{k}" for d in ("tx", "rx") for k in _DIRECTION_KEYS),
                  *(_offload_column("gso", k) for k in _GSO_KEYS), *(_offload_column("gro", k) for k in _GRO_KEYS),
-                 "ack_ratio", "drops", "drop_reasons", "ports")
+                 "ack_ratio", "drops", "drop_reasons", "ports",
+                 # how the per-process counts were taken, and the 95% intervals of sampled ones
+                 "counted", *(f"{k.replace('.', '_')}_{end}" for k in _ESTIMATED for end in ("low", "high")))
 # per side: its facts and cause, the findings that decided it as `reasons` (every finding is in the JSON)
 _EVIDENCE = tuple(f.name for f in fields(SideEvidence) if f.name != "findings") + ("reasons",)
 VERDICT_COLUMNS = ("run", "limited_by", *_EVIDENCE, "summary", "notes")
@@ -92,7 +105,8 @@ def _direction_columns(tx: dict[str, Any], rx: dict[str, Any]) -> Row:
 
 def probe_rows(report: dict[str, Any]) -> list[Row]:
     """Probe counters per process (tid None) and per thread: packets, bytes and calls each way,
-    GSO/GRO, ACK ratio, drops at its ports. No rows when the run had no probes."""
+    GSO/GRO, ACK ratio, drops at its ports; per process whether the counts are exact or sampled and the
+    sampled ones' 95% intervals. No rows when the run had no probes."""
     pio = report.get("packet_io")
     if not pio:
         return []
@@ -107,7 +121,8 @@ def probe_rows(report: dict[str, Any]) -> list[Row]:
                             **{_offload_column("gro", k): v for k, v in p["gro"].items()},
                             "ack_ratio": p["ack_ratio"], "drops": sum(p["drops"].values()),
                             "drop_reasons": _joined(f"{r}={n}" for r, n in sorted(p["drops"].items())),
-                            "ports": _joined(p["ports"])}, PROBE_COLUMNS))
+                            "ports": _joined(p["ports"]), "counted": p.get("counted"),
+                            **_estimate_columns(p.get("estimates") or {})}, PROBE_COLUMNS))
         for tid, t in p["threads"].items():
             rows.append(_shape({**base, "tid": int(tid), **_direction_columns(t["tx"], t["rx"])}, PROBE_COLUMNS))
     return rows
