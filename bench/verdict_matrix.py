@@ -8,11 +8,11 @@
 Scenarios (qprof.netlab.SCENARIOS, each with the limiting side and the cause
 the verdict must name): a side's cgroup capped at 0.3 of a core; a side bound
 to one CPU beside a busy process (contention); a side in a one-CPU cpuset
-shared with a busy process; the client bound to one CPU alone (affinity); the
-client's socket held at a tiny SO_RCVBUF; the link shaped with tbf; the server
-pacing its own writes (application, test endpoints with that option only);
-and uncapped runs, reported as measured with no expected answer. The verdict
-never sees any of this: it decides from what qprof measured.
+shared with a busy process; the client's socket held at a tiny SO_RCVBUF; the
+link shaped with tbf; the server pacing its own writes (application, test
+endpoints with that option only); and uncapped runs, reported as measured
+with no expected answer. The verdict never sees any of this: it decides from
+what qprof measured.
 
 Each run: a fresh lab, server and held client placed in their namespaces,
 cgroups and CPUs, `qprof attach`'s session on both with the default probes,
