@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/verdict_matrix.py [--runs 10] [--stacks ngtcp2,quicgo]
                                                   [--scenarios server-quota,...] [-o DIR [--keep-wrong]]
                                                   [--results FILE.jsonl]
-    .venv/bin/python bench/verdict_matrix.py --table-from FILE.jsonl [FILE.jsonl ...]
+    .venv/bin/python bench/verdict_matrix.py --table-from FILE.jsonl [FILE.jsonl ...] [--markdown]
 
 Scenarios (qprof.netlab.SCENARIOS, each with the limiting side and the cause
 the verdict must name): a side's cgroup capped at 0.3 of a core; a side bound
@@ -140,6 +140,23 @@ def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]
     return "\n".join(lines), goal
 
 
+def markdown(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]) -> str:
+    """The table for the README: a row per scenario, right/total and the verdicts seen per stack."""
+    lines = ["| scenario | expected | " + " | ".join(stacks) + " |", "|---|---|" + "---|" * len(stacks)]
+    for sc in scenarios:
+        cells = []
+        for st in stacks:
+            cell = [r for r in results if r.scenario == sc.name and r.stack == st]
+            if not cell:
+                cells.append("n/a")
+                continue
+            rate = f"**{sum(1 for r in cell if r.hit)}/{len(cell)}**: " if sc.expected else f"{len(cell)} runs: "
+            cells.append(rate + seen(cell))
+        expect = f"{sc.expected} ({sc.cause})" if sc.expected else "none (reported)"
+        lines.append(f"| {sc.name} | {expect} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10, help="runs per scenario and stack (default 10)")
@@ -152,6 +169,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--results", type=Path, help="append every run to this JSON-lines file")
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="FILE",
                     help="print the table of runs saved with --results (no runs); with --stacks/--scenarios")
+    ap.add_argument("--markdown", action="store_true", help="with --table-from: the README's markdown table")
     ap.add_argument("-v", "--verbose", action="store_true", help="print qprof's progress messages")
     args = ap.parse_args(argv)
     stacks = [s for s in args.stacks.split(",") if s]
@@ -161,6 +179,9 @@ def main(argv: list[str]) -> int:
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",") if s]
     if args.table_from:
         saved = load(args.table_from)
+        if args.markdown:
+            print(markdown(saved, scenarios, stacks))
+            return 0
         counts = Counter((r.scenario, r.stack) for r in saved)
         none = {(sc.name, st): "no runs saved" for sc in scenarios for st in stacks if not counts[sc.name, st]}
         text, goal = table(saved, scenarios, stacks, min(counts.values(), default=0), none)
