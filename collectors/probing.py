@@ -5,16 +5,17 @@ they need and how they start; this module runs the ones asked for with
 `--probes`, keeps what each printed, and reads what needs no probe at all at
 the start and the end of every run: the targets' UDP sockets (buffers, drop
 counters), the UDP MIB counters of their namespaces, and the sysctls; sockets
-and the namespaces' qdiscs (queue drops, shaper overlimits) as first and last
-seen, read every second.
+(every second) and the namespaces' qdiscs (queue drops, shaper overlimits;
+every 5 s) as first and last seen.
 
 Probe cost is measured, not guessed: BPF run-time statistics are switched on
 with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
 the global setting cannot outlive qprof even after SIGKILL. The statistics
 themselves cost two clock reads per program run (on a VM several times as much
-as a BTF tracepoint program), so they are on for 0.1 s in every 5, starting
-when the probes are live, and the measured time is scaled to the probes' whole
-lifetime.
+as a BTF tracepoint program), so they are on for 0.1 s in every second, at a
+random phase (the packet programs count in windows of their own: a statistics
+window tied to the start would always see the whole first one), and the
+measured time is scaled to the probes' whole lifetime.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shutil
 import subprocess
 import time
@@ -37,7 +39,8 @@ from qprof.probes.leftovers import owned_prog_ids
 from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
-STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 5.0  # BPF run-time statistics duty cycle
+STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle
+QDISC_INTERVAL_S = 5.0
 # How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
 # (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
 # reach hundreds of KiB: the window bounds the stream to a few MiB.
@@ -115,14 +118,17 @@ class ProbeCollector:
         self._stats_fd: int | None = None
         self._stats_since = 0.0  # monotonic time stats were last switched on (or off)
         self._stats_on_s = 0.0  # total time with stats on
+        self._stats_next: float | None = None  # monotonic time the next statistics window opens
+        self._next_qdiscs = 0.0  # monotonic time of the next qdisc reading
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
         self._tails: dict[str, MapTail] = {}
         self._next_compact = time.monotonic() + COMPACT_S
 
-    def poll_sockets(self) -> None:
+    def poll_sockets(self, final: bool = False) -> None:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
-        and last seen, so sockets opened after the start or closed before the end count too."""
+        and last seen, so sockets opened after the start or closed before the end count too;
+        `final` at the start and the stop reads the qdiscs whatever their interval."""
         socks, err = netstat.udp_sockets(self.pids)
         if err:
             self.record["sockets_error"] = err
@@ -138,6 +144,12 @@ class ProbeCollector:
                 seen["last"] = {k: sk.get(k) for k in _SOCKET_COUNTERS}
                 seen["last_time"] = now
         self.record["sockets"] = list(self._sockets.values())
+        # qdisc counters (tc, ~10 ms) only matter first and last: read every QDISC_INTERVAL_S and at the
+        # start and the stop (a namespace that goes with its last target keeps its last reading)
+        now_m = time.monotonic()
+        if not final and now_m < self._next_qdiscs:
+            return
+        self._next_qdiscs = now_m + QDISC_INTERVAL_S
         qdiscs = self.record.setdefault("qdiscs", {})
         for ns, found in netstat.netns_qdiscs(self.pids).items():
             seen_ns = qdiscs.setdefault(ns, {"pids": found["pids"], "first": found["qdiscs"], "first_time": now})
@@ -149,7 +161,7 @@ class ProbeCollector:
     def launch(self) -> None:
         """Snapshot counters and start every probe group (they compile while perf starts)."""
         self.record["before"] = netstat.snapshot(self.pids)
-        self.poll_sockets()
+        self.poll_sockets(final=True)
         self._save()
         ctx = Context(self.out, self.pids, self.status, procfs.mapped_objects)
         for name in self.groups:
@@ -176,10 +188,10 @@ class ProbeCollector:
             self._stats_fd = None
             self._stats_on_s += now - self._stats_since
             self._stats_since = now
-        elif self._stats_fd is None and self._stats_on_s > 0 and \
-                now - self._stats_since >= STATS_PERIOD_S - STATS_WINDOW_S:
+        elif self._stats_fd is None and self._stats_next is not None and now >= self._stats_next:
             self._stats_fd, _ = enable_bpf_stats()
             self._stats_since = now
+            self._stats_next = now + STATS_PERIOD_S
 
     def wait_ready(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Wait for every launched group to attach; a group that fails is recorded and dropped.
@@ -199,9 +211,12 @@ class ProbeCollector:
         # cost is measured from here: statistics windows start with the targets' real work
         self._probes_since = self._stats_since = time.monotonic()
         if self.procs:
-            self._stats_fd, why = enable_bpf_stats()
+            fd, why = enable_bpf_stats()  # can the kernel measure? the first window opens at a random phase
             if why:
                 self._unavailable("cost", why)
+            else:
+                os.close(fd)
+                self._stats_next = self._probes_since + random.uniform(0, STATS_PERIOD_S - STATS_WINDOW_S)
         self._save()
 
     def live_maps(self) -> dict[str, Any]:
@@ -258,7 +273,7 @@ class ProbeCollector:
             self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
                                                    maps=maps, cpu_s=p.cpu_s)
             GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
-        self.poll_sockets()
+        self.poll_sockets(final=True)
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:
             try:
