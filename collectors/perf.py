@@ -45,9 +45,6 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
         raise ValueError(unwind)
     events = [a for cg in cgroups for a in ("-e", event, "-G", cg)] if cgroups else ["-e", event]
     cmd = [perf, "record", *events, "-F", str(frequency),
-           # sample times on CLOCK_MONOTONIC: qprof marks when a target moved to another recorder
-           # (it exec'd: collectors.session) with the same clock
-           "-k", "mono",
            "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
            "-a", "-o", str(output),
            "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself
@@ -55,8 +52,9 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
            # events that its `perf script` refused ("failed to process type: 17")
            "--no-bpf-event",
            "-D", "-1", "--control", f"fifo:{ctl},{ack}",
-           # sample times on CLOCK_MONOTONIC, the clock of qprof's /proc and socket readings: the
-           # timeline puts CPU by category and bytes moved on one axis
+           # sample times on CLOCK_MONOTONIC, the clock of qprof's /proc and socket readings (the
+           # timeline puts CPU by category and bytes moved on one axis) and of the moment a target
+           # moved to another recorder (it exec'd: collectors.session). perf refuses a second -k.
            "-k", SAMPLE_CLOCK]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
