@@ -57,9 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+
+from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
 from qprof.collectors import archive
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer, Transfer, parse_size
+from qprof.units import parse_size
 from qprof.errors import QprofError
 from qprof.probes.children import cpu_seconds
 from qprof.probes.packetio.sampler import udp_sockets
@@ -328,12 +331,11 @@ MakeTransfer = Callable[[int, Path | None], Transfer]  # (size, tmpfs dir or Non
 
 
 def transfer_maker(stack: str) -> MakeTransfer:
-    """ngtcp2 from Debian (payload on tmpfs), or a test endpoint built from the registries (tests/endpoints)."""
+    """ngtcp2 from Debian (payload on tmpfs), or a test endpoint built from the registries (lab/endpoints)."""
     if stack == "ngtcp2":
         return lambda size, shm: Ngtcp2Transfer(size) if shm is None else \
             Ngtcp2Transfer(size, workdir=Path(tempfile.mkdtemp(prefix="xfer-", dir=shm)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from qprof.netlab import transfer_factory
+    from lab.scenarios import transfer_factory
 
     factory = transfer_factory(stack)
     return lambda size, shm: factory(size, "127.0.0.1", {})

@@ -114,7 +114,7 @@ def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration:
                     unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> Any:
     from qprof.collectors.probing import parse_groups
     from qprof.collectors.session import AttachOptions
-    from qprof.endpoints import parse_size
+    from qprof.units import parse_size
 
     return AttachOptions(pids=pids, out=out, duration=duration, frequency=frequency, unwind=unwind,
                          probes=parse_groups(probes), roles=roles, scope=scope, keep_raw=keep_raw,
