@@ -14,7 +14,7 @@ from typing import Any
 
 from qprof.attribution.packetio import analyse
 from qprof.collectors import schema
-from qprof.collectors.session import LiveData
+from qprof.collectors.records import LiveData
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Totals hide the phases of a transfer: handshake, slow start, loss episodes,
 steady state. The folded stacks keep each record's CPU time per time bin
-(collectors.stacks, perfscript.BIN_S), and the report's own attribution pass
+(collectors.stacks, BIN_S), and the report's own attribution pass
 adds it up per process and category (TimelineBuilder is a
 profile.Visitor), so a bin's categories are the report's. Bytes come from
 the running totals in the /proc readings (collectors.traffic): TCP exact,
@@ -25,9 +25,7 @@ from typing import Any, Callable
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
-from qprof.collectors.perf import SAMPLE_CLOCK
-from qprof.collectors.perfscript import BIN_S
-from qprof.collectors.stacks import StackRecord, read_header
+from qprof.collectors.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
 
 
 class TimelineBuilder:

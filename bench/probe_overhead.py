@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
 
 from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
+from qprof import runfiles  # noqa: E402
 from qprof.collectors import archive
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.units import parse_size
@@ -273,14 +274,14 @@ class ExitWatcher:
 
 def read_archive(run: Path, probes: tuple[str, ...]) -> dict[str, Any]:
     """What a probe-overhead run needs from qprof's archive; raise when the run did not measure."""
-    meta = json.loads((run / archive.META).read_text(encoding="utf-8"))
+    meta = json.loads((run / runfiles.META).read_text(encoding="utf-8"))
     info: dict[str, Any] = {"session_s": meta.get("duration_s"), "stop_reason": meta.get("stop_reason")}
     if str(meta.get("stop_reason") or "").startswith("interrupted"):
         raise KeyboardInterrupt
     if meta.get("status") != archive.STATUS_COMPLETE:
         raise QprofError(f"archive incomplete: {meta.get('incomplete_reason')}")
     try:
-        pj = json.loads((run / archive.PROBES).read_text(encoding="utf-8"))
+        pj = json.loads((run / runfiles.PROBES).read_text(encoding="utf-8"))
     except FileNotFoundError:
         pj = None
     if probes:

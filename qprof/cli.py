@@ -11,6 +11,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
+from qprof import runfiles
 from qprof.errors import QprofError
 
 _stderr = Console(stderr=True, highlight=False)
@@ -450,7 +451,7 @@ def _refold(run: Any) -> None:
     stats = fold_run(require_perf(), run.path, run.meta)
     run.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                          "bad_examples": stats.bad_examples}
-    archive.write_json_atomic(run.path / archive.META, run.meta)
+    archive.write_json_atomic(run.path / runfiles.META, run.meta)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
 

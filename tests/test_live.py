@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import QPROF, examples
 from qprof.attribution.live import LiveMonitor
-from qprof.collectors.session import LiveData
+from qprof.collectors.records import LiveData
 
 TARGETS = [{"pid": 10, "comm": "srv", "role": "server"}]
 
