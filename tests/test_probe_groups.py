@@ -78,7 +78,7 @@ MAY_IMPORT = {
     "collectors": {"probes", "collectors", "archive"},
     "archive": {"probes", "archive"},
     "attribution": {"probes", "archive", "attribution"},  # mappings/ is data of the attribution layer
-    "viewer": {"probes", "archive", "attribution", "viewer"},
+    "viewer": {"archive", "attribution", "viewer"},  # what the probes measured comes through attribution
     "qprof": set(LAYERS),  # the command line, API, demo and record drive every layer
 }
 FOLDERS = ("probes", "collectors", "attribution", "mappings", "viewer", "qprof")  # installed as qprof.<folder>
