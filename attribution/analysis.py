@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qprof.attribution.crypto import Crypto, analyse as analyse_crypto
+from qprof.attribution.cryptocalls import Crypto, analyse as analyse_crypto
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
@@ -20,7 +20,7 @@ class Analysis:
     profile: Profile
     packet_io: PacketIO | None
     recommendations: list[Recommendation]
-    crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
+    crypto: Crypto | None = None  # the opt-in crypto probes (attribution.cryptocalls)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)

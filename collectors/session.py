@@ -34,7 +34,6 @@ from qprof.version import __version__
 from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
-from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
 from qprof.collectors.records import LiveData
 from qprof.collectors.stacks import SAMPLE_CLOCK
@@ -463,8 +462,3 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
         if src.is_file():
             (out / runfiles.PERF_MAPS).mkdir(exist_ok=True)
             shutil.copyfile(src, out / runfiles.PERF_MAPS / src.name)
-
-
-def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
-    """Fold a run's raw perf data into its stacks file (`report --refold`)."""
-    return chunks.refold(perf, out, meta["sampling"]["groups"])

@@ -444,11 +444,10 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
 
 
 def _refold(run: Any) -> None:
-    from qprof.collectors import archive
-    from qprof.collectors.session import fold_run
+    from qprof.collectors import archive, chunks
     from qprof.probes.features import require_perf
 
-    stats = fold_run(require_perf(), run.path, run.meta)
+    stats = chunks.refold(require_perf(), run.path, run.meta["sampling"]["groups"])
     run.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                          "bad_examples": stats.bad_examples}
     archive.write_json_atomic(run.path / runfiles.META, run.meta)

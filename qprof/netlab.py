@@ -49,6 +49,7 @@ from typing import Any, Iterator
 from qprof.collectors.netns import setns
 from qprof.endpoints import Placement
 from qprof.errors import QprofError
+from qprof.probes.features import mount_table
 
 PREFIX = "qprof-lab-"
 STATE_DIR = Path("/run/qprof-lab")
@@ -118,25 +119,17 @@ class CpuCgroups:
             return {}
 
 
-def _mounts() -> list[tuple[Path, str, list[str]]]:
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return []
-    return [(Path(p[1]), p[2], p[3].split(",")) for p in (ln.split() for ln in lines) if len(p) >= 4]
-
-
 def _controller(name: str) -> tuple[int, Path] | None:
     """(version, mount) of the hierarchy with controller `name`: a v1 mount naming it, else a v2
     mount offering it."""
-    mounts = _mounts()
-    for where, fstype, opts in mounts:
-        if fstype == "cgroup" and name in opts:
-            return 1, where
-    for where, fstype, _ in mounts:
+    mounts = mount_table()
+    for m in mounts:
+        if m.fstype == "cgroup" and name in m.options:
+            return 1, m.where
+    for m in mounts:
         try:
-            if fstype == "cgroup2" and name in (where / "cgroup.controllers").read_text().split():
-                return 2, where
+            if m.fstype == "cgroup2" and name in (m.where / "cgroup.controllers").read_text().split():
+                return 2, m.where
         except OSError:
             continue
     return None
@@ -183,9 +176,9 @@ def pressure_root() -> Path | None:
     cpu = cpu_cgroups()
     if cpu is not None and cpu.version == 2:
         return None
-    for where, fstype, _ in _mounts():
-        if fstype == "cgroup2" and (where / "cpu.pressure").exists():
-            return where
+    for m in mount_table():
+        if m.fstype == "cgroup2" and (m.where / "cpu.pressure").exists():
+            return m.where
     return None
 
 

@@ -11,7 +11,7 @@ from rich.text import Text
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.verdict import Verdict
-from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
+from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, ProcessProfile, Profile
