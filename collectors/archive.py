@@ -15,6 +15,7 @@ Mappings are not applied here: reports apply them later, on any machine.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.collectors import procfs, schema
+from qprof.collectors.records import Meta, ProbeRecord, ProcReading
 from qprof.collectors.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
@@ -102,10 +104,14 @@ def effective_status(meta: dict[str, Any]) -> tuple[str, str | None]:
 
 @dataclass
 class Run:
-    """A run archive opened for reading."""
+    """A run archive opened for reading: `info` is its metadata typed, `meta` the document."""
 
     path: Path
     meta: dict[str, Any]
+
+    @functools.cached_property
+    def info(self) -> Meta:
+        return Meta.from_json(self.meta)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "Run":
@@ -197,7 +203,7 @@ class Run:
         schema.validate(data, shape, str(p))
         return data
 
-    def probes(self) -> dict[str, Any] | None:
+    def probes(self) -> ProbeRecord | None:
         """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
         p = self.path / PROBES
         data = self._record(PROBES, "probe record", schema.PROBES)
@@ -207,13 +213,13 @@ class Run:
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
-        return data
+        return ProbeRecord.from_json(data)
 
     def tcp(self) -> dict[str, Any] | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
         return self._record(TCP, "TCP record", schema.TCP)
 
-    def proc_readings(self) -> Iterator[dict[str, Any]]:
+    def proc_readings(self) -> Iterator[ProcReading]:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
         reading, is skipped."""
         p = self.path / PROC
@@ -226,4 +232,4 @@ class Run:
                 except (ValueError, RecursionError):
                     continue
                 if schema.conforms(obj, schema.PROC_READING):
-                    yield obj
+                    yield ProcReading.from_json(obj)

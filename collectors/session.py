@@ -35,7 +35,7 @@ from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
-from qprof.collectors.records import LiveData
+from qprof.collectors.records import LiveData, ProcReading, Target
 from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
@@ -423,8 +423,9 @@ class AttachSession:
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
                     if self.on_tick is not None:
-                        self.on_tick(LiveData(now - start, opts.duration, reading, self._probe_maps,
-                                              netstat.softirq_seconds(), self.meta["targets"]))
+                        self.on_tick(LiveData(now - start, opts.duration, ProcReading.from_json(reading),
+                                              self._probe_maps, netstat.softirq_seconds(),
+                                              tuple(Target.from_json(t) for t in self.meta["targets"])))
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:

@@ -75,7 +75,7 @@ def run_demo(size: str, out: Path, status: Callable[[str], None], loopback: bool
         if rep.path is None or rep.failures:
             raise QprofError("the demo's transfer failed" +
                              (f"; run archive kept in {rep.path}" if rep.path else ""))
-        took = Run.open(rep.path).meta.get("record", {}).get("client_s")
+        took = Run.open(rep.path).info.client_s
         if took:
             status(f"transfer of {size} done: {nbytes * 8 / took / 1e9:.2f} Gbit/s goodput "
                    "(client wall time, profiled)")

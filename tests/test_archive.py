@@ -16,9 +16,9 @@ from qprof.attribution.mapping import MappingSet
 from qprof.attribution.analysis import analyse_run
 from qprof.collectors import archive
 from qprof.collectors.archive import Run, create_run_dir
-from qprof.collectors.stacks import Sample
 from qprof.collectors.procfs import REDACTED, redact_cmdline
-from qprof.collectors.stacks import StackRecord, fold, read_stacks, write_stacks
+from qprof.collectors.records import ProcReading
+from qprof.collectors.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
 from conftest import examples
@@ -218,11 +218,35 @@ def test_run_open_missing_dir_and_file(tmp_path: Path) -> None:
         Run.open(f)
 
 
+def test_typed_records_of_an_archive_with_only_required_fields(tmp_path: Path) -> None:
+    """Older archives lack fields newer ones have: the typed records fill in what readers assume."""
+    target = {"pid": 7, "images": [{"comm": "a"}], "objects": [{"path": "/bin/a"}]}
+    (tmp_path / runfiles.META).write_text(json.dumps(_meta(targets=[target], sampling={"event": "cpu-clock",
+                                                                                       "frequency": 99})))
+    (tmp_path / runfiles.PROC).write_text(json.dumps({"mono": 1.5, "threads": {"7": [
+        {"tid": 8, "comm": "a", "utime_s": 1, "stime_s": 2}]}, "cgroups": {"7": None}}) + "\n")
+    (tmp_path / runfiles.PROBES).write_text(json.dumps({"programs": {"packetio": {"output": "probe-packetio.jsonl",
+                                                                                  "maps": {}}}}))
+    run = Run.open(tmp_path)
+    info = run.info
+    assert (info.status, info.sampling.frequency, info.sampling.clock, info.sampling.scope) == \
+        ("complete", 99, None, "system")
+    (t,) = info.targets
+    assert (t.pid, t.comm, t.role, t.objects[0].path, t.objects[0].go, t.images[0].since_s) == \
+        (7, "?", None, "/bin/a", False, 0.0)
+    (r,) = run.proc_readings()
+    (th,) = r.threads[7]
+    assert (r.mono, th.tid, th.on_cpu_s, th.cpu, r.cgroups, r.limits, r.tcp) == (1.5, 8, None, -1, {}, {}, {})
+    probes = run.probes()
+    assert probes is not None and probes.maps("packetio") == {} and probes.maps("softirq") == {}
+    assert probes.programs["packetio"].cpu_s is None and probes.packetio().windows is None
+
+
 def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
     (tmp_path / runfiles.META).write_text(json.dumps(_meta()))
     whole = {"t": 1, "mono": 1, "threads": {}}
     (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
-    assert list(Run.open(tmp_path).proc_readings()) == [whole]
+    assert list(Run.open(tmp_path).proc_readings()) == [ProcReading.from_json(whole)]
 
 
 def test_create_run_dir(tmp_path: Path) -> None:

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from conftest import examples, qprof
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
-from qprof.collectors.stacks import Sample
-from qprof.collectors.stacks import fold, read_header, read_stacks, write_stacks
+from qprof.collectors.stacks import Sample, fold, read_header, read_stacks, write_stacks
 from qprof.probes.mapsout import read_maps
 from qprof.probes.features import require_perf
 

@@ -20,8 +20,7 @@ from test_flamegraph_real import report_of, role_of
 from qprof import runfiles
 from qprof.attribution.categories import PACKET_IO
 from qprof.collectors import archive
-from qprof.collectors.stacks import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

@@ -17,8 +17,7 @@ from conftest import qprof
 from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
 from qprof.collectors import archive
-from qprof.collectors.stacks import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"

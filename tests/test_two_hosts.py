@@ -8,8 +8,7 @@ from pathlib import Path
 from conftest import qprof
 from qprof import runfiles
 from qprof.collectors import archive
-from qprof.collectors.stacks import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 
 def one_side(root: Path, role: str, pid: int, on_cpu: float, t0: float) -> Path:
