@@ -66,7 +66,7 @@ from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.units import parse_size
 from qprof.errors import QprofError
 from qprof.probes.children import cpu_seconds
-from qprof.probes.packetio.sampler import udp_sockets
+from qprof.probes.sockets import udp_ports
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
 BASELINE = "baseline"
@@ -213,7 +213,7 @@ def socket_drops(inode: str) -> int | None:
 
 def udp_socket_of(pid: int) -> tuple[int, str] | None:
     """(local port, inode) of the process's first UDP socket."""
-    found = udp_sockets(pid)
+    found = udp_ports(pid)
     inode = next(iter(found), None)
     return (found[inode], inode) if inode is not None else None
 

@@ -45,17 +45,17 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
         raise ValueError(unwind)
     events = [a for cg in cgroups for a in ("-e", event, "-G", cg)] if cgroups else ["-e", event]
     cmd = [perf, "record", *events, "-F", str(frequency),
+           # sample times on CLOCK_MONOTONIC, the clock of qprof's /proc and socket readings: the
+           # timeline puts CPU by category and bytes moved on one axis, and a target that moved to
+           # another recorder (it exec'd: collectors.session) is marked on the same clock
+           "-k", SAMPLE_CLOCK,
            "--call-graph", "fp" if unwind == "fp" else f"dwarf,{DWARF_STACK_BYTES}",
            "-a", "-o", str(output),
            "-N",  # no build-id cache copies in ~/.debug: the archive records build-ids itself
            # qprof's own bpftrace loads programs meanwhile; perf 6.1 then recorded BPF ksymbol
            # events that its `perf script` refused ("failed to process type: 17")
            "--no-bpf-event",
-           "-D", "-1", "--control", f"fifo:{ctl},{ack}",
-           # sample times on CLOCK_MONOTONIC, the clock of qprof's /proc and socket readings (the
-           # timeline puts CPU by category and bytes moved on one axis) and of the moment a target
-           # moved to another recorder (it exec'd: collectors.session). perf refuses a second -k.
-           "-k", SAMPLE_CLOCK]
+           "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
     if unwind == "dwarf":
         cmd += ["-m", "1024"]  # 4 MiB ring per CPU: DWARF samples are ~8 KiB each
     if switch_output:

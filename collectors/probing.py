@@ -12,9 +12,10 @@ Probe cost is measured, not guessed: BPF run-time statistics are switched on
 with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
 the global setting cannot outlive qprof even after SIGKILL. The statistics
 themselves cost two clock reads per program run (on a VM several times as much
-as a BTF tracepoint program), so they are on for 0.1 s in every 5, starting
-when the probes are live, and the measured time is scaled to the probes' whole
-lifetime.
+as a BTF tracepoint program), so they are on for 0.1 s in every second, at a
+random phase (the packet programs count in windows of their own: a statistics
+window tied to the start would always see the whole first one), and the
+measured time is scaled to the probes' whole lifetime.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shutil
 import subprocess
 import time
@@ -38,7 +40,7 @@ from qprof.probes.leftovers import owned_prog_ids
 from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
-STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 5.0  # BPF run-time statistics duty cycle
+STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle
 # How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
 # (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
 # reach hundreds of KiB: the window bounds the stream to a few MiB.
@@ -116,6 +118,7 @@ class ProbeCollector:
         self._stats_fd: int | None = None
         self._stats_since = 0.0  # monotonic time stats were last switched on (or off)
         self._stats_on_s = 0.0  # total time with stats on
+        self._stats_next: float | None = None  # monotonic time the next statistics window opens
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
         self._tails: dict[str, MapTail] = {}
@@ -177,10 +180,10 @@ class ProbeCollector:
             self._stats_fd = None
             self._stats_on_s += now - self._stats_since
             self._stats_since = now
-        elif self._stats_fd is None and self._stats_on_s > 0 and \
-                now - self._stats_since >= STATS_PERIOD_S - STATS_WINDOW_S:
+        elif self._stats_fd is None and self._stats_next is not None and now >= self._stats_next:
             self._stats_fd, _ = enable_bpf_stats()
             self._stats_since = now
+            self._stats_next = now + STATS_PERIOD_S
 
     def wait_ready(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Wait for every launched group to attach; a group that fails is recorded and dropped.
@@ -200,9 +203,12 @@ class ProbeCollector:
         # cost is measured from here: statistics windows start with the targets' real work
         self._probes_since = self._stats_since = time.monotonic()
         if self.procs:
-            self._stats_fd, why = enable_bpf_stats()
+            fd, why = enable_bpf_stats()  # can the kernel measure? the first window opens at a random phase
             if why:
                 self._unavailable("cost", why)
+            else:
+                os.close(fd)
+                self._stats_next = self._probes_since + random.uniform(0, STATS_PERIOD_S - STATS_WINDOW_S)
         self._save()
 
     def live_maps(self) -> dict[str, Any]:

@@ -263,21 +263,6 @@ def reading(pids: list[int]) -> dict[str, Any]:
             "pressure": _pressure(_read("/proc/pressure/cpu"))}
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """Inodes of the sockets a process holds open (its fds naming socket:[N])."""
-    found: set[str] = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            found.add(link[8:-1])
-    return found
 
 
 def is_alive(pid: int) -> bool:

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import runfiles
-from qprof.collectors import archive, netstat, procfs
+from qprof.collectors import archive, netstat
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
 from qprof.probes.packetio.record import Windows
+from qprof.probes.sockets import socket_inodes
 
 _COUNTERS = ("payload_sent", "bytes_received", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out", "segs_in")
 
@@ -119,7 +120,7 @@ class TrafficRecorder:
                     continue
                 if t is None:
                     if owners is None:
-                        owners = {int(i): p for p in self.pids for i in procfs.socket_inodes(p)}
+                        owners = {int(i): p for p in self.pids for i in socket_inodes(p)}
                     owner = owners.get(s.inode)
                     if owner is None:
                         continue

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from qprof.probes.sockets import fd_targets
+
 
 def owned_prog_ids(pids: set[int]) -> set[int]:
     """Ids of the BPF programs these processes hold open (fdinfo `prog_id:`); no bpftool pid support needed."""
@@ -124,15 +126,7 @@ def _names_path(pid: int, roots: list[str]) -> bool:
         cwd = None
     if any(_within(arg, r, cwd) for arg in _cmdline(pid)[1:] for r in roots):
         return True
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
+    for target in fd_targets(pid):
         if target.startswith("/") and any(_within(target, r, None) for r in roots):
             return True
     return False

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from qprof.collectors.procfs import socket_inodes
+from qprof.probes.sockets import socket_inodes
 from qprof.errors import QprofError
 
 KINDS = ("auto", "udp", "tcp", "line", "delay")

@@ -34,9 +34,11 @@ from typing import Any, TextIO
 from qprof.probes import layout as layouts
 from qprof.probes.libbpf import READY, Loaded, Unavailable
 from qprof.probes.packetio import windows
+from qprof.probes.sockets import udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
 PRINT_S = 1.0
+CHECK_S = 0.01  # whole periods: how often the hook rate is checked
 PORT_POLL_S = 1.0
 
 
@@ -76,33 +78,6 @@ class NetnsCounters:
 
 
 Mib = dict[str, tuple[float, float]]  # netns -> (InDatagrams, OutDatagrams)
-
-
-def udp_sockets(pid: int) -> dict[str, int]:
-    """The process's UDP sockets: inode -> local port (its fds' inodes in its namespace's tables)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return {}
-    found = {}
-    for table in ("udp", "udp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-                next(f, None)
-                for ln in f:
-                    cols = ln.split()
-                    if len(cols) > 9 and cols[9] in inodes:
-                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
-        except OSError:
-            continue
-    return found
 
 
 @dataclass
@@ -199,7 +174,7 @@ class Sampler:
     def watch_ports(self) -> None:
         """Tell the drop programs the targets' ports (those the per-packet programs saw are set already)."""
         for pid in self.pids:
-            for port in set(udp_sockets(pid).values()) - self.known_ports:
+            for port in set(udp_ports(pid).values()) - self.known_ports:
                 self.known_ports.add(port)
                 self._ports[port >> 6] |= 1 << (port & 63)
                 self.prog.update("port_owner", struct.pack("<I", port), struct.pack("<I", pid))
@@ -314,6 +289,23 @@ class Sampler:
             except BlockingIOError:
                 pass
 
+    def _count_whole(self, start: float, end: float, wake: int) -> tuple[float, int]:
+        """Count a whole period until `end`, checking the hook rate every CHECK_S: once the runs
+        counted exceed what the budget allows the whole period, the period ends there (a busy
+        transfer starting in a quiet period costs ~CHECK_S of counting, not the period). Ending a
+        period at a time the past decides keeps the estimate unbiased: each period is a stratum,
+        and the next one's window is placed at random within it. Returns (end, hook runs)."""
+        runs, allowed = 0, windows.CPU_BUDGET / windows.EVENT_COST_S * (end - start)
+        while not self.stop:
+            now = time.monotonic()
+            if now >= end:
+                break
+            self._sleep_until(min(end, now + CHECK_S), wake)
+            runs += self.hook_runs()
+            if runs > allowed:
+                return time.monotonic(), runs
+        return min(end, time.monotonic()), runs
+
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
         opens (the period is over then), or at the stop, which extends the last period to it."""
@@ -326,7 +318,7 @@ class Sampler:
         self.out.write(READY + "\n")
         self.out.flush()
         t0 = start = opened  # the period's start; the open window's start
-        P = windows.period_length(0.0)
+        P = windows.OPENING_PERIOD_S
         counting, w = True, P  # the first period is counted whole
         pending: Window | None = None
         next_print = start + PRINT_S
@@ -348,7 +340,8 @@ class Sampler:
                     opened, mib_a = self.flip_gate(1)
                     counting = True
                 commit(start, mib_s)
-                self._sleep_until(start + P, wake)
+                cut, runs = self._count_whole(start, start + P, wake)
+                P = cut - start  # a period cut short ends here; the next one starts now
             else:
                 self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
                 if self.stop:
@@ -358,8 +351,9 @@ class Sampler:
                 opened, mib_a = self.flip_gate(1)
                 counting = True
                 self._sleep_until(opened + w, wake)
+                runs = 0
             # the window ends: decide the next one before closing, so nothing is counted in between
-            runs = self.hook_runs()
+            runs += self.hook_runs()
             now = time.monotonic()
             P_next = windows.period_length(now - t0)
             w_next = windows.window_length(runs, now - opened, P_next)

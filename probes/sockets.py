@@ -1,0 +1,45 @@
+"""A process's sockets as /proc shows them: the one reader of its file descriptor table, shared
+by the probe loaders (which ports to watch), leftover detection (which paths a process holds) and
+the collectors (who owns a socket). Low in the layers so that probes and collectors both use it."""
+
+from __future__ import annotations
+
+import os
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What the process's open file descriptors point to (paths, "socket:[N]", "pipe:[N]"...);
+    empty when the process is gone or not ours to read."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return out
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets a process holds open."""
+    return {t[8:-1] for t in fd_targets(pid) if t.startswith("socket:[")}
+
+
+def udp_ports(pid: int) -> dict[str, int]:
+    """The process's UDP sockets: inode -> local port (its sockets' inodes in its namespace's tables)."""
+    inodes = socket_inodes(pid)
+    found = {}
+    for table in ("udp", "udp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                next(f, None)
+                for ln in f:
+                    cols = ln.split()
+                    if len(cols) > 9 and cols[9] in inodes:
+                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+        except OSError:
+            continue
+    return found
