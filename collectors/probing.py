@@ -5,8 +5,8 @@ they need and how they start; this module runs the ones asked for with
 `--probes`, keeps what each printed, and reads what needs no probe at all at
 the start and the end of every run: the targets' UDP sockets (buffers, drop
 counters), the UDP MIB counters of their namespaces, and the sysctls; sockets
-and the namespaces' qdiscs (queue drops, shaper overlimits) as first and last
-seen, read every second.
+(every second) and the namespaces' qdiscs (queue drops, shaper overlimits;
+every 5 s) as first and last seen.
 
 Probe cost is measured, not guessed: BPF run-time statistics are switched on
 with BPF_ENABLE_STATS, whose effect ends when its file descriptor closes, so
@@ -41,6 +41,7 @@ from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle
+QDISC_INTERVAL_S = 5.0
 # How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
 # (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
 # reach hundreds of KiB: the window bounds the stream to a few MiB.
@@ -119,14 +120,16 @@ class ProbeCollector:
         self._stats_since = 0.0  # monotonic time stats were last switched on (or off)
         self._stats_on_s = 0.0  # total time with stats on
         self._stats_next: float | None = None  # monotonic time the next statistics window opens
+        self._next_qdiscs = 0.0  # monotonic time of the next qdisc reading
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
         self._tails: dict[str, MapTail] = {}
         self._next_compact = time.monotonic() + COMPACT_S
 
-    def poll_sockets(self) -> None:
+    def poll_sockets(self, final: bool = False) -> None:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
-        and last seen, so sockets opened after the start or closed before the end count too."""
+        and last seen, so sockets opened after the start or closed before the end count too;
+        `final` at the start and the stop reads the qdiscs whatever their interval."""
         socks, err = netstat.udp_sockets(self.pids)
         if err:
             self.record["sockets_error"] = err
@@ -142,6 +145,12 @@ class ProbeCollector:
                 seen["last"] = {k: sk.get(k) for k in _SOCKET_COUNTERS}
                 seen["last_time"] = now
         self.record["sockets"] = list(self._sockets.values())
+        # qdisc counters (tc, ~10 ms) only matter first and last: read every QDISC_INTERVAL_S and at the
+        # start and the stop (a namespace that goes with its last target keeps its last reading)
+        now_m = time.monotonic()
+        if not final and now_m < self._next_qdiscs:
+            return
+        self._next_qdiscs = now_m + QDISC_INTERVAL_S
         qdiscs = self.record.setdefault("qdiscs", {})
         for ns, found in netstat.netns_qdiscs(self.pids).items():
             seen_ns = qdiscs.setdefault(ns, {"pids": found["pids"], "first": found["qdiscs"], "first_time": now})
@@ -153,7 +162,7 @@ class ProbeCollector:
     def launch(self) -> None:
         """Snapshot counters and start every probe group (they compile while perf starts)."""
         self.record["before"] = netstat.snapshot(self.pids)
-        self.poll_sockets()
+        self.poll_sockets(final=True)
         self._save()
         ctx = Context(self.out, self.pids, self.status, procfs.mapped_objects)
         for name in self.groups:
@@ -265,7 +274,7 @@ class ProbeCollector:
             self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
                                                    maps=maps, cpu_s=p.cpu_s)
             GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
-        self.poll_sockets()
+        self.poll_sockets(final=True)
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:
             try:

@@ -7,25 +7,38 @@ from __future__ import annotations
 import os
 
 
-def fd_targets(pid: int) -> list[str]:
-    """What the process's open file descriptors point to (paths, "socket:[N]", "pipe:[N]"...);
+def fd_table(pid: int) -> dict[int, str]:
+    """What each of the process's open file descriptors points to (a path, "socket:[N]", "pipe:[N]"...);
     empty when the process is gone or not ours to read."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return []
-    out = []
+        return {}
+    out = {}
     for fd in fds:
         try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:  # closed meanwhile
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except (OSError, ValueError):  # closed meanwhile
             continue
+    return out
+
+
+def fd_targets(pid: int) -> list[str]:
+    return list(fd_table(pid).values())
+
+
+def socket_fds(pid: int) -> dict[str, list[int]]:
+    """The process's sockets: inode -> the descriptors holding it."""
+    out: dict[str, list[int]] = {}
+    for fd, t in sorted(fd_table(pid).items()):
+        if t.startswith("socket:["):
+            out.setdefault(t[8:-1], []).append(fd)
     return out
 
 
 def socket_inodes(pid: int) -> set[str]:
     """Inodes of the sockets a process holds open."""
-    return {t[8:-1] for t in fd_targets(pid) if t.startswith("socket:[")}
+    return set(socket_fds(pid))
 
 
 def udp_ports(pid: int) -> dict[str, int]:
