@@ -3,7 +3,7 @@
 of it qprof cannot place, DSO-only share, and whether auto-detection picked the stack's own file.
 
 Runs real profiled transfers per stack (ngtcp2 from Debian; the endpoints of
-tests/endpoints built into the cache), both ends attached as users attach: default
+lab/endpoints built into the cache), both ends attached as users attach: default
 unwinding and default probes (--probes none for sampling alone). With --runs N the
 stacks take turns N times and each side gets min/median/max of Uncategorized, of
 its unplaced part (without what qprof names as the program's own code or its
@@ -25,15 +25,16 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the lab package; test_stacks' bound
 
-from endpoints.build import BuildUnavailable, build, registry  # noqa: E402
-from endpoints.transfer import profile  # noqa: E402
+from lab.endpoints.build import BuildUnavailable, build, registry  # noqa: E402
+from lab.endpoints.transfer import profile  # noqa: E402
 
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED  # noqa: E402
 from qprof.probes.registry import DEFAULT_GROUPS  # noqa: E402
 from qprof.collectors.session import AttachOptions, AttachSession  # noqa: E402
-from qprof.endpoints import Ngtcp2Transfer, parse_size  # noqa: E402
+from lab.transfers import Ngtcp2Transfer  # noqa: E402
+from qprof.units import parse_size  # noqa: E402
 from test_stacks import MAX_PROBE_SHARE, MAX_UNCATEGORIZED  # noqa: E402
 from qprof.viewer.json_report import unplaced_share  # noqa: E402
 

@@ -49,7 +49,7 @@ def application_share(run: Path) -> tuple[dict, float]:
 @pytest.mark.parametrize("name", sorted(PASSES))
 def test_receive_path_work_is_application(name: str, kernel_facing: None, endpoint_build, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from endpoints.transfer import profile
+    from lab.endpoints.transfer import profile
 
     built = endpoint_build(name)
     monkeypatch.delenv("QPROF_BULK_WORK", raising=False)

@@ -14,7 +14,7 @@ import pytest
 from conftest import CACHE, ROOT, attach_held, build_c, qprof
 from qprof.probes.crypto import symbols as cryptosyms
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer
+from lab.transfers import Ngtcp2Transfer
 
 WORKLOAD = ROOT / "tests" / "workloads"
 
