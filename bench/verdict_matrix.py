@@ -1,16 +1,18 @@
 """The verdict's proof: real transfers between two namespaces, one thing made the bottleneck on purpose.
 
     sudo .venv/bin/python bench/verdict_matrix.py [--runs 10] [--stacks ngtcp2,quicgo]
-                                                  [--scenarios server-quota,...] [-o DIR]
+                                                  [--scenarios server-quota,...] [-o DIR [--keep-wrong]]
+                                                  [--results FILE.jsonl]
+    .venv/bin/python bench/verdict_matrix.py --table-from FILE.jsonl [FILE.jsonl ...] [--markdown]
 
 Scenarios (qprof.netlab.SCENARIOS, each with the limiting side and the cause
 the verdict must name): a side's cgroup capped at 0.3 of a core; a side bound
 to one CPU beside a busy process (contention); a side in a one-CPU cpuset
-shared with a busy process; the client bound to one CPU alone (affinity); the
-client's socket held at a tiny SO_RCVBUF; the link shaped with tbf; the server
-pacing its own writes (application, test endpoints with that option only);
-and uncapped runs, reported as measured with no expected answer. The verdict
-never sees any of this: it decides from what qprof measured.
+shared with a busy process; the client's socket held at a tiny SO_RCVBUF; the
+link shaped with tbf; the server pacing its own writes (application, test
+endpoints with that option only); and uncapped runs, reported as measured
+with no expected answer. The verdict never sees any of this: it decides from
+what qprof measured.
 
 Each run: a fresh lab, server and held client placed in their namespaces,
 cgroups and CPUs, `qprof attach`'s session on both with the default probes,
@@ -22,6 +24,11 @@ unprofiled transfer) so a profiled run lasts about --seconds. Runs are
 interleaved (run 1 of every scenario and stack, then run 2, ...) so a change in
 the host's load spreads over all cells.
 
+A long matrix can run in chunks (a stack or a few scenarios at a time, each
+under the heavy-run lock): `--results` appends every run as a JSON line, and
+`--table-from` prints one table from the chunks' files. `--keep-wrong` keeps
+only the archives of wrong and uncapped runs (the evidence to read).
+
 Goal: right in >= 95% of all runs and >= 9 of 10 in each cell. Everything the
 labs create is removed on exit, also on Ctrl-C; leftovers of earlier killed
 runs are removed at start.
@@ -30,10 +37,13 @@ runs are removed at start.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,10 +79,40 @@ def cell_mark(r: RunResult) -> str:
     return m.lower() if r.expected_cause and r.cause != r.expected_cause and r.verdict == r.expected else m
 
 
+def seen(cell: list[RunResult]) -> str:
+    """The verdicts a cell's runs gave, most frequent first: 'server-limited (cpu-starved) x9, ...'."""
+    counts = Counter("error" if r.error else f"{r.verdict} ({r.cause})" for r in cell)
+    return ", ".join(f"{v} x{n}" for v, n in counts.most_common())
+
+
+def save(r: RunResult, path: Path) -> None:
+    """Append one run to a JSON-lines file (a chunk's results, for --table-from)."""
+    d = dataclasses.asdict(r)
+    d["run"] = str(r.run) if r.run else None
+    with open(path, "a") as f:
+        f.write(json.dumps(d) + "\n")
+
+
+def load(paths: list[Path]) -> list[RunResult]:
+    """Runs saved by --results; a line that is not a run is one clear error."""
+    fields = {f.name for f in dataclasses.fields(RunResult)}
+    out = []
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                d = json.loads(line)
+                d["run"] = Path(d["run"]) if d.get("run") else None
+                out.append(RunResult(**{k: v for k, v in d.items() if k in fields}))
+            except (ValueError, TypeError, KeyError) as e:
+                raise SystemExit(f"{path}:{n}: not a run saved by --results ({e})") from None
+    return out
+
+
 def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str], runs: int,
           skipped: dict[tuple[str, str], str]) -> tuple[str, bool]:
     lines = [f"{'scenario':18s} {'stack':7s} {'expected':32s} {'right':>6s}  per run "
-             "(S server, C client, N neither, B both; lower case: right side, wrong cause; E error)"]
+             "(S server, C client, N neither, B both; lower case: right side, wrong cause; E error)"
+             "  | verdicts seen"]
     total = hits = 0
     goal = True
     for sc in scenarios:
@@ -91,13 +131,30 @@ def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]
                 hits += k
                 rate = f"{k}/{len(cell)}"
                 goal &= len(cell) > 0 and k / len(cell) >= GOAL_CELL
-            lines.append(f"{sc.name:18s} {st:7s} {expect:32s} {rate:>6s}  {marks}")
+            lines.append(f"{sc.name:18s} {st:7s} {expect:32s} {rate:>6s}  {marks}  | {seen(cell)}")
     overall = hits / total if total else 0.0
     goal &= total > 0 and overall >= GOAL_OVERALL
     lines.append(f"overall: {hits}/{total} = {overall:.0%} "
                  f"(goal: >= {GOAL_OVERALL:.0%} overall and >= {GOAL_CELL * 10:.0f}/10 per cell, "
                  f">= 10 runs each: {'MET' if goal and runs >= 10 else 'not met'})")
     return "\n".join(lines), goal
+
+
+def markdown(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]) -> str:
+    """The table for the README: a row per scenario, right/total and the verdicts seen per stack."""
+    lines = ["| scenario | expected | " + " | ".join(stacks) + " |", "|---|---|" + "---|" * len(stacks)]
+    for sc in scenarios:
+        cells = []
+        for st in stacks:
+            cell = [r for r in results if r.scenario == sc.name and r.stack == st]
+            if not cell:
+                cells.append("n/a")
+                continue
+            rate = f"**{sum(1 for r in cell if r.hit)}/{len(cell)}**: " if sc.expected else f"{len(cell)} runs: "
+            cells.append(rate + seen(cell))
+        expect = f"{sc.expected} ({sc.cause})" if sc.expected else "none (reported)"
+        lines.append(f"| {sc.name} | {expect} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -108,6 +165,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="target length of a profiled transfer "
                     "(sizes assume profiling costs 30%% of the unprofiled goodput)")
     ap.add_argument("-o", "--out", type=Path, help="keep every run archive (and qlog) under this directory")
+    ap.add_argument("--keep-wrong", action="store_true", help="with -o: keep only wrong and uncapped runs")
+    ap.add_argument("--results", type=Path, help="append every run to this JSON-lines file")
+    ap.add_argument("--table-from", type=Path, nargs="+", metavar="FILE",
+                    help="print the table of runs saved with --results (no runs); with --stacks/--scenarios")
+    ap.add_argument("--markdown", action="store_true", help="with --table-from: the README's markdown table")
     ap.add_argument("-v", "--verbose", action="store_true", help="print qprof's progress messages")
     args = ap.parse_args(argv)
     stacks = [s for s in args.stacks.split(",") if s]
@@ -115,6 +177,16 @@ def main(argv: list[str]) -> int:
     if unknown or args.runs < 1:
         ap.error(f"unknown scenario(s) {unknown}" if unknown else "--runs must be >= 1")
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",") if s]
+    if args.table_from:
+        saved = load(args.table_from)
+        if args.markdown:
+            print(markdown(saved, scenarios, stacks))
+            return 0
+        counts = Counter((r.scenario, r.stack) for r in saved)
+        none = {(sc.name, st): "no runs saved" for sc in scenarios for st in stacks if not counts[sc.name, st]}
+        text, goal = table(saved, scenarios, stacks, min(counts.values(), default=0), none)
+        print(text)
+        return 0 if goal else 1
 
     for line in cleanup():
         print(f"removed leftover: {line}")
@@ -147,9 +219,11 @@ def main(argv: list[str]) -> int:
                     run_dir = out_root / f"{sc.name}-{st}-{i:02d}"
                     r = run_scenario(sc, st, factories[st], sizes[sc.name, st], run_dir, status=status)
                     results.append(r)
+                    if args.results:
+                        save(r, args.results)
                     expect = f"{sc.expected} ({sc.cause})" if sc.expected else "-"
                     print(f"[{i}/{args.runs}] {sc.name:18s} {st:7s} expected {expect:32s} {fmt_run(r)}", flush=True)
-                    if not keep:
+                    if not keep or (args.keep_wrong and r.hit):
                         shutil.rmtree(run_dir, ignore_errors=True)
                         shutil.rmtree(run_dir.parent / f"{run_dir.name}-qlog", ignore_errors=True)
         print(f"\n{len(results)} runs in {time.monotonic() - t0:.0f} s\n")

@@ -554,6 +554,8 @@ class Lab:
             assert parent is not None
             parent.mkdir()
             self.cgroups_kind.prepare_parent(parent)
+            if self.weights:  # a weight counts against siblings only: the lab must outweigh the host's load too
+                self.cgroups_kind.set_weight(parent, max(self.weights.values()))
             for role in (*ROLES, "hogs"):
                 cg = parent / role
                 cg.mkdir()
