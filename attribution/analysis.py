@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qprof.attribution.crypto import Crypto, analyse as analyse_crypto
+from qprof.attribution.cryptocalls import Crypto, analyse as analyse_crypto
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
@@ -13,6 +13,7 @@ from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
+from qprof.collectors.records import Meta, ProbeRecord
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Analysis:
     profile: Profile
     packet_io: PacketIO | None
     recommendations: list[Recommendation]
-    crypto: Crypto | None = None  # the opt-in crypto probes (attribution.crypto)
+    crypto: Crypto | None = None  # the opt-in crypto probes (attribution.cryptocalls)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
@@ -50,21 +51,20 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     stack record with its decision during attribution (attribution.profile.Visitor)."""
     readings = list(run.proc_readings())
     profile = attribute(run, mappings, stack, readings, visit)
-    targets = run.meta.get("targets", [])
-    pids = [int(t["pid"]) for t in targets]
-    probes = run.probes() or {}
-    pio = analyse(probes, pids)
-    comms = {int(t["pid"]): str(t.get("comm", "?")) for t in targets}
+    info = run.info
+    pids = [t.pid for t in info.targets]
+    probes = run.probes() or ProbeRecord({})
+    pio = analyse(probes.doc, pids)
+    comms = {t.pid: t.comm for t in info.targets}
     recs = recommend(pio, comms, {p.pid: p.mmsg_seen for p in profile.processes}) if pio is not None else []
     crypto = analyse_crypto(probes, pids, pio)
     tcp = analyse_tcp(run.tcp(), pids)
-    host = run.meta.get("host", {})
-    host_cpus = int(host.get("cpus") or 1)
-    sides = [ev for t in targets if t.get("role") in ("server", "client")
-             for ev in [side_evidence(readings, int(t["pid"]), t["role"], str(t.get("comm", "?")), host_cpus, pio,
-                                      host.get("cpu_nodes"), probes.get("qdiscs"), _tcp_pair(tcp, int(t["pid"])))]
+    host_cpus = info.host.cpus or 1
+    sides = [ev for t in info.targets if t.role in ("server", "client")
+             for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
+                                      probes.queues, _tcp_pair(tcp, t.pid))]
              if ev is not None]
-    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(run.meta, probes), tcp)
+    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp)
 
 
 def _tcp_pair(tcp: TcpIO | None, pid: int) -> tuple[int, int] | None:
@@ -72,12 +72,9 @@ def _tcp_pair(tcp: TcpIO | None, pid: int) -> tuple[int, int] | None:
     return (p.sent, p.received) if p is not None and p.moved else None
 
 
-def observer_cpu(meta: dict, probes: dict) -> dict[str, float]:
+def observer_cpu(info: Meta, probes: ProbeRecord) -> dict[str, float]:
     """CPU seconds qprof's own helpers used while observing (perf record, the probe loaders): the
     cost of the run that is not in the targets' samples."""
-    out = {f"perf record ({mode})": float(s) for mode, s in (meta.get("perf_cpu_s") or {}).items()
-           if isinstance(s, (int, float))}
-    for name, prog in (probes.get("programs") or {}).items():
-        if isinstance(prog, dict) and isinstance(prog.get("cpu_s"), (int, float)):
-            out[f"probes {name}"] = float(prog["cpu_s"])
+    out = {f"perf record ({mode})": s for mode, s in info.perf_cpu_s.items()}
+    out.update({f"probes {name}": p.cpu_s for name, p in probes.programs.items() if p.cpu_s is not None})
     return out

@@ -25,26 +25,27 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from qprof.attribution.categories import APPLICATION, UNCATEGORIZED
 from qprof.attribution.mapping import Rule
 from qprof.attribution.patterns import BoundedPattern
+from qprof.collectors.records import Target
 
 _RUST_MAIN = re.compile(r"^<?([A-Za-z_][A-Za-z0-9_]*)::main$")
 _NOT_APP_CRATES = {"std", "core", "alloc", "tokio", "async_std", "futures", "smol"}
 _PY_SCRIPT = re.compile(r"\.py$")
 
 
-def application_rule(target: dict[str, Any], files: Iterable[str], symbols: Iterable[str]) -> Rule | None:
+def application_rule(target: Target | None, files: Iterable[str], symbols: Iterable[str]) -> Rule | None:
     """The rule that names this process's own code, or None when it cannot be told apart.
 
-    `target`: meta.json's entry (exe, cmdline, objects); `files`: the names of the mapping files
-    chosen for the process; `symbols`: every symbol seen in its stacks."""
+    `target`: the profiled process (exe, cmdline, objects; None: a process the run did not
+    attach to); `files`: the names of the mapping files chosen for the process; `symbols`: every
+    symbol seen in its stacks."""
     names = set(files)
-    exe = target.get("exe")
-    go = "go-runtime" in names or any(isinstance(o, dict) and o.get("go") and o.get("path") == exe
-                                      for o in target.get("objects", []))
+    exe = target.exe if target else None
+    go = "go-runtime" in names or any(o.go and o.path == exe for o in (target.objects if target else ()))
     if go:
         return _rule(r"^main\.", None, "Go package main")
     if "rust-std" in names:
@@ -57,7 +58,7 @@ def application_rule(target: dict[str, Any], files: Iterable[str], symbols: Iter
             return _rule(rf"^<?({alt})::", None, f"Rust crate {', '.join(sorted(crates))}")
         return None
     if "python" in names:
-        script = next((a for a in target.get("cmdline", [])[1:] if _PY_SCRIPT.search(a)), None)
+        script = next((a for a in (target.cmdline if target else ())[1:] if _PY_SCRIPT.search(a)), None)
         if script and script.startswith("/"):
             d = re.escape(str(Path(script).parent))
             return _rule(rf"^py::[^:]*:{d}/[^/]+\.py$", None, f"Python files in {Path(script).parent}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from qprof.attribution.categories import CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
 from qprof.attribution.engine import is_kernel_dso
 from qprof.attribution.profile import Profile
-from qprof.collectors.perfscript import UNKNOWN
+from qprof.collectors.stacks import UNKNOWN
 
 # Name fragments that suggest a category; a suggestion, to be checked against the code.
 _HINTS = (

@@ -10,11 +10,10 @@ final report agree on what a datagram is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from qprof.attribution.packetio import analyse
 from qprof.collectors import schema
-from qprof.collectors.session import LiveData
+from qprof.collectors.records import LiveData, ProbeRecord, ProcReading
 
 
 @dataclass
@@ -53,18 +52,9 @@ class _Counters:
     cpus: int
 
 
-def _on_cpu(reading: dict[str, Any]) -> dict[int, dict[int, float]]:
-    out: dict[int, dict[int, float]] = {}
-    for pid, threads in (reading.get("threads") or {}).items():
-        per = {}
-        for t in threads or []:
-            try:
-                per[int(t["tid"])] = float(t.get("on_cpu_s") if t.get("on_cpu_s") is not None
-                                           else t["utime_s"] + t["stime_s"])
-            except (KeyError, TypeError, ValueError):
-                continue
-        out[int(pid)] = per
-    return out
+def _on_cpu(reading: ProcReading) -> dict[int, dict[int, float]]:
+    return {pid: {t.tid: t.on_cpu_s if t.on_cpu_s is not None else t.utime_s + t.stime_s for t in threads}
+            for pid, threads in reading.threads.items()}
 
 
 def _rate(now: float, before: float, dt: float) -> float | None:
@@ -78,12 +68,12 @@ class LiveMonitor:
         self._prev: _Counters | None = None
 
     def update(self, d: LiveData) -> LiveFrame:
-        pids = [int(t["pid"]) for t in d.targets]
+        pids = [t.pid for t in d.targets]
         maps = schema.probe_maps(d.maps)
-        pio = analyse({"programs": {"packetio": {"maps": maps}}}, pids) if maps else None
+        pio = analyse(ProbeRecord.of_maps({"packetio": maps}).doc, pids) if maps else None
         packets = {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
                    for p, v in (pio.processes.items() if pio else [])}
-        now = _Counters(float(d.reading.get("mono", 0.0)), _on_cpu(d.reading), packets,
+        now = _Counters(d.reading.mono, _on_cpu(d.reading), packets,
                         sum(d.softirq_seconds.values()), max(1, len(d.softirq_seconds)))
         prev, self._prev = self._prev, now
         dt = now.mono - prev.mono if prev is not None else 0.0
@@ -91,9 +81,9 @@ class LiveMonitor:
         if prev is not None and dt > 0:
             frame.softirq_share = _rate(now.softirq_s, prev.softirq_s, dt * now.cpus)
         for t in d.targets:
-            pid = int(t["pid"])
+            pid = t.pid
             threads = now.on_cpu.get(pid, {})
-            r = TargetRates(pid, str(t.get("comm", "?")), t.get("role"), bool(threads))
+            r = TargetRates(pid, t.comm, t.role, bool(threads))
             if pio is not None and pid in pio.processes:
                 r.drops = sum(pio.processes[pid].drops.values())
             frame.targets.append(r)

@@ -18,6 +18,7 @@ from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.skid import SkidSplitter
 from qprof.collectors.archive import Run
+from qprof.collectors.records import ProcReading, Sampling
 from qprof.collectors.stacks import StackRecord
 
 # Called with every stack record and the engine's decision for it, in the same pass that aggregates:
@@ -104,9 +105,8 @@ class Profile:
         return period * self.seconds_per_period
 
 
-def _seconds_per_period(meta: dict[str, Any]) -> float:
-    sampling = meta.get("sampling", {})
-    if sampling.get("event", "cpu-clock") in NS_EVENTS:
+def _seconds_per_period(sampling: Sampling) -> float:
+    if sampling.event in NS_EVENTS:
         return 1e-9
     # other events count something else per period (cycles...): fall back to 1/frequency per sample
     return 0.0
@@ -132,34 +132,34 @@ def cpu_shortfall_note(sampled_s: float, samples: int, proc_s: float | None, sco
     return note
 
 
-def _proc_cpu(readings: list[dict[str, Any]], pid: int) -> float | None:
+def _proc_cpu(readings: list[ProcReading], pid: int) -> float | None:
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     for r in readings:
-        for t in r.get("threads", {}).get(str(pid), []):
-            cpu = t["utime_s"] + t["stime_s"]
-            first.setdefault(t["tid"], cpu)
-            last[t["tid"]] = cpu
+        for t in r.threads.get(pid, []):
+            cpu = t.utime_s + t.stime_s
+            first.setdefault(t.tid, cpu)
+            last[t.tid] = cpu
     if not last:
         return None
     return sum(last[t] - first[t] for t in last)
 
 
 def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
-              readings: list[dict[str, Any]] | None = None, visit: Visitor | None = None) -> Profile:
+              readings: list[ProcReading] | None = None, visit: Visitor | None = None) -> Profile:
     """Classify every folded stack of the run and aggregate per process and thread.
 
     `readings`: the run's /proc readings when the caller has them already.
     `visit`: called with each stack record and its decision (see Visitor)."""
     if readings is None:
         readings = list(run.proc_readings())
-    meta = run.meta
-    targets = {int(t["pid"]): t for t in meta.get("targets", [])}
+    info = run.info
+    targets = {t.pid: t for t in info.targets}
     # Pass 1: what each process runs, to pick its mapping files.
     dsos: dict[int, set[str]] = defaultdict(set)
     syms: dict[int, set[str]] = defaultdict(set)
     for pid, t in targets.items():
-        dsos[pid].update(o["path"] if isinstance(o, dict) else str(o) for o in t.get("objects", []))
+        dsos[pid].update(o.path for o in t.objects)
     for rec in run.stacks():
         for sym, dso in rec.frames:
             dsos[rec.pid].add(dso)
@@ -170,12 +170,12 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     for pid in sorted(set(dsos) | set(targets)):
         chosen = mappings.for_process(dsos[pid], syms[pid], stack)
         files = [f for f, _ in chosen]
-        t = targets.get(pid, {})
+        t = targets.get(pid)
         app = application_rule(t, (f.name for f in files), syms[pid])
         key = (*(f.path for f in files), app.source if app else "")
         clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files, [app] if app else []))
         per_pid_classifier[pid] = clf
-        procs[pid] = ProcessProfile(pid, t.get("comm", "?"), t.get("role"),
+        procs[pid] = ProcessProfile(pid, t.comm if t else "?", t.role if t else None,
                                     mappings=[f.describe(why) for f, why in chosen],
                                     mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
                                     application=app.source if app else None)
@@ -206,8 +206,8 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         add(rec, d)
     for p in procs.values():
         p.skid = skid.summary(p.pid, p.breakdown.period)
-    spp = _seconds_per_period(meta)
-    freq = meta.get("sampling", {}).get("frequency") or 1
+    spp = _seconds_per_period(info.sampling)
+    freq = info.sampling.frequency or 1
     sampled, empty = [], []
     for p in procs.values():
         if p.breakdown.samples == 0:
@@ -216,11 +216,10 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
             continue
         p.proc_cpu_seconds = _proc_cpu(readings, p.pid)
         sampled.append(p)
-    scope_rec = (meta.get("sampling") or {}).get("scope")  # not in older archives; any shape in damaged ones
-    scope = str(scope_rec.get("mode", "system")) if isinstance(scope_rec, dict) else "system"
     for p in sampled:
         if spp:
-            p.cpu_note = cpu_shortfall_note(p.breakdown.period * spp, p.breakdown.samples, p.proc_cpu_seconds, scope)
+            p.cpu_note = cpu_shortfall_note(p.breakdown.period * spp, p.breakdown.samples, p.proc_cpu_seconds,
+                                            info.sampling.scope)
     if spp == 0.0:  # non-time event: approximate CPU time by samples / frequency
         total_p = sum(p.breakdown.period for p in sampled) or 1
         total_s = sum(p.breakdown.samples for p in sampled)

@@ -2,7 +2,7 @@
 
 Totals hide the phases of a transfer: handshake, slow start, loss episodes,
 steady state. The folded stacks keep each record's CPU time per time bin
-(collectors.stacks, perfscript.BIN_S), and the report's own attribution pass
+(collectors.stacks, BIN_S), and the report's own attribution pass
 adds it up per process and category (TimelineBuilder is a
 profile.Visitor), so a bin's categories are the report's. Bytes come from
 the running totals in the /proc readings (collectors.traffic): TCP exact,
@@ -25,9 +25,8 @@ from typing import Any, Callable
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
-from qprof.collectors.perf import SAMPLE_CLOCK
-from qprof.collectors.perfscript import BIN_S
-from qprof.collectors.stacks import StackRecord, read_header
+from qprof.collectors.records import ProcReading
+from qprof.collectors.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
 
 
 class TimelineBuilder:
@@ -94,21 +93,21 @@ class Timeline:
                 "targets": [t.to_json() for t in self.targets]}
 
 
-def _rates(readings: list[dict[str, Any]], pid: int, origin: float) -> tuple[list[Rate], str]:
+def _rates(readings: list[ProcReading], pid: int, origin: float) -> tuple[list[Rate], str]:
     """Rates between successive changes of the target's running byte totals (TCP + UDP)."""
     kinds: set[str] = set()
     points: list[tuple[float, float, float]] = []
     for r in readings:
         sent = received = 0.0
         seen = False
-        for kind in ("tcp", "udp"):
-            v = (r.get(kind) or {}).get(str(pid))
-            if v and len(v) == 2:
+        for kind, totals in (("tcp", r.tcp), ("udp", r.udp)):
+            v = totals.get(pid)
+            if v is not None:
                 sent, received, seen = sent + v[0], received + v[1], True
                 if v[0] or v[1]:
                     kinds.add(kind)
         if seen:
-            points.append((float(r["mono"]) - origin, sent, received))
+            points.append((r.mono - origin, sent, received))
     rates, prev = [], points[0] if points else None
     for p in points[1:]:
         assert prev is not None
@@ -120,22 +119,21 @@ def _rates(readings: list[dict[str, Any]], pid: int, origin: float) -> tuple[lis
     return rates, label
 
 
-def build(profile: Profile, builder: TimelineBuilder, readings: list[dict[str, Any]],
+def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading],
           pids: list[int] | None = None) -> Timeline:
     """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass."""
-    meta = profile.run.meta
-    aligned = (meta.get("sampling") or {}).get("clock") == SAMPLE_CLOCK and bool(readings)
+    aligned = profile.run.info.sampling.clock == SAMPLE_CLOCK and bool(readings)
     # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
     # starts at a multiple of the grain
     grain = max(1, int((read_header(profile.run.stacks_path) or {}).get("bin_grain", 1)))
     bin_s = BIN_S * grain
     all_bins = [b // grain for per in builder.cpu.values() for b in per]
     # time 0 is the start of the bin holding the first /proc reading (aligned), or the first sample's
-    first = int(float(readings[0]["mono"]) / BIN_S) // grain if aligned else min(all_bins, default=0)
+    first = int(readings[0].mono / BIN_S) // grain if aligned else min(all_bins, default=0)
     origin = first * bin_s
     last = max(all_bins, default=first)
     if aligned:
-        last = max(last, int(float(readings[-1]["mono"]) / BIN_S) // grain)
+        last = max(last, int(readings[-1].mono / BIN_S) // grain)
     scale = profile.seconds_per_period / bin_s  # period per bin -> cores
     targets = []
     for p in profile.processes:

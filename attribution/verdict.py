@@ -45,6 +45,7 @@ from typing import Any, Iterable
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.stackrecord import SenderRecord, agreement, sender
+from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading, ThreadReading
 
 THRESHOLDS: dict[str, float] = {
     "thread_on_cpu": 0.90,  # cpu-busy: the busiest thread on a CPU this share of wall time
@@ -163,9 +164,8 @@ class Verdict:
                 "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
 
 
-def _window(readings: list[dict[str, Any]], pid: int) -> list[dict[str, Any]]:
-    key = str(pid)
-    return [r for r in readings if r.get("threads", {}).get(key)]
+def _window(readings: list[ProcReading], pid: int) -> list[ProcReading]:
+    return [r for r in readings if r.threads.get(pid)]
 
 
 def _mode(values: list[Any]) -> Any:
@@ -173,16 +173,16 @@ def _mode(values: list[Any]) -> Any:
     return next(v for v in values if repr(v) == keyed.most_common(1)[0][0]) if values else None
 
 
-def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str, host_cpus: int,
+def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, host_cpus: int,
                   pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
-                  qdiscs: dict[str, Any] | None = None, tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
+                  qdiscs: dict[str, NamespaceQueues] | None = None, tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
     """The measured facts of one side over its window, judged (its cause, if it limits).
     `tcp_bytes`: (sent, received) through its TCP sockets, for a TCP baseline's goodput."""
     rs = _window(readings, pid)
     if len(rs) < 2:
         return None
     first, last = rs[0], rs[-1]
-    wall = float(last["mono"]) - float(first["mono"])
+    wall = last.mono - first.mono
     ev = SideEvidence(role, pid, comm, wall)
     if wall < MIN_WINDOW_S:
         return ev
@@ -199,64 +199,61 @@ def side_evidence(readings: list[dict[str, Any]], pid: int, role: str, comm: str
     return ev
 
 
-def _cpu(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, wall: float, cpu_nodes: dict[str, int] | None) -> None:
+def _cpu(ev: SideEvidence, rs: list[ProcReading], pid: int, wall: float, cpu_nodes: dict[str, int] | None) -> None:
     """schedstat per thread (first and last reading it appears in), summed over the process."""
-    key = str(pid)
-    seen_first: dict[int, dict[str, Any]] = {}
-    seen_last: dict[int, dict[str, Any]] = {}
+    seen_first: dict[int, ThreadReading] = {}
+    seen_last: dict[int, ThreadReading] = {}
     for r in rs:
-        for t in r["threads"][key]:
-            seen_first.setdefault(t["tid"], t)
-            seen_last[t["tid"]] = t
+        for t in r.threads[pid]:
+            seen_first.setdefault(t.tid, t)
+            seen_last[t.tid] = t
     best = None
     for tid, t1 in seen_last.items():
         t0 = seen_first[tid]
-        if t1.get("on_cpu_s") is None or t0.get("on_cpu_s") is None:
+        if t1.on_cpu_s is None or t0.on_cpu_s is None:
             continue
-        on = (t1["on_cpu_s"] - t0["on_cpu_s"]) / wall
-        rq = ((t1.get("run_delay_s") or 0) - (t0.get("run_delay_s") or 0)) / wall
+        on = (t1.on_cpu_s - t0.on_cpu_s) / wall
+        rq = ((t1.run_delay_s or 0) - (t0.run_delay_s or 0)) / wall
         ev.threads += 1
         ev.process_cpu_cores += on
         ev.process_runqueue_cores += rq
         if best is None or on + rq > best[1] + best[2]:
-            best = (tid, on, rq, t1["comm"])
+            best = (tid, on, rq, t1.comm)
     if best is None:
         return
     ev.busiest_tid, ev.busiest_on_cpu, ev.busiest_runqueue, ev.busiest_thread = best[0], best[1], best[2], best[3]
     ev.busiest_blocked = max(0.0, 1.0 - best[1] - best[2])
-    states = [next((t for t in r["threads"][key] if t["tid"] == best[0]), None) for r in rs]
-    states = [t for t in states if t is not None]
-    blocked = [t.get("syscall") for t in states if t.get("state") in ("S", "D")]
+    found = [next((t for t in r.threads[pid] if t.tid == best[0]), None) for r in rs]
+    states = [t for t in found if t is not None]
+    blocked = [t.syscall for t in states if t.state in ("S", "D")]
     for sc in blocked:
         name = WAIT_SYSCALLS.get(str(sc)) or OTHER_SYSCALLS.get(str(sc)) or f"syscall {sc}"
         ev.blocked_in[name] = ev.blocked_in.get(name, 0.0) + 1 / len(blocked)
-    cpus = [t["cpu"] for t in states if t.get("cpu", -1) >= 0]
+    cpus = [t.cpu for t in states if t.cpu >= 0]
     ev.cpus = sorted(set(cpus))
     ev.numa_nodes = sorted({(cpu_nodes or {}).get(str(c), 0) for c in ev.cpus})
     ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
 
 
-def _share(a: dict[str, Any] | None, b: dict[str, Any] | None, wall: float, kind: str = "some_s") -> float | None:
-    if not a or not b or a.get(kind) is None or b.get(kind) is None:
-        return None
-    return max(0.0, (b[kind] - a[kind]) / wall)
+def _share(a: Pressure | None, b: Pressure | None, wall: float, full: bool = False) -> float | None:
+    x, y = (a.full_s, b.full_s) if a and b and full else (a.some_s, b.some_s) if a and b else (None, None)
+    return None if x is None or y is None else max(0.0, (y - x) / wall)
 
 
-def _capacity(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, host_cpus: int, wall: float) -> None:
+def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int, wall: float) -> None:
     """What the process may use: CPUs allowed by both its affinity and its cpuset, capped by its quota;
     throttling and CPU pressure of its cgroup."""
-    key = str(pid)
     # An exiting process leaves its cgroup (v1 moves it to the root; a zombie shows none):
     # judge by the cgroup it lived in for most readings, first to last reading in it.
-    cgs = [r["cgroups"][key] for r in rs if (r.get("cgroups") or {}).get(key)]
+    cgs = [r.cgroups[pid] for r in rs if pid in r.cgroups]
     if cgs:
-        paths = [c.get("path") for c in cgs]
+        paths = [c.path for c in cgs]
         home = max(set(paths), key=paths.count)
-        cgs = [c for c in cgs if c.get("path") == home]
+        cgs = [c for c in cgs if c.path == home]
     cg0, cg1 = (cgs[0], cgs[-1]) if cgs else (None, None)
-    lims = [r["limits"][key] for r in rs if (r.get("limits") or {}).get(key)]
-    ev.cpus_allowed = _mode([lim.get("cpus_allowed") for lim in lims if lim.get("cpus_allowed")])
-    ev.cpuset = _mode([lim.get("cpuset") for lim in lims if lim.get("cpuset")])
+    lims = [r.limits[pid] for r in rs if pid in r.limits]
+    ev.cpus_allowed = _mode([lim.cpus_allowed for lim in lims if lim.cpus_allowed])
+    ev.cpuset = _mode([lim.cpuset for lim in lims if lim.cpuset])
     usable = set(range(host_cpus))
     ev.capacity_from = f"the host's {host_cpus} CPUs"
     for name, cpus in (("affinity", ev.cpus_allowed), ("cpuset", ev.cpuset)):
@@ -264,24 +261,24 @@ def _capacity(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, host_cpus: i
             usable &= set(cpus)
             ev.capacity_from = f"its {name} (CPU {','.join(map(str, sorted(usable)))})"
     ev.capacity_cores = float(max(1, len(usable)))
-    if cg1 and cg1.get("quota_cores"):
-        ev.quota_cores = cg1["quota_cores"]
+    if cg1 and cg1.quota_cores:
+        ev.quota_cores = cg1.quota_cores
         if ev.quota_cores < ev.capacity_cores:
             ev.capacity_cores = ev.quota_cores
             ev.capacity_from = f"its cgroup quota of {ev.quota_cores:.2f} cores"
     if cg0 and cg1:
-        periods = cg1["nr_periods"] - cg0["nr_periods"]
+        periods = cg1.nr_periods - cg0.nr_periods
         if periods > 0:
-            ev.throttled_periods = (cg1["nr_throttled"] - cg0["nr_throttled"]) / periods
-            ev.throttled_s = cg1["throttled_s"] - cg0["throttled_s"]
+            ev.throttled_periods = (cg1.nr_throttled - cg0.nr_throttled) / periods
+            ev.throttled_s = cg1.throttled_s - cg0.throttled_s
     # a cgroup's pressure speaks for this side only when the side is alone in it
-    own = [(r["mono"], r["limits"][key]) for r in rs
-           if ((r.get("limits") or {}).get(key) or {}).get("pressure") and r["limits"][key].get("pressure_procs") == 1]
+    own = [(r.mono, r.limits[pid].pressure) for r in rs
+           if pid in r.limits and r.limits[pid].pressure and r.limits[pid].pressure_procs == 1]
     if len(own) >= 2 and own[-1][0] - own[0][0] >= MIN_WINDOW_S:
         span = own[-1][0] - own[0][0]
-        a, b = own[0][1]["pressure"], own[-1][1]["pressure"]
-        ev.pressure_some, ev.pressure_full = _share(a, b, span), _share(a, b, span, "full_s")
-    ev.host_pressure_some = _share(rs[0].get("pressure"), rs[-1].get("pressure"), wall)
+        a, b = own[0][1], own[-1][1]
+        ev.pressure_some, ev.pressure_full = _share(a, b, span), _share(a, b, span, full=True)
+    ev.host_pressure_some = _share(rs[0].pressure, rs[-1].pressure, wall)
     # Stalled: wanted a CPU with none of its threads running. PSI "full" of a cgroup holding only this
     # process says it; for one thread it is that thread's run-queue time. Threads of one process also
     # wait for each other, so their summed run-queue time cannot say it.
@@ -293,7 +290,7 @@ def _capacity(ev: SideEvidence, rs: list[dict[str, Any]], pid: int, host_cpus: i
         ev.stall_ratio = ev.stalled / (ev.stalled + ev.process_cpu_cores)
 
 
-def _network(ev: SideEvidence, pid: int, pio: PacketIO | None, qdiscs: dict[str, Any]) -> None:
+def _network(ev: SideEvidence, pid: int, pio: PacketIO | None, qdiscs: dict[str, NamespaceQueues]) -> None:
     """Drops at its ports by reason (exact, from the probes) and its namespace's queues."""
     if pio is not None and pid in pio.processes:
         p = pio.processes[pid]
@@ -305,16 +302,16 @@ def _network(ev: SideEvidence, pid: int, pio: PacketIO | None, qdiscs: dict[str,
         if ev.received_datagrams is not None and ev.received_datagrams + ev.receive_drops > 0:
             ev.receive_drop_share = ev.receive_drops / (ev.received_datagrams + ev.receive_drops)
     for ns in qdiscs.values():
-        if pid not in (ns.get("pids") or []):
+        if pid not in ns.pids:
             continue
-        first = {q.get("dev"): q for q in ns.get("first") or []}
+        first = {q.dev: q for q in ns.first}
         packets = events = 0
-        for q in ns.get("last") or []:
-            q0 = first.get(q.get("dev"), {})
-            if q0.get("kind") != q.get("kind"):
+        for q in ns.last:
+            q0 = first.get(q.dev)
+            if q0 is None or q0.kind != q.kind:
                 continue
-            packets += (q.get("packets") or 0) - (q0.get("packets") or 0)
-            events += sum((q.get(k) or 0) - (q0.get(k) or 0) for k in ("overlimits", "drops", "requeues"))
+            packets += q.packets - q0.packets
+            events += (q.overlimits - q0.overlimits) + (q.drops - q0.drops) + (q.requeues - q0.requeues)
         ev.queue_packets, ev.queue_events = packets, events
         ev.queue_share = events / packets if packets > 0 else None
 

@@ -1,6 +1,6 @@
 """Fault injection, every case a real run: `sudo .venv/bin/python bench/faults.py [CASE...]`.
 
-Runs each case of qprof.faultlab (qprof killed or interrupted at start-up, collection and
+Runs each case of lab.faults (qprof killed or interrupted at start-up, collection and
 writing; targets exiting; perf and bpftrace missing, too old or crashing; a probe failing
 to attach; a full disk; bad output paths; not root) against a real process with the real
 perf and bpftrace, and prints one row per case: did qprof survive (clean exit or clean
@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
-from qprof.faultlab import CASES, EXPECTED_DATA, CaseSkipped, run_case
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+
+from lab.faults import CASES, EXPECTED_DATA, CaseSkipped, run_case  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@
 of it qprof cannot place, DSO-only share, and whether auto-detection picked the stack's own file.
 
 Runs real profiled transfers per stack (ngtcp2 from Debian; the endpoints of
-tests/endpoints built into the cache), both ends attached as users attach: default
+lab/endpoints built into the cache), both ends attached as users attach: default
 unwinding and default probes (--probes none for sampling alone). With --runs N the
 stacks take turns N times and each side gets min/median/max of Uncategorized, of
 its unplaced part (without what qprof names as the program's own code or its
@@ -25,16 +25,17 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the lab package; test_stacks' bound
 
-from endpoints.build import BuildUnavailable, build, registry  # noqa: E402
-from endpoints.transfer import profile  # noqa: E402
+from lab.endpoints.build import BuildUnavailable, build, registry  # noqa: E402
+from lab.endpoints.transfer import profile  # noqa: E402
 
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED  # noqa: E402
 from qprof.probes.registry import DEFAULT_GROUPS  # noqa: E402
 from qprof.collectors.session import AttachOptions, AttachSession  # noqa: E402
-from qprof.endpoints import Ngtcp2Transfer, parse_size  # noqa: E402
-from test_stacks import MAX_UNCATEGORIZED  # noqa: E402
+from lab.transfers import Ngtcp2Transfer  # noqa: E402
+from qprof.units import parse_size  # noqa: E402
+from test_stacks import MAX_PROBE_SHARE, MAX_UNCATEGORIZED  # noqa: E402
 from qprof.viewer.json_report import unplaced_share  # noqa: E402
 
 BUSY = "while True: pass"  # one CPU kept busy by another process (--busy)
@@ -61,8 +62,54 @@ def one_run(name: str, size: int, out: Path, probes: tuple[str, ...]) -> tuple[P
     return run, built.spec.mapping
 
 
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):5.1%} {statistics.median(xs):5.1%} {max(xs):5.1%}"
+FIGURES = ("uncategorized", "unplaced", "skid", "probes")
+HEADS = {"uncategorized": "Uncategorized", "unplaced": "unplaced", "skid": "interrupt skid",
+         "probes": "eBPF probes"}
+DIGITS = {"probes": 2}  # read against a 2% limit
+WIDTH = {k: 3 * (6 + DIGITS.get(k, 1)) - 1 for k in FIGURES}
+
+
+def side_figures(name: str, run: Path, p: dict, expected: str, busy: bool, probes: str) -> dict:
+    """One side of one run: the figures the series table is made of (one JSON line with --save)."""
+    stacks = [m["name"] for m in p["mappings"] if m["kind"] == "stack"]
+    return {"stack": name, "run": str(run), "role": p["role"], "busy": busy, "probes_mode": probes,
+            "uncategorized": p["categories"][UNCATEGORIZED], "unplaced": unplaced_share(p),
+            "skid": p["interrupt_skid"].get("share", 0.0), "probes": p["probe_share"],
+            "detected": stacks, "detected_ok": stacks == [expected],
+            "uncategorized_parts": p["subcategories"][UNCATEGORIZED],
+            "top_uncategorized": [(t["symbol"], t["share"]) for t in p["top_symbols"][UNCATEGORIZED][:5]]}
+
+
+def spread(xs: list[float], digits: int = 1) -> str:
+    return " ".join(f"{x:.{digits}%}".rjust(5 + digits) for x in (min(xs), statistics.median(xs), max(xs)))
+
+
+def series_table(figs: list[dict]) -> int:
+    """min/median/max per stack, side and background (quiet, busy); 1 when a side is over a bound."""
+    per_side: dict[tuple[str, str, bool], list[dict]] = defaultdict(list)
+    for f in figs:
+        per_side[(f["stack"], f["role"], f["busy"])].append(f)
+    modes = sorted({f["probes_mode"] for f in figs})
+    print(f"\nprobes {', '.join(modes)}; min median max over the runs of each side")
+    print(f"{'stack':9s} {'side':6s} {'CPU':5s} {'runs':>4s} " + " ".join(f"{HEADS[k]:>{WIDTH[k]}s}" for k in FIGURES))
+    for (name, role, busy), rows in sorted(per_side.items()):
+        print(f"{name:9s} {role:6s} {'busy' if busy else 'quiet':5s} {len(rows):4d} "
+              + " ".join(f"{spread([r[k] for r in rows], DIGITS.get(k, 1)):>{WIDTH[k]}s}" for k in FIGURES))
+    worst = max((f["unplaced"] for f in figs), default=0.0)
+    print(f"\nworst unplaced Uncategorized (probe frames included): {worst:.1%} (bound {MAX_UNCATEGORIZED:.0%}); "
+          f"worst probe frames {max((f['probes'] for f in figs), default=0.0):.2%} (limit {MAX_PROBE_SHARE:.0%}); "
+          f"auto-detection right on {sum(f['detected_ok'] for f in figs)}/{len(figs)} sides")
+    failed = [*(f"unplaced over test_stacks' bound ({MAX_UNCATEGORIZED:.0%}): {f['stack']} {f['role']} "
+                f"{f['unplaced']:.1%}{' busy' if f['busy'] else ''} (top {f['top_uncategorized'][:3]})"
+                for f in figs if f["unplaced"] > MAX_UNCATEGORIZED),
+              *(f"probe frames over {MAX_PROBE_SHARE:.0%}: {f['stack']} {f['role']} {f['probes']:.2%}"
+                f"{' busy' if f['busy'] else ''}" for f in figs if f["probes"] > MAX_PROBE_SHARE),
+              *sorted({f"wrong stack file: {f['stack']} {f['role']} {f['detected']}" for f in figs
+                       if not f["detected_ok"]})]
+    if failed:
+        print("FAILED:\n  " + "\n  ".join(failed))
+        return 1
+    return 0
 
 
 def main() -> int:
@@ -72,14 +119,20 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="transfers per stack, interleaved across stacks")
     ap.add_argument("--busy", action="store_true", help="keep one CPU busy with another process meanwhile")
     ap.add_argument("--probes", choices=("none", "default"), default="default")
+    ap.add_argument("--save", type=Path, help="append each side's figures to this file (JSON lines)")
+    ap.add_argument("--table", type=Path, nargs="+", metavar="FILE",
+                    help="run nothing: print the series table over files written with --save")
     args = ap.parse_args()
+    if args.table:
+        return series_table([json.loads(line) for f in args.table for line in f.read_text().splitlines()
+                             if line.strip()])
     size = parse_size(args.size)
     probes = DEFAULT_GROUPS if args.probes == "default" else ()
     names = args.stacks or ["ngtcp2", *sorted(registry())]
     tmp = Path(tempfile.mkdtemp(prefix="qprof-proof-"))
     busy = subprocess.Popen([sys.executable, "-c", BUSY]) if args.busy else None
     rows = []
-    per_side: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    figs: list[dict] = []
     unavailable: set[str] = set()
     try:
         for i in range(args.runs):
@@ -93,48 +146,31 @@ def main() -> int:
                     unavailable.add(name)
                     continue
                 rep = report(run)
-                for p in sorted(rep["processes"], key=lambda p: p["role"] or ""):
-                    stacks = [m["name"] for m in p["mappings"] if m["kind"] == "stack"]
-                    rows.append((name, p["role"], p["categories"], p["dso_only_share"], stacks, stacks == [expected],
-                                 rep["run"]["unwinding"][str(p["pid"])]["mode"]))
-                    side = per_side[(name, p["role"])]
-                    side["uncategorized"].append(p["categories"][UNCATEGORIZED])
-                    side["unplaced"].append(unplaced_share(p))
-                    side["skid"].append(p["interrupt_skid"].get("share", 0.0))
+                sides = sorted(rep["processes"], key=lambda p: p["role"] or "")
+                for p in sides:
+                    f = side_figures(name, run, p, expected, args.busy, args.probes)
+                    figs.append(f)
+                    rows.append((name, p["role"], p["categories"], p["dso_only_share"], f["detected"],
+                                 f["detected_ok"], rep["run"]["unwinding"][str(p["pid"])]["mode"]))
+                    if args.save:
+                        with args.save.open("a") as out:
+                            out.write(json.dumps(f) + "\n")
                 print(f"run {i + 1}/{args.runs} {name}: " + ", ".join(
-                    f"{p['role']} Uncategorized {p['categories'][UNCATEGORIZED]:.2%} unplaced "
-                    f"{unplaced_share(p):.2%} skid {p['interrupt_skid'].get('share', 0.0):.2%}"
-                    for p in sorted(rep["processes"], key=lambda p: p["role"] or "")), flush=True)
+                    f"{f['role']} Uncategorized {f['uncategorized']:.2%} unplaced {f['unplaced']:.2%} "
+                    f"skid {f['skid']:.2%} probes {f['probes']:.2%}" for f in figs[-len(sides):]), flush=True)
     finally:
         if busy is not None:
             busy.kill()
             busy.wait()
     if args.runs == 1:
         head = f"{'stack':9s} {'side':6s} " + " ".join(f"{c[:10]:>10s}" for c in CATEGORIES) + \
-            f" {'DSO-only':>8s} {'unwind':>6s}  detected"
+            f" {'DSO-only':>8s} {'probes':>6s} {'unwind':>6s}  detected"
         print(head)
         print("-" * len(head))
-        for name, role, shares, dso_only, stacks, ok, unwind in rows:
+        for (name, role, shares, dso_only, stacks, ok, unwind), f in zip(rows, figs):
             print(f"{name:9s} {role:6s} " + " ".join(f"{shares[c]:10.1%}" for c in CATEGORIES)
-                  + f" {dso_only:8.1%} {unwind:>6s}  {','.join(stacks)} {'ok' if ok else 'WRONG'}")
-    else:
-        print(f"\n{args.runs} runs per stack, probes {args.probes}{', one CPU kept busy' if args.busy else ''}: "
-              "min median max")
-        print(f"{'stack':9s} {'side':6s} {'Uncategorized':>17s} {'unplaced':>17s} {'interrupt skid':>17s}")
-        for (name, role), side in per_side.items():
-            print(f"{name:9s} {role:6s} {spread(side['uncategorized']):>17s} {spread(side['unplaced']):>17s} "
-                  f"{spread(side['skid']):>17s}")
-    worst = max((max(s["unplaced"]) for s in per_side.values()), default=0.0)
-    print(f"\nworst unplaced Uncategorized (probe frames included): {worst:.1%} (bound {MAX_UNCATEGORIZED:.0%}); "
-          f"auto-detection right on {sum(r[5] for r in rows)}/{len(rows)} sides")
-    over = [f"{n} {r} {max(s['unplaced']):.1%}" for (n, r), s in per_side.items()
-            if max(s["unplaced"]) > MAX_UNCATEGORIZED]
-    wrong = sorted({f"{r[0]} {r[1]}" for r in rows if not r[5]})
-    if over or wrong:
-        print("FAILED: " + "; ".join([*(f"over test_stacks' bound ({MAX_UNCATEGORIZED:.0%}): {o}" for o in over),
-                                      *(f"wrong stack file: {w}" for w in wrong)]))
-        return 1
-    return 0
+                  + f" {dso_only:8.1%} {f['probes']:6.2%} {unwind:>6s}  {','.join(stacks)} {'ok' if ok else 'WRONG'}")
+    return series_table(figs)
 
 
 if __name__ == "__main__":

@@ -57,9 +57,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+
+from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
+from qprof import runfiles  # noqa: E402
 from qprof.collectors import archive
 from qprof.collectors.session import AttachOptions, AttachSession
-from qprof.endpoints import Ngtcp2Transfer, Transfer, parse_size
+from qprof.units import parse_size
 from qprof.errors import QprofError
 from qprof.probes.children import cpu_seconds
 from qprof.probes.sockets import udp_ports
@@ -270,14 +274,14 @@ class ExitWatcher:
 
 def read_archive(run: Path, probes: tuple[str, ...]) -> dict[str, Any]:
     """What a probe-overhead run needs from qprof's archive; raise when the run did not measure."""
-    meta = json.loads((run / archive.META).read_text(encoding="utf-8"))
+    meta = json.loads((run / runfiles.META).read_text(encoding="utf-8"))
     info: dict[str, Any] = {"session_s": meta.get("duration_s"), "stop_reason": meta.get("stop_reason")}
     if str(meta.get("stop_reason") or "").startswith("interrupted"):
         raise KeyboardInterrupt
     if meta.get("status") != archive.STATUS_COMPLETE:
         raise QprofError(f"archive incomplete: {meta.get('incomplete_reason')}")
     try:
-        pj = json.loads((run / archive.PROBES).read_text(encoding="utf-8"))
+        pj = json.loads((run / runfiles.PROBES).read_text(encoding="utf-8"))
     except FileNotFoundError:
         pj = None
     if probes:
@@ -328,12 +332,11 @@ MakeTransfer = Callable[[int, Path | None], Transfer]  # (size, tmpfs dir or Non
 
 
 def transfer_maker(stack: str) -> MakeTransfer:
-    """ngtcp2 from Debian (payload on tmpfs), or a test endpoint built from the registries (tests/endpoints)."""
+    """ngtcp2 from Debian (payload on tmpfs), or a test endpoint built from the registries (lab/endpoints)."""
     if stack == "ngtcp2":
         return lambda size, shm: Ngtcp2Transfer(size) if shm is None else \
             Ngtcp2Transfer(size, workdir=Path(tempfile.mkdtemp(prefix="xfer-", dir=shm)))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from qprof.netlab import transfer_factory
+    from lab.scenarios import transfer_factory
 
     factory = transfer_factory(stack)
     return lambda size, shm: factory(size, "127.0.0.1", {})

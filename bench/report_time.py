@@ -43,6 +43,8 @@ from typing import Any
 
 from qprof.collectors import archive
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+
 DWARF_BYTES_PER_S = 17e6  # perf data written per second with DWARF unwinding on 2 busy CPUs (measured)
 ISSUE_SAMPLES = 600 * 2 * 999  # 10 minutes, two processes, 999 Hz
 HERE = Path(__file__).resolve()
@@ -50,7 +52,7 @@ HERE = Path(__file__).resolve()
 
 def capture(run: Path, seconds: float, unwind: str) -> None:
     from qprof.collectors.session import AttachOptions, AttachSession
-    from qprof.endpoints import Ngtcp2Transfer
+    from lab.transfers import Ngtcp2Transfer
 
     with Ngtcp2Transfer(1 << 30, requests=1000) as xfer:
         server = xfer.start_server()

@@ -23,7 +23,9 @@ import threading
 import time
 from pathlib import Path
 
-from qprof.endpoints import Ngtcp2Transfer
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+
+from lab.transfers import Ngtcp2Transfer  # noqa: E402
 
 QPROF = [sys.executable, "-m", "qprof.cli"]
 WARMUP_S = 30.0

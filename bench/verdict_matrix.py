@@ -5,7 +5,7 @@
                                                   [--results FILE.jsonl]
     .venv/bin/python bench/verdict_matrix.py --table-from FILE.jsonl [FILE.jsonl ...] [--markdown]
 
-Scenarios (qprof.netlab.SCENARIOS, each with the limiting side and the cause
+Scenarios (lab.scenarios.SCENARIOS, each with the limiting side and the cause
 the verdict must name): a side's cgroup capped at 0.3 of a core; a side bound
 to one CPU beside a busy process (contention); a side in a one-CPU cpuset
 shared with a busy process; the client's socket held at a tiny SO_RCVBUF; the
@@ -47,10 +47,11 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # the lab package
 
-from qprof.netlab import (SCENARIOS, RunResult, Scenario, cleanup, measure_goodput,  # noqa: E402
-                          run_scenario, size_for, transfer_factory, unsupported)
+from lab.scenarios import (SCENARIOS, RunResult, Scenario, measure_goodput, run_scenario,  # noqa: E402
+                           size_for, transfer_factory, unsupported)
+from qprof.netlab import cleanup  # noqa: E402
 
 GOAL_OVERALL, GOAL_CELL = 0.95, 0.9
 SHORT = {"server-limited": "S", "client-limited": "C", "neither": "N", "both": "B"}
@@ -160,7 +161,7 @@ def markdown(results: list[RunResult], scenarios: list[Scenario], stacks: list[s
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10, help="runs per scenario and stack (default 10)")
-    ap.add_argument("--stacks", default="ngtcp2,quicgo", help="comma-separated: ngtcp2 and tests/endpoints stacks")
+    ap.add_argument("--stacks", default="ngtcp2,quicgo", help="comma-separated: ngtcp2 and lab/endpoints stacks")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {', '.join(SCENARIOS)}")
     ap.add_argument("--seconds", type=float, default=6.0, help="target length of a profiled transfer "
                     "(sizes assume profiling costs 30%% of the unprofiled goodput)")

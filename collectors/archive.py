@@ -15,51 +15,30 @@ Mappings are not applied here: reports apply them later, on any machine.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.collectors import procfs, schema
-from qprof.collectors.stacks import StackRecord, read_stacks
+from qprof.collectors.records import Meta, ProbeRecord, ProcReading
+from qprof.collectors.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
+from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.probes.mapsout import read_maps
 
 FORMAT = "qprof-run"
 VERSION = 1
-META = "meta.json"
-STACKS = "stacks.jsonl.gz"
-PROC = "proc.jsonl"
-PROBES = "probes.json"
-TCP = "tcp.json"
-
-# perf --switch-output names a finished chunk <perf data>.YYYYmmddHHMMSScc (collectors.chunks)
-_CHUNK_SUFFIX = re.compile(r"^\.\d{8,}$")
 
 STATUS_COLLECTING = "collecting"
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
-RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
 # largest documents read back (qprof writes some KiB; an archive from elsewhere may be hostile)
 MAX_META_BYTES, MAX_PROBES_BYTES = 64 << 20, 256 << 20
-
-
-def perf_data_name(unwind: str) -> str:
-    return f"perf-{unwind}.data"
-
-
-def chunk_files(out: Path, perf_data: str, include_current: bool) -> list[Path]:
-    """A group's finished chunks in time order; with `include_current`, also the file perf writes
-    into (after perf exited it is complete too, and a run recorded in one piece has only that)."""
-    found = sorted(p for p in out.glob(perf_data + ".*") if _CHUNK_SUFFIX.match(p.name[len(perf_data):]))
-    base = out / perf_data
-    if include_current and base.is_file() and base.stat().st_size > 0:
-        found.append(base)
-    return found
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -125,10 +104,14 @@ def effective_status(meta: dict[str, Any]) -> tuple[str, str | None]:
 
 @dataclass
 class Run:
-    """A run archive opened for reading."""
+    """A run archive opened for reading: `info` is its metadata typed, `meta` the document."""
 
     path: Path
     meta: dict[str, Any]
+
+    @functools.cached_property
+    def info(self) -> Meta:
+        return Meta.from_json(self.meta)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "Run":
@@ -163,13 +146,17 @@ class Run:
 
     def unfolded_chunks(self) -> list[str]:
         """Raw perf data chunks the stacks file does not hold (a run cut short)."""
-        from qprof.collectors.chunks import unfolded_chunks
-
         sampling = self.meta.get("sampling")
         groups = sampling.get("groups") if isinstance(sampling, dict) else None
         if not isinstance(groups, list):
             return []
-        return unfolded_chunks(self.path, [g for g in groups if isinstance(g, dict)])
+        head = read_header(self.stacks_path)
+        if head is None and self.stacks_path.is_file():  # folded in one piece from all its raw data
+            return []
+        folded = set((head or {}).get("folded", []))
+        return [p.name for g in groups if isinstance(g, dict)
+                for p in chunk_files(self.path, str(g.get("perf_data", "")), include_current=True)
+                if p.name not in folded]
 
     @property
     def stacks_path(self) -> Path:
@@ -216,7 +203,7 @@ class Run:
         schema.validate(data, shape, str(p))
         return data
 
-    def probes(self) -> dict[str, Any] | None:
+    def probes(self) -> ProbeRecord | None:
         """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
         p = self.path / PROBES
         data = self._record(PROBES, "probe record", schema.PROBES)
@@ -226,13 +213,13 @@ class Run:
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
-        return data
+        return ProbeRecord.from_json(data)
 
     def tcp(self) -> dict[str, Any] | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
         return self._record(TCP, "TCP record", schema.TCP)
 
-    def proc_readings(self) -> Iterator[dict[str, Any]]:
+    def proc_readings(self) -> Iterator[ProcReading]:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
         reading, is skipped."""
         p = self.path / PROC
@@ -245,4 +232,4 @@ class Run:
                 except (ValueError, RecursionError):
                     continue
                 if schema.conforms(obj, schema.PROC_READING):
-                    yield obj
+                    yield ProcReading.from_json(obj)

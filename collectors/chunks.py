@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof.collectors import archive
-from qprof.collectors.archive import chunk_files
 from qprof.collectors.folding import fold_file
-from qprof.collectors.perfscript import Frame, ParseStats
-from qprof.collectors.stacks import StackKey, add_counts, read_header, read_stacks, records, write_stacks
+from qprof.collectors.perfscript import ParseStats
+from qprof.collectors.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
+from qprof import runfiles
 from qprof.errors import QprofError
 
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
@@ -158,7 +158,7 @@ class ChunkFolder:
     # -- one pass over the finished chunks
     def fold_pass(self, final: bool) -> None:
         waiting = [(p, g) for g in self.groups
-                   for p in chunk_files(self.out, g["perf_data"], include_current=final)
+                   for p in runfiles.chunk_files(self.out, g["perf_data"], include_current=final)
                    if p.name not in self.state.folded]
         waiting.sort(key=lambda pg: pg[0].name)
         if not final:
@@ -182,7 +182,7 @@ class ChunkFolder:
 
     def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
         st = self.state
-        log = self.out / f"perf-{group['unwind']}.log"
+        log = self.out / runfiles.perf_log(group["unwind"])
         chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
@@ -204,7 +204,7 @@ class ChunkFolder:
         _return_free_memory()
 
     def _save(self) -> None:
-        self.state.save(self.out / archive.STACKS)
+        self.state.save(self.out / runfiles.STACKS)
 
 
 try:
@@ -245,26 +245,12 @@ def refold(perf: str, out: Path, groups: list[dict[str, Any]], status: Callable[
     """`report --refold`: fold what is raw. From scratch when every folded chunk is still on
     disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
     adding only the chunks it does not hold (a run cut short). Raw data is kept."""
-    stacks = out / archive.STACKS
+    stacks = out / runfiles.STACKS
     head = read_header(stacks) or {}
     folded = [str(x) for x in head.get("folded", [])]
-    raw = {p.name for g in groups for p in chunk_files(out, g["perf_data"], include_current=True)}
+    raw = {p.name for g in groups for p in runfiles.chunk_files(out, g["perf_data"], include_current=True)}
     fresh = all(name in raw for name in folded)
     state = FoldState() if fresh else FoldState.load(stacks)
     folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)
     archive.release_space(out)  # left by a run that was killed
     return folder.finish()
-
-
-def unfolded_chunks(out: Path, groups: list[dict[str, Any]]) -> list[str]:
-    """Raw chunks a run's stacks file does not hold yet (a run cut short, or still collecting).
-    A stacks file without a header was folded in one piece from all its raw data."""
-    stacks = out / archive.STACKS
-    head = read_header(stacks)
-    if head is None and stacks.is_file():
-        return []
-    folded = set((head or {}).get("folded", []))
-    return [p.name for g in groups for p in chunk_files(out, str(g.get("perf_data", "")), include_current=True)
-            if p.name not in folded]
-
-

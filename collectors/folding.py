@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qprof.collectors import archive
+from qprof import runfiles
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
@@ -131,8 +131,8 @@ def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
     specs = []
     for g in meta["sampling"]["groups"]:
         pids = [int(p) for p in g["pids"]]
-        for data in archive.chunk_files(out, g["perf_data"], include_current=True):
-            specs += file_specs(data, out / f"perf-{g['unwind']}.log", pids, jobs, g.get("windows"))
+        for data in runfiles.chunk_files(out, g["perf_data"], include_current=True):
+            specs += file_specs(data, out / runfiles.perf_log(g["unwind"]), pids, jobs, g.get("windows"))
     return specs
 
 
@@ -150,7 +150,7 @@ def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None
     perf script per file, the plain sequential way."""
     jobs = default_jobs() if jobs is None else jobs
     records, stats = merge(run_slices(perf, run_specs(out, meta, jobs), jobs))
-    write_stacks(out / archive.STACKS, records)
+    write_stacks(out / runfiles.STACKS, records)
     return stats
 
 

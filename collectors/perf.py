@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import IO
 
 from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
+from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
 
 UNWIND_MODES = ("fp", "dwarf")
-SAMPLE_CLOCK = "monotonic"  # perf -k: sample times on the clock of qprof's readings (meta sampling.clock)
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192
 

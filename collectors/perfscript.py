@@ -14,14 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+from qprof.collectors.stacks import KERNEL_DSO, UNKNOWN, Frame, Sample
+
 # Fields requested from `perf script -F`; the header regex below matches them.
 PERF_SCRIPT_FIELDS = "comm,pid,tid,time,period,ip,sym,dso"
-# Sample times are kept at this grain for the timeline (attribution.timeline): bin = floor(time / BIN_S),
-# time in seconds of the clock perf recorded with (CLOCK_MONOTONIC: collectors.perf, `-k monotonic`).
-BIN_S = 0.1
-
-KERNEL_DSO = "[kernel.kallsyms]"
-UNKNOWN = "[unknown]"
 # x86-64 (and arm64) kernel text lives in the upper canonical half; the top
 # 4 KiB are perf's callchain context markers (e.g. ffffffffffffffff ends a
 # truncated DWARF user stack), not kernel addresses.
@@ -37,21 +33,6 @@ _SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
 # ELF symbol versions perf sometimes prints (cfree@GLIBC_2.2.5, clock_gettime@@GLIBC_2.17):
 # mapping rules match the plain name. `@plt` stubs are lower case and stay.
 _SYMVER = re.compile(r"@@?[A-Z][A-Z0-9_]*_[0-9][0-9.]*$")
-
-Frame = tuple[str, str]  # (symbol, dso); leaf first in a stack
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One perf sample: who ran, how much CPU it stands for, and its stack (leaf first)."""
-
-    pid: int
-    tid: int
-    comm: str
-    period: int
-    frames: tuple[Frame, ...]
-    bin: int | None = None  # time bin (BIN_S) of the sample; None when perf printed no time
-
 
 def time_bin(stamp: str) -> int | None:
     """perf's "SECONDS.FRACTION" (a trailing ":" allowed) -> its BIN_S bin (tenths of a second), without

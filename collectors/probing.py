@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from qprof import runfiles
 from qprof.collectors import archive, netstat, procfs
 from qprof.errors import QprofError
 from qprof.probes import btf
@@ -156,7 +157,7 @@ class ProbeCollector:
             seen_ns.update(last=found["qdiscs"], last_time=now)
 
     def _save(self) -> None:
-        archive.write_json_atomic(self.out / archive.PROBES, self.record)
+        archive.write_json_atomic(self.out / runfiles.PROBES, self.record)
 
     def launch(self) -> None:
         """Snapshot counters and start every probe group (they compile while perf starts)."""

@@ -29,12 +29,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof import __version__
+from qprof import runfiles
+from qprof.version import __version__
 from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
-from qprof.collectors.perf import SAMPLE_CLOCK, UNWIND_MODES, PerfRecorder
+from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
-from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.probing import ProbeCollector
+from qprof.collectors.records import LiveData, ProcReading, Target
+from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
@@ -49,18 +51,6 @@ DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host,
 # microseconds apart, while a person's second Ctrl-C comes after reading qprof's "stopping"
 # line, well over a visual reaction time (~0.2 s) later.
 REPEAT_WINDOW_S = 0.5
-
-
-@dataclass
-class LiveData:
-    """What the session knows about the targets this second, raw, for a live view (attribution.live)."""
-
-    elapsed_s: float
-    duration_s: float | None
-    reading: dict[str, Any]  # the latest procfs.reading of the targets
-    maps: dict[str, Any]  # the probe groups' maps as last printed (bpftrace JSON shape)
-    softirq_seconds: dict[str, float]  # per CPU since boot (/proc/stat)
-    targets: list[dict[str, Any]]  # meta.json's targets
 
 
 @dataclass
@@ -262,14 +252,14 @@ class AttachSession:
             "tools": {"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
             "kernel_features": kernel_features(),
             "sampling": {"event": opts.event, "frequency": opts.frequency, "clock": SAMPLE_CLOCK,
-                         "groups": [{"unwind": m, "pids": p, "perf_data": archive.perf_data_name(m)}
+                         "groups": [{"unwind": m, "pids": p, "perf_data": runfiles.perf_data(m)}
                                     for m, p in groups.items()],
                          "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},
             "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
             "collector": procfs.process_identity(os.getpid()),
             "start_time": None, "end_time": None,
         }
-        archive.write_json_atomic(out / archive.META, self.meta)
+        archive.write_json_atomic(out / runfiles.META, self.meta)
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
         self.probes.launch()
@@ -283,7 +273,7 @@ class AttachSession:
         self.folder.start()
         start = time.monotonic()
         self.meta["start_time"] = _now()
-        archive.write_json_atomic(out / archive.META, self.meta)
+        archive.write_json_atomic(out / runfiles.META, self.meta)
         self.probes.wait_ready(should_stop=lambda: self._stop_reason is not None)
         self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
                                                           else " until every target exits; Ctrl-C stops"))
@@ -321,7 +311,7 @@ class AttachSession:
     def _start_recorder(self, out: Path, mode: str, pids: list[int]) -> PerfRecorder:
         opts = self.opts
         rec = PerfRecorder(self._perf, pids, mode, opts.frequency, opts.event,
-                           out / archive.perf_data_name(mode), out / f"perf-{mode}.log",
+                           out / runfiles.perf_data(mode), out / runfiles.perf_log(mode),
                            self._sampling_cgroups(pids), switch_output=opts.chunk_bytes)
         self.recorders.append(rec)
         self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
@@ -358,14 +348,14 @@ class AttachSession:
                     images[-1]["unwind"] = t.get("unwind")
                     t["unwind_reason"] = (f"{t.get('unwind_reason')}; kept after it exec'd {Path(fresh['exe']).name}"
                                           f" (wanted {mode}: --scope cgroup cannot add it to a running recorder)")
-            archive.write_json_atomic(out / archive.META, self.meta)
+            archive.write_json_atomic(out / runfiles.META, self.meta)
 
     def _move(self, out: Path, pid: int, new: str) -> bool:
         """Read `pid`'s samples from the `new` mode's recorder from now on; False if it cannot be."""
         groups = self.meta["sampling"]["groups"]
         target = next((g for g in groups if g["unwind"] == new), None)
         if target is None:
-            target = {"unwind": new, "pids": [], "perf_data": archive.perf_data_name(new)}
+            target = {"unwind": new, "pids": [], "perf_data": runfiles.perf_data(new)}
             self._start_recorder(out, new, [pid])
             groups.append(target)  # after its recorder runs: the folding thread may pick it up at once
         elif self.cgroups is not None:
@@ -413,7 +403,7 @@ class AttachSession:
         next_reading = 0.0
         reading: dict[str, Any] = {}
         next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
-        with open(out / archive.PROC, "a", encoding="utf-8") as procf:
+        with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
             while True:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
@@ -433,8 +423,9 @@ class AttachSession:
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
                     if self.on_tick is not None:
-                        self.on_tick(LiveData(now - start, opts.duration, reading, self._probe_maps,
-                                              netstat.softirq_seconds(), self.meta["targets"]))
+                        self.on_tick(LiveData(now - start, opts.duration, ProcReading.from_json(reading),
+                                              self._probe_maps, netstat.softirq_seconds(),
+                                              tuple(Target.from_json(t) for t in self.meta["targets"])))
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:
@@ -457,7 +448,7 @@ class AttachSession:
             self.meta["incomplete_reason"] = reason
         archive.release_space(out)  # a full disk still takes this last small write
         try:
-            archive.write_json_atomic(out / archive.META, self.meta)
+            archive.write_json_atomic(out / runfiles.META, self.meta)
         except OSError:
             if status == archive.STATUS_COMPLETE:
                 raise
@@ -470,10 +461,5 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
     for pid in pids:
         src = Path(f"/tmp/perf-{pid}.map")
         if src.is_file():
-            (out / "perf-maps").mkdir(exist_ok=True)
-            shutil.copyfile(src, out / "perf-maps" / src.name)
-
-
-def fold_run(perf: str, out: Path, meta: dict[str, Any]) -> ParseStats:
-    """Fold a run's raw perf data into its stacks file (`report --refold`)."""
-    return chunks.refold(perf, out, meta["sampling"]["groups"])
+            (out / runfiles.PERF_MAPS).mkdir(exist_ok=True)
+            shutil.copyfile(src, out / runfiles.PERF_MAPS / src.name)

@@ -5,7 +5,7 @@ report run on a machine without the targets' binaries: symbols are resolved once
 on the host that ran them. Period sums are kept beside counts because
 attribution weighs by period (CPU nanoseconds for cpu-clock), not by count.
 Sample times survive at a coarse grain: each record keeps its period per time
-bin (perfscript.BIN_S, 100 ms), which is what a timeline of CPU by category
+bin (BIN_S, 100 ms), which is what a timeline of CPU by category
 needs; a distinct stack costs one entry per bin it ran in, not per sample.
 
 The file may start with one header line, {"qprof_stacks": {...}}, saying which
@@ -23,9 +23,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from qprof.collectors.perfscript import Frame, Sample
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_gzip_text
+
+# Sample times are kept at this grain for the timeline (attribution.timeline): bin = floor(time / BIN_S),
+# time in seconds of SAMPLE_CLOCK, the clock perf records with (collectors.perf, `-k`) and the clock of
+# qprof's /proc and socket readings (meta.json sampling.clock).
+BIN_S = 0.1
+SAMPLE_CLOCK = "monotonic"
+
+KERNEL_DSO = "[kernel.kallsyms]"
+UNKNOWN = "[unknown]"
+
+Frame = tuple[str, str]  # (symbol, dso); leaf first in a stack
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One perf sample: who ran, how much CPU it stands for, and its stack (leaf first)."""
+
+    pid: int
+    tid: int
+    comm: str
+    period: int
+    frames: tuple[Frame, ...]
+    bin: int | None = None  # time bin (BIN_S) of the sample; None when perf printed no time
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ garbage without blank lines could) is read line by line as it arrives.
 
 from __future__ import annotations
 
-from qprof.collectors.perfscript import Frame, LineParser, ParseStats, Sample, parse_frame, parse_header, time_bin
-from qprof.collectors.stacks import StackRecord, add_counts, records
+from qprof.collectors.perfscript import LineParser, ParseStats, parse_frame, parse_header, time_bin
+from qprof.collectors.stacks import Frame, Sample, StackRecord, add_counts, records
 
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by
 _MISSING = object()

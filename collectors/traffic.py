@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from qprof import runfiles
 from qprof.collectors import archive, netstat
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
 from qprof.probes.packetio.record import Windows
@@ -157,7 +158,7 @@ class TrafficRecorder:
     def finish(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
         """A last reading (sockets closed at the end), the record written to tcp.json, sockets closed."""
         last = self.poll(now, udp_maps)
-        archive.write_json_atomic(self.out / archive.TCP, self.record())
+        archive.write_json_atomic(self.out / runfiles.TCP, self.record())
         self.close()
         return last
 

@@ -171,20 +171,32 @@ class Hierarchy:
         return None
 
 
+@dataclass(frozen=True)
+class Mount:
+    """One line of the mount table: where, what filesystem type, with which options."""
+
+    where: Path
+    fstype: str
+    options: tuple[str, ...]
+
+
+def mount_table(text: str | None = None) -> list[Mount]:
+    """/proc/self/mounts (or `text` in its format); [] when it cannot be read. Short lines are skipped."""
+    if text is None:
+        try:
+            text = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return []
+    return [Mount(Path(f[1]), f[2], tuple(f[3].split(","))) for f in (ln.split() for ln in text.splitlines())
+            if len(f) >= 4]
+
+
 def find_hierarchy(mounts: str | None = None) -> Hierarchy | None:
     """The perf_event v1 hierarchy if one is mounted, else the cgroup2 mount, else None."""
-    if mounts is None:
-        try:
-            mounts = Path("/proc/self/mounts").read_text()
-        except OSError:
-            return None
     v2 = None
-    for line in mounts.splitlines():
-        f = line.split()
-        if len(f) < 4:
-            continue
-        if f[2] == "cgroup" and "perf_event" in f[3].split(","):
-            return Hierarchy(Path(f[1]), "v1")
-        if f[2] == "cgroup2" and v2 is None:
-            v2 = Hierarchy(Path(f[1]), "v2")
+    for m in mount_table(mounts):
+        if m.fstype == "cgroup" and "perf_event" in m.options:
+            return Hierarchy(m.where, "v1")
+        if m.fstype == "cgroup2" and v2 is None:
+            v2 = Hierarchy(m.where, "v2")
     return v2

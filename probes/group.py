@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from qprof import runfiles
 from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, render
 from qprof.probes.children import ProbeProcess
 from qprof.probes.features import bpftrace_problem, bpftrace_version
@@ -88,9 +89,10 @@ class BpftraceGroup:
         if problem is not None:
             raise Unavailable(problem)
         text, extra = self.program(ctx)
-        path = ctx.out / f"probe-{self.name}.bt"
+        path = ctx.out / runfiles.probe_file(self.name, "bt")
         path.write_text(text, encoding="utf-8")
-        proc = BpftraceProcess(self.name, path, ctx.out / f"probe-{self.name}.jsonl", ctx.out / f"probe-{self.name}.log")
+        proc = BpftraceProcess(self.name, path, ctx.out / runfiles.probe_file(self.name, "jsonl"),
+                                ctx.out / runfiles.probe_file(self.name, "log"))
         ctx.status(f"starting probes: {self.name}")
         proc.spawn(shutil.which("bpftrace") or "bpftrace")
         return Launch(proc, {"script": path.name, "output": proc.output.name, "mechanism": "bpftrace"},

@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -176,6 +177,7 @@ class Loaded:
         self.links: dict[str, int] = {}
         self._mapped: list[mmap.mmap] = []
         self.ncpus = max(1, lib.libbpf_num_possible_cpus())
+        self._summed: dict[str, tuple[int, Any, Any, int, struct.Struct]] = {}
 
     def attach(self, names: Iterable[str]) -> None:
         """Attach these programs (those attached already stay as they are)."""
@@ -211,6 +213,28 @@ class Loaded:
         m = self.maps[name]
         k, v = ctypes.create_string_buffer(key, m.key_size), ctypes.create_string_buffer(value, m.value_size)
         self.lib.bpf_map_update_elem(m.fd, k, v, 0)
+
+    def summed_u64s(self, name: str, key: int = 0) -> list[int]:
+        """Entry `key` of a per-CPU array whose value is u64 fields, summed over the CPUs: one
+        lookup into buffers kept from the last call (~10 us), for counters polled often."""
+        fast = self._summed.get(name)
+        if fast is None:
+            m = self.maps[name]
+            if not m.percpu or m.value_size % 8 or m.key_size != 4:
+                raise ValueError(f"{name} is not a per-CPU array of u64 fields")
+            per = (m.value_size + 7) // 8 * 8
+            fast = self._summed[name] = (m.fd, ctypes.create_string_buffer(struct.pack("<I", key), 4),
+                                         ctypes.create_string_buffer(per * self.ncpus), per,
+                                         struct.Struct(f"<{m.value_size // 8}Q"))
+        fd, k, val, per, fields = fast
+        totals = [0] * (fields.size // 8)
+        if self.lib.bpf_map_lookup_elem(fd, k, val) != 0:
+            return totals
+        raw = val.raw
+        for cpu in range(self.ncpus):
+            for i, v in enumerate(fields.unpack_from(raw, cpu * per)):
+                totals[i] += v
+        return totals
 
     def entries(self, name: str) -> list[tuple[bytes, list[bytes]]]:
         """(key, [value per CPU]) of every entry (one value for a shared map)."""

@@ -7,6 +7,6 @@ pandas DataFrames (qprof.api; pandas is imported only when it is called).
 """
 
 from qprof.api import RunData, load
+from qprof.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["RunData", "__version__", "load"]

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
+from qprof import runfiles
 from qprof.errors import QprofError
 
 _stderr = Console(stderr=True, highlight=False)
@@ -114,7 +115,7 @@ def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration:
                     unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> Any:
     from qprof.collectors.probing import parse_groups
     from qprof.collectors.session import AttachOptions
-    from qprof.endpoints import parse_size
+    from qprof.units import parse_size
 
     return AttachOptions(pids=pids, out=out, duration=duration, frequency=frequency, unwind=unwind,
                          probes=parse_groups(probes), roles=roles, scope=scope, keep_raw=keep_raw,
@@ -443,14 +444,13 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
 
 
 def _refold(run: Any) -> None:
-    from qprof.collectors import archive
-    from qprof.collectors.session import fold_run
+    from qprof.collectors import archive, chunks
     from qprof.probes.features import require_perf
 
-    stats = fold_run(require_perf(), run.path, run.meta)
+    stats = chunks.refold(require_perf(), run.path, run.meta["sampling"]["groups"])
     run.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                          "bad_examples": stats.bad_examples}
-    archive.write_json_atomic(run.path / archive.META, run.meta)
+    archive.write_json_atomic(run.path / runfiles.META, run.meta)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
 

@@ -18,11 +18,13 @@ from typing import Callable, Iterator
 
 from qprof.collectors.archive import Run
 from qprof.collectors.session import AttachOptions
-from qprof.endpoints import Ngtcp2Transfer, make_certificate, parse_size
+from qprof.endpoints import (free_udp_port, make_certificate, make_payload, ngtcp2_client_command,
+                             ngtcp2_server_command, work_dir)
 from qprof.errors import QprofError
 from qprof.netlab import Lab, LabError
 from qprof.ready import Ready
 from qprof.record import Command, RecordOptions, outcome_lines, record
+from qprof.units import parse_size
 
 
 @contextlib.contextmanager
@@ -51,25 +53,30 @@ def run_demo(size: str, out: Path, status: Callable[[str], None], loopback: bool
     """`qprof record` of the ngtcp2 pair: the run archive of one transfer."""
     nbytes = parse_size(size)
     with _place(status, loopback) as lab:
-        xfer = Ngtcp2Transfer(nbytes) if lab is None else Ngtcp2Transfer(nbytes, host=lab.server_addr)
-        with xfer:
+        host = "127.0.0.1" if lab is None else lab.server_addr
+        port, workdir = free_udp_port(), work_dir()
+        try:
             where = "loopback" if lab is None else \
                 f"two network namespaces ({lab.client_addr} -> {lab.server_addr}, veth)"
-            status(f"ngtcp2 server on {xfer.host}:{xfer.port} serving {size}, client in {where}")
-            key, cert = make_certificate(xfer.workdir, (xfer.host,))
+            status(f"ngtcp2 server on {host}:{port} serving {size}, client in {where}")
+            make_payload(workdir, nbytes)
+            key, cert = make_certificate(workdir, (host,))
             place = lab.placements() if lab is not None else {}
-            commands = [Command("server", tuple(xfer.server_command(key, cert)), place.get("server")),
-                        Command("client", tuple(xfer.client_command()), place.get("client"))]
-            opts = RecordOptions(commands, out, ready=Ready("udp", port=xfer.port),
+            commands = [Command("server", tuple(ngtcp2_server_command(workdir, host, port, key, cert)),
+                                place.get("server")),
+                        Command("client", tuple(ngtcp2_client_command(host, port)), place.get("client"))]
+            opts = RecordOptions(commands, out, ready=Ready("udp", port=port),
                                  attach=AttachOptions(pids=[], out=out))
             (rep,) = record(opts, status)
-            for line in outcome_lines([rep], opts):
-                status(line.removeprefix("qprof: error: "))
-            if rep.path is None or rep.failures:
-                raise QprofError("the demo's transfer failed" +
-                                 (f"; run archive kept in {rep.path}" if rep.path else ""))
-            took = Run.open(rep.path).meta.get("record", {}).get("client_s")
-            if took:
-                status(f"transfer of {size} done: {nbytes * 8 / took / 1e9:.2f} Gbit/s goodput "
-                       "(client wall time, profiled)")
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        for line in outcome_lines([rep], opts):
+            status(line.removeprefix("qprof: error: "))
+        if rep.path is None or rep.failures:
+            raise QprofError("the demo's transfer failed" +
+                             (f"; run archive kept in {rep.path}" if rep.path else ""))
+        took = Run.open(rep.path).info.client_s
+        if took:
+            status(f"transfer of {size} done: {nbytes * 8 / took / 1e9:.2f} Gbit/s goodput "
+                   "(client wall time, profiled)")
     return rep.path

@@ -1,7 +1,7 @@
 """A two-namespace network lab for controlled runs: a server and a client joined by a veth pair.
 
     with Lab(rate_mbit=200, cpu={"server": 0.3}) as lab:
-        xfer = Ngtcp2Transfer(size, host=lab.server_addr, placement=lab.placements())
+        server = subprocess.Popen(cmd, preexec_fn=lab.placement("server").preexec)
 
 `Lab` creates two network namespaces (`qprof-lab-<id>-server`, `-client`), a
 veth pair with one end in each (10.77.N.1/30 server, 10.77.N.2/30 client, MTU
@@ -24,16 +24,13 @@ and its qdiscs) deleted, the cgroups removed. Each lab registers its owner in
 a lab starts, and by `python -m qprof.netlab cleanup`) removes what labs whose
 owner is gone (SIGKILL, power loss) left behind, and never touches a live lab.
 
-The verdict's proof matrix lives here too (`SCENARIOS`, `run_scenario`): the
-bench (bench/verdict_matrix.py) and the test (tests/test_verdict_scenarios.py)
-run the same code. `ReceiveBufferClamp` holds a running receiver's socket
-buffer small from outside (pidfd_getfd), for any stack.
+`qprof demo` runs its transfer in a plain `Lab()`; the quotas, cpusets and busy
+neighbours are what the verdict's proof scenarios (lab/scenarios.py) set up.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -45,13 +42,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from qprof.collectors.netns import setns
-from qprof.endpoints import Placement, Transfer
+from qprof.endpoints import Placement
 from qprof.errors import QprofError
+from qprof.probes.features import mount_table
 
 PREFIX = "qprof-lab-"
 STATE_DIR = Path("/run/qprof-lab")
@@ -121,25 +119,17 @@ class CpuCgroups:
             return {}
 
 
-def _mounts() -> list[tuple[Path, str, list[str]]]:
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return []
-    return [(Path(p[1]), p[2], p[3].split(",")) for p in (ln.split() for ln in lines) if len(p) >= 4]
-
-
 def _controller(name: str) -> tuple[int, Path] | None:
     """(version, mount) of the hierarchy with controller `name`: a v1 mount naming it, else a v2
     mount offering it."""
-    mounts = _mounts()
-    for where, fstype, opts in mounts:
-        if fstype == "cgroup" and name in opts:
-            return 1, where
-    for where, fstype, _ in mounts:
+    mounts = mount_table()
+    for m in mounts:
+        if m.fstype == "cgroup" and name in m.options:
+            return 1, m.where
+    for m in mounts:
         try:
-            if fstype == "cgroup2" and name in (where / "cgroup.controllers").read_text().split():
-                return 2, where
+            if m.fstype == "cgroup2" and name in (m.where / "cgroup.controllers").read_text().split():
+                return 2, m.where
         except OSError:
             continue
     return None
@@ -186,9 +176,9 @@ def pressure_root() -> Path | None:
     cpu = cpu_cgroups()
     if cpu is not None and cpu.version == 2:
         return None
-    for where, fstype, _ in _mounts():
-        if fstype == "cgroup2" and (where / "cpu.pressure").exists():
-            return where
+    for m in mount_table():
+        if m.fstype == "cgroup2" and (m.where / "cpu.pressure").exists():
+            return m.where
     return None
 
 
@@ -611,404 +601,6 @@ class Lab:
                 res = _lab_resources().get(self.id, {"netns": [], "cgroups": [], "links": [], "state": []})
                 _remove(self.id, res)
             self._created = False
-
-
-# ---- a receiver's socket buffer, set from outside ----------------------------
-
-_SYS_PIDFD_GETFD = 438  # x86_64 and most architectures (asm-generic)
-
-
-def _udp_inodes(pid: int) -> set[str]:
-    found = set()
-    for table in ("udp", "udp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-                next(f, None)
-                found |= {line.split()[9] for line in f if len(line.split()) > 9}
-        except OSError:
-            continue
-    return found
-
-
-def udp_socket_fds(pid: int) -> list[int]:
-    """The process's file descriptors that are UDP sockets (matched by inode in its namespace)."""
-    inodes = _udp_inodes(pid)
-    fds = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return []
-    for name in names:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            fds.append(int(name))
-    return fds
-
-
-class ReceiveBufferClamp:
-    """Keep a running process's UDP sockets at SO_RCVBUF `size` (the kernel doubles it), whatever the
-    program sets itself: a copy of each socket is taken with pidfd_getfd(2) and set every `interval`
-    until `stop()` (programs that raise their buffer at start, like quic-go, are set back). The lab's
-    way of making a receiver with a tiny buffer without an option in every stack."""
-
-    def __init__(self, pid: int, size: int, interval: float = 0.02) -> None:
-        self.pid, self.size, self.interval = pid, size, interval
-        self.sets = 0  # setsockopt calls that changed a buffer
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rcvbuf-clamp", daemon=True)
-        self._libc = ctypes.CDLL(None, use_errno=True)
-
-    def start(self) -> "ReceiveBufferClamp":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except OSError:
-            return
-        try:
-            while not self._stop.is_set():
-                for fd in udp_socket_fds(self.pid):
-                    self._clamp(pidfd, fd)
-                self._stop.wait(self.interval)
-        finally:
-            os.close(pidfd)
-
-    def _clamp(self, pidfd: int, fd: int) -> None:
-        mine = self._libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
-        if mine < 0:
-            return
-        try:
-            sk = socket.socket(fileno=mine)
-        except OSError:
-            os.close(mine)
-            return
-        with sk, contextlib.suppress(OSError):  # closing our copy leaves the program's socket open
-            if sk.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) != 2 * self.size:
-                sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.size)
-                self.sets += 1
-
-
-# ---- the verdict's proof: scenarios with known answers -----------------------
-
-CAP = 0.3  # cores: a capped side
-HOGS = 1  # busy processes beside a starved side, on its one CPU
-PROTECTED = 8.0  # CPU weight (x a task's) of a side that must not be CPU-limited: the host's other load
-                 # cannot starve it. The verdict never reads weights.
-LINK_RATE_MBIT = 200  # the shaped link of "link"
-APP_RATE_MBIT = 100  # what the application-limited sender allows itself
-TINY_RCVBUF = 4096  # bytes asked of SO_RCVBUF (the kernel doubles it): a few datagrams
-Roles = tuple[tuple[str, tuple[int, ...]], ...]  # (role, CPUs) pairs: a frozen dataclass keeps no dicts
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A controlled run with a known answer: how the lab is set up and what the verdict must say.
-
-    The verdict never sees any of this: it decides from what qprof measured. `cause` is the overall
-    cause the verdict must name. Sides the scenario does not limit by CPU are `protected`: a high
-    CPU weight, so the shared host's other load cannot make them the bottleneck instead."""
-
-    name: str
-    expected: str | None  # the verdict's limited_by; None: reported as measured
-    cause: str | None = None  # the verdict's overall cause
-    server_cpu: float | None = None
-    client_cpu: float | None = None
-    rate_mbit: float | None = None
-    cpus: Roles = ()  # affinity per role
-    cpusets: Roles = ()  # cpuset cgroup per role
-    hogs: tuple[Hog, ...] = ()
-    protected: tuple[str, ...] = ()
-    client_rcvbuf: int | None = None  # the receiver's SO_RCVBUF, held there from outside
-    app_rate_mbit: float | None = None  # the server paces its own writes (endpoint option)
-    qlog: bool = False  # the endpoints write qlog (endpoint option), read beside the verdict
-    about: str = ""
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        """Endpoint options the scenario cannot do without (qlog is read where a stack writes it)."""
-        return ("app_rate_mbit",) if self.app_rate_mbit else ()
-
-    @property
-    def cpus_needed(self) -> int:
-        """CPUs the host must have: one more than the highest CPU anything is bound to."""
-        used = [c for _, cs in self.cpus + self.cpusets for c in cs] + [c for h in self.hogs for c in h.cpus]
-        return max(used) + 1 if used else 1
-
-    def lab(self) -> Lab:
-        return Lab(rate_mbit=self.rate_mbit, cpu={"server": self.server_cpu, "client": self.client_cpu},
-                   cpus=dict(self.cpus), cpusets=dict(self.cpusets), hogs=self.hogs,
-                   weights={r: PROTECTED for r in self.protected})
-
-
-def _starved(role: str, how: str) -> Scenario:
-    """`role` shares one CPU with HOGS busy processes, bound there by affinity or a cpuset; the other side
-    is protected (and, with affinity, bound to the other CPU)."""
-    other, cpu = ("client", 0) if role == "server" else ("server", 1)
-    if how == "contention":
-        return Scenario(f"{role}-contention", f"{role}-limited", "cpu-starved",
-                        cpus=((role, (cpu,)), (other, (1 - cpu,))), hogs=(Hog(cpus=(cpu,)),) * HOGS,
-                        protected=(other,),
-                        about=f"{role} bound to CPU {cpu} beside {HOGS} busy processes, {other} alone on "
-                              f"CPU {1 - cpu}")
-    return Scenario(f"{role}-cpuset", f"{role}-limited", "cpu-starved", cpusets=((role, (cpu,)),),
-                    hogs=(Hog(cpuset_of=role),) * HOGS, protected=(other,),
-                    about=f"{role} in a one-CPU cpuset shared with {HOGS} busy processes, {other} free")
-
-
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("server-quota", "server-limited", "cpu-starved", server_cpu=CAP, protected=("client",),
-             about=f"server's cgroup capped at {CAP} of a core"),
-    Scenario("client-quota", "client-limited", "cpu-starved", client_cpu=CAP, protected=("server",),
-             about=f"client's cgroup capped at {CAP} of a core"),
-    _starved("server", "contention"),
-    _starved("client", "contention"),
-    _starved("server", "cpuset"),
-    _starved("client", "cpuset"),
-    Scenario("receive-buffer", "client-limited", "receive-buffer", client_rcvbuf=TINY_RCVBUF, protected=ROLES,
-             about=f"client's socket held at SO_RCVBUF {TINY_RCVBUF} (the kernel doubles it)"),
-    Scenario("link", "neither", "link", rate_mbit=LINK_RATE_MBIT, qlog=True, protected=ROLES,
-             about=f"the link shaped to {LINK_RATE_MBIT} Mbit/s (tbf)"),
-    Scenario("application", "neither", "flow-control/application", app_rate_mbit=APP_RATE_MBIT, qlog=True,
-             protected=ROLES, about=f"the server paces its own writes to {APP_RATE_MBIT} Mbit/s, the link free"),
-    Scenario("uncapped", None, about="both free, the link unshaped, no weights: reported as measured"),
-)}
-
-# (size, server address, placement per role[, environment per role]) -> a Transfer not started yet
-TransferFactory = Callable[..., Transfer]
-
-
-def transfer_factory(stack: str) -> TransferFactory:
-    """ngtcp2 (Debian's gtlsserver/gtlsclient), or a built test endpoint (tests/ on sys.path: quicgo, quinn...)."""
-    if stack == "ngtcp2":
-        from qprof.endpoints import Ngtcp2Transfer
-
-        return lambda size, host, placement, env=None: Ngtcp2Transfer(size, host=host, placement=placement,
-                                                                      env=env or {})
-    built = _built(stack)
-    from endpoints.transfer import BulkTransfer  # type: ignore[import-not-found]
-
-    return lambda size, host, placement, env=None: BulkTransfer(size, host=host, placement=placement,
-                                                                env=env or {}, built=built)
-
-
-def _built(stack: str) -> Any:
-    try:
-        from endpoints.build import build  # type: ignore[import-not-found]
-    except ImportError:
-        raise LabError(f"stack {stack!r} is a test endpoint: put the repository's tests/ on sys.path") from None
-    return build(stack)
-
-
-def endpoint_options(stack: str) -> dict[str, str]:
-    """The options a stack's endpoints take (option -> environment variable); ngtcp2's take none."""
-    return {} if stack == "ngtcp2" else dict(_built(stack).spec.env_options)
-
-
-def unsupported(scenario: Scenario, stack: str) -> str | None:
-    """Why `scenario` cannot run on `stack` here (an option its endpoints lack, too few CPUs), or None."""
-    if scenario.cpus_needed > (os.cpu_count() or 1):
-        return f"needs {scenario.cpus_needed} CPUs, this host has {os.cpu_count()}"
-    missing = [o for o in scenario.needs if o not in endpoint_options(stack)]
-    return f"{stack}'s endpoints have no {', '.join(missing)} option" if missing else None
-
-
-def normalize_verdict(word: str | None) -> str | None:
-    """'server', 'server-limited', 'Server_Limited' -> 'server-limited'; 'neither', 'both' as they are."""
-    if word is None:
-        return None
-    w = str(word).strip().lower().replace("_", "-").replace(" ", "-")
-    base = w.removesuffix("-limited")
-    return f"{base}-limited" if base in ("server", "client") else base
-
-
-@dataclass
-class RunResult:
-    scenario: str
-    stack: str
-    expected: str | None
-    expected_cause: str | None = None
-    verdict: str | None = None  # normalised limited_by; None when the report has no verdict
-    cause: str | None = None  # the verdict's overall cause
-    has_verdict: bool = False
-    stack_word: dict[str, Any] | None = None  # the stack's own record beside the verdict (qlog), if any
-    seconds: float | None = None  # client wall time, profiled
-    goodput_mbit: float | None = None
-    size: int = 0
-    run: Path | None = None
-    error: str | None = None
-    cpu: dict[str, float] = field(default_factory=dict)  # role -> cores (proc CPU / wall)
-    throttled: dict[str, float] = field(default_factory=dict)  # role -> share of periods throttled
-    clamp_sets: int | None = None  # times the receiver's buffer had to be set back (receive-buffer)
-
-    @property
-    def hit(self) -> bool | None:
-        """Right when both the limiting side and the overall cause are the expected ones."""
-        if self.expected is None:
-            return None
-        return (self.error is None and self.verdict == self.expected
-                and (self.expected_cause is None or self.cause == self.expected_cause))
-
-
-class _Placed:
-    """A scenario's transfer: the endpoints' options from the scenario, the receiver's buffer held
-    once the client runs. `release()` lets the held client go."""
-
-    def __init__(self, scenario: Scenario, xfer: Transfer) -> None:
-        self.scenario, self.xfer = scenario, xfer
-        self.clamp: ReceiveBufferClamp | None = None
-
-    def release(self) -> None:
-        self.xfer.release_client()
-        if self.scenario.client_rcvbuf:
-            self.clamp = ReceiveBufferClamp(int(self.xfer.client.pid), self.scenario.client_rcvbuf).start()
-
-    def close(self) -> None:
-        if self.clamp is not None:
-            self.clamp.stop()
-
-
-def _env(scenario: Scenario, stack: str, qlog_dir: Path | None) -> dict[str, dict[str, str]]:
-    opts = endpoint_options(stack) if scenario.needs or qlog_dir else {}
-    env: dict[str, dict[str, str]] = {"server": {}, "client": {}}
-    if scenario.app_rate_mbit:
-        env["server"][opts["app_rate_mbit"]] = f"{scenario.app_rate_mbit:g}"
-    if qlog_dir is not None and "qlog_dir" in opts:
-        for role in ROLES:
-            env[role][opts["qlog_dir"]] = str(qlog_dir)
-    return env
-
-
-@contextlib.contextmanager
-def _transfer(scenario: Scenario, stack: str, factory: TransferFactory, lab: Lab, size: int,
-              qlog_dir: Path | None = None) -> Iterator[_Placed]:
-    """A transfer placed in `lab`; closed (processes, work directory) with signals held off."""
-    reason = unsupported(scenario, stack)
-    if reason:
-        raise LabError(f"scenario {scenario.name}: {reason}")
-    with signals_held():  # its work directory exists from here on
-        xfer = factory(size, lab.server_addr, lab.placements(), _env(scenario, stack, qlog_dir))
-    placed = _Placed(scenario, xfer)
-    try:
-        yield placed
-    finally:
-        with signals_held():
-            placed.close()
-            xfer.close()
-
-
-def _check_client(xfer: Transfer) -> None:
-    client = xfer.client
-    assert client is not None
-    if client.returncode != 0:
-        raise LabError(f"{xfer.name} client failed (exit {client.returncode}): {xfer.tail('client.err')}")
-    check = getattr(xfer, "check_client", None)
-    if check is not None:
-        check()
-
-
-def measure_goodput(scenario: Scenario, stack: str, factory: TransferFactory, first_size: int = 16 << 20,
-                    want_seconds: float = 1.5, timeout: float = 120.0) -> float:
-    """Unprofiled goodput (bit/s) of `scenario` for this stack: grows a short transfer until it lasts a while."""
-    size = first_size
-    for _ in range(4):
-        with scenario.lab() as lab, _transfer(scenario, stack, factory, lab, size) as placed:
-            xfer = placed.xfer
-            xfer.start_server()
-            xfer.start_client_stopped()
-            placed.release()
-            deadline = time.monotonic() + timeout
-            while not xfer.client_done():
-                if time.monotonic() > deadline:
-                    raise LabError(f"{xfer.name}: calibration transfer of {size} bytes took over {timeout:.0f} s")
-                time.sleep(0.01)
-            _check_client(xfer)
-            assert xfer.released_at is not None and xfer.finished_at is not None
-            took = xfer.finished_at - xfer.released_at
-        rate = xfer.transferred_bytes() * 8 / took
-        if took >= want_seconds * 0.5:
-            return rate
-        size = int(min(rate / 8 * want_seconds, 8 << 30))
-    return rate
-
-
-def size_for(goodput_bps: float, seconds: float, profiled_slowdown: float = 0.7) -> int:
-    """Bytes for a profiled run of about `seconds` (profiling costs the endpoints some goodput)."""
-    return max(1 << 20, int(goodput_bps / 8 * seconds * profiled_slowdown))
-
-
-def report_json(run: Path, qlog_dir: Path | None = None, timeout: float = 600) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "qprof.cli", "report", str(run), "--format", "json"]
-    if qlog_dir is not None and qlog_dir.is_dir():
-        cmd += ["--qlog", str(qlog_dir)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise LabError(f"qprof report {run} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
-    return json.loads(r.stdout)
-
-
-def run_scenario(scenario: Scenario, stack: str, factory: TransferFactory, size: int, out: Path,
-                 status: Callable[[str], None] = lambda m: None, **attach: Any) -> RunResult:
-    """One profiled transfer of `size` bytes in `scenario`'s lab, both ends attached; the report's verdict.
-    Endpoints that write qlog write it to OUT-qlog, read by the report beside the verdict."""
-    from qprof.collectors.session import AttachOptions, AttachSession
-
-    res = RunResult(scenario.name, stack, scenario.expected, scenario.cause, size=size)
-    qlog_dir = out.parent / f"{out.name}-qlog" if scenario.qlog else None
-    try:
-        with scenario.lab() as lab, _transfer(scenario, stack, factory, lab, size, qlog_dir) as placed:
-            xfer = placed.xfer
-            server = xfer.start_server()
-            client = xfer.start_client_stopped()
-            opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"},
-                                 **attach)
-            before = {r: lab.throttling(r) for r in ROLES}
-            res.run = AttachSession(opts, on_ready=placed.release, stop_when=xfer.client_done,
-                                    status=status).run()
-            after = {r: lab.throttling(r) for r in ROLES}
-            meta = json.loads((res.run / "meta.json").read_text())
-            if str(meta.get("stop_reason") or "").startswith("interrupted"):
-                raise KeyboardInterrupt
-            assert xfer.client is not None
-            xfer.client.wait(60)
-            xfer.client_done()
-            _check_client(xfer)
-            if placed.clamp is not None:
-                res.clamp_sets = placed.clamp.sets
-            if xfer.released_at is not None and xfer.finished_at is not None:
-                res.seconds = xfer.finished_at - xfer.released_at
-                res.goodput_mbit = xfer.transferred_bytes() * 8 / res.seconds / 1e6
-            for r in ROLES:
-                periods = after[r].get("nr_periods", 0) - before[r].get("nr_periods", 0)
-                if periods > 0:
-                    res.throttled[r] = (after[r].get("nr_throttled", 0) - before[r].get("nr_throttled", 0)) / periods
-        report = report_json(res.run, qlog_dir)
-        verdict = report.get("verdict")
-        res.has_verdict = isinstance(verdict, dict) and "limited_by" in verdict
-        if isinstance(verdict, dict):
-            res.verdict = normalize_verdict(verdict.get("limited_by")) if res.has_verdict else None
-            res.cause = verdict.get("cause")
-            res.stack_word = verdict.get("stack_record")
-        evidence = verdict.get("evidence", {}) if isinstance(verdict, dict) else {}
-        wall = float(meta.get("duration_s") or 0) or None
-        for p in report.get("processes", []):
-            role = p.get("role")
-            cores = (evidence.get(role) or {}).get("process_cpu_cores") if isinstance(evidence, dict) else None
-            if cores is not None:
-                res.cpu[role] = float(cores)
-            elif role in ROLES and wall and p.get("proc_cpu_seconds") is not None:
-                res.cpu[role] = p["proc_cpu_seconds"] / wall
-    except (QprofError, OSError, subprocess.SubprocessError, ValueError) as e:
-        res.error = f"{type(e).__name__}: {e}"
-    return res
 
 
 def main(argv: list[str]) -> int:

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from qprof import runfiles
 from qprof.collectors import archive
-from qprof.collectors.session import AttachOptions, AttachSession, LiveData
+from qprof.collectors.records import LiveData
+from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Placement, StoppedProcess
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
@@ -236,7 +238,7 @@ def _start_all(commands: list[Command], logs: Path) -> list[_Process]:
     started: list[_Process] = []
     try:
         for cmd in commands:
-            started.append(_Process(cmd, logs / f"output-{cmd.label}.log"))
+            started.append(_Process(cmd, logs / runfiles.record_output(cmd.label)))
     except BaseException:
         for p in started:
             p.stop()
@@ -286,7 +288,7 @@ def _describe(path: Path, opts: RecordOptions, index: int, procs: list[_Process]
         with contextlib.suppress(OSError):
             shutil.copyfile(p.log, path / p.log.name)
             (path / p.log.name).chmod(0o600)
-    meta_path = path / archive.META
+    meta_path = path / runfiles.META
     meta = archive.Run.open(path).meta
     meta["record"] = {
         "repetition": index, "repetitions": opts.repeat,

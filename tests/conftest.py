@@ -93,12 +93,12 @@ def build_c(source: Path, name: str, libs: list[str]) -> Path:
 
 @pytest.fixture(scope="session")
 def endpoint_build():
-    """Build a tests/endpoints stack by name, once per session (cached across runs); skip without its toolchain."""
-    from endpoints.build import BuildUnavailable, build
+    """Build a lab/endpoints stack by name, once per session (cached across runs); skip without its toolchain."""
+    from lab.endpoints.build import BuildUnavailable, build
 
     done: dict = {}
 
-    def get(name: str):  # -> endpoints.build.Built
+    def get(name: str):  # -> lab.endpoints.build.Built
         if name not in done:
             try:
                 done[name] = build(name)
@@ -145,7 +145,8 @@ def capture_ngtcp2(run: Path, size: int = 128 << 20, server_args: tuple[str, ...
     client, both with roles and bound to `cpus` (empty: any), from the client's first packet until it has
     downloaded `size` bytes."""
     from qprof.collectors.session import AttachOptions, AttachSession
-    from qprof.endpoints import Ngtcp2Transfer, Placement
+    from lab.transfers import Ngtcp2Transfer
+    from qprof.endpoints import Placement
 
     class Transfer(Ngtcp2Transfer):
         def server_command(self, key: Path, cert: Path) -> list[str]:

@@ -10,14 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.analysis import analyse_run
 from qprof.collectors import archive
 from qprof.collectors.archive import Run, create_run_dir
-from qprof.collectors.perfscript import Sample
 from qprof.collectors.procfs import REDACTED, redact_cmdline
-from qprof.collectors.stacks import StackRecord, fold, read_stacks, write_stacks
+from qprof.collectors.records import ProcReading
+from qprof.collectors.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
 from conftest import examples
@@ -45,10 +46,10 @@ def test_round_trip_odd_symbols(tmp_path: Path) -> None:
     recs = [StackRecord(1, 2, "comm with space", 3, 4_000_000, tuple(ODD)),
             StackRecord(-1, -1, "", 0, 0, ()),
             StackRecord(2**40, 7, "k/u8:2", 1, 2**62, ((K, K),))]
-    p = tmp_path / archive.STACKS
+    p = tmp_path / runfiles.STACKS
     assert write_stacks(p, recs) == 3
     assert list(read_stacks(p)) == recs
-    assert not (tmp_path / (archive.STACKS + ".tmp")).exists()
+    assert not (tmp_path / (runfiles.STACKS + ".tmp")).exists()
     with gzip.open(p, "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()
     assert len(lines) == 3 and all(isinstance(json.loads(ln), dict) for ln in lines)
@@ -181,7 +182,7 @@ def _meta(**over: object) -> dict:
 
 
 def test_run_open_ok(tmp_path: Path) -> None:
-    (tmp_path / archive.META).write_text(json.dumps(_meta()))
+    (tmp_path / runfiles.META).write_text(json.dumps(_meta()))
     run = Run.open(tmp_path)
     assert run.meta["status"] == "complete" and not run.has_stacks()
     assert list(run.proc_readings()) == []
@@ -200,9 +201,9 @@ def test_run_open_ok(tmp_path: Path) -> None:
 ])
 def test_run_open_errors(tmp_path: Path, content: str | bytes | None, match: str) -> None:
     if isinstance(content, str):
-        (tmp_path / archive.META).write_text(content)
+        (tmp_path / runfiles.META).write_text(content)
     elif isinstance(content, bytes):
-        (tmp_path / archive.META).write_bytes(content)
+        (tmp_path / runfiles.META).write_bytes(content)
     with pytest.raises(QprofError, match=match) as ei:
         Run.open(tmp_path)
     assert "\n" not in str(ei.value)
@@ -217,11 +218,35 @@ def test_run_open_missing_dir_and_file(tmp_path: Path) -> None:
         Run.open(f)
 
 
+def test_typed_records_of_an_archive_with_only_required_fields(tmp_path: Path) -> None:
+    """Older archives lack fields newer ones have: the typed records fill in what readers assume."""
+    target = {"pid": 7, "images": [{"comm": "a"}], "objects": [{"path": "/bin/a"}]}
+    (tmp_path / runfiles.META).write_text(json.dumps(_meta(targets=[target], sampling={"event": "cpu-clock",
+                                                                                       "frequency": 99})))
+    (tmp_path / runfiles.PROC).write_text(json.dumps({"mono": 1.5, "threads": {"7": [
+        {"tid": 8, "comm": "a", "utime_s": 1, "stime_s": 2}]}, "cgroups": {"7": None}}) + "\n")
+    (tmp_path / runfiles.PROBES).write_text(json.dumps({"programs": {"packetio": {"output": "probe-packetio.jsonl",
+                                                                                  "maps": {}}}}))
+    run = Run.open(tmp_path)
+    info = run.info
+    assert (info.status, info.sampling.frequency, info.sampling.clock, info.sampling.scope) == \
+        ("complete", 99, None, "system")
+    (t,) = info.targets
+    assert (t.pid, t.comm, t.role, t.objects[0].path, t.objects[0].go, t.images[0].since_s) == \
+        (7, "?", None, "/bin/a", False, 0.0)
+    (r,) = run.proc_readings()
+    (th,) = r.threads[7]
+    assert (r.mono, th.tid, th.on_cpu_s, th.cpu, r.cgroups, r.limits, r.tcp) == (1.5, 8, None, -1, {}, {}, {})
+    probes = run.probes()
+    assert probes is not None and probes.maps("packetio") == {} and probes.maps("softirq") == {}
+    assert probes.programs["packetio"].cpu_s is None and probes.packetio().windows is None
+
+
 def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
-    (tmp_path / archive.META).write_text(json.dumps(_meta()))
+    (tmp_path / runfiles.META).write_text(json.dumps(_meta()))
     whole = {"t": 1, "mono": 1, "threads": {}}
-    (tmp_path / archive.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
-    assert list(Run.open(tmp_path).proc_readings()) == [whole]
+    (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
+    assert list(Run.open(tmp_path).proc_readings()) == [ProcReading.from_json(whole)]
 
 
 def test_create_run_dir(tmp_path: Path) -> None:
@@ -325,7 +350,7 @@ def _fake_run(root: Path) -> Path:
         "exited": [], "perf_exit": {"fp": 0, "dwarf": 0}, "parse": {"samples": 100, "bad_lines": 0,
                                                                    "bad_examples": []},
     }
-    archive.write_json_atomic(out / archive.META, meta)
+    archive.write_json_atomic(out / runfiles.META, meta)
     send = [("ip_output", K), ("udp_sendmsg", K), ("__sys_sendmsg", K), ("__libc_sendmsg", LIBC),
             ("ngtcp2_conn_write_pkt", NGTCP2)]
     samples = (
@@ -339,8 +364,8 @@ def _fake_run(root: Path) -> Path:
         # a process that was not a target (e.g. forked): still reported, comm from its samples
         + [Sample(5555, 5555, "child", 3_000_000, (("recvmsg", LIBC),))]
     )
-    write_stacks(out / archive.STACKS, fold(samples))
-    with open(out / archive.PROC, "w", encoding="utf-8") as f:
+    write_stacks(out / runfiles.STACKS, fold(samples))
+    with open(out / runfiles.PROC, "w", encoding="utf-8") as f:
         for t, cpu in ((0.0, 1.0), (1.0, 1.005)):
             f.write(json.dumps({"t": t, "mono": t, "threads": {str(SERVER): [
                 {"tid": SERVER, "comm": "gtlsserver", "state": "R", "utime_s": cpu, "stime_s": cpu,
@@ -404,9 +429,9 @@ def test_end_to_end_json_contract(tmp_path: Path) -> None:
 
 def test_end_to_end_non_time_event(tmp_path: Path) -> None:
     out = _fake_run(tmp_path)
-    meta = json.loads((out / archive.META).read_text())
+    meta = json.loads((out / runfiles.META).read_text())
     meta["sampling"]["event"] = "cycles"
-    archive.write_json_atomic(out / archive.META, meta)
+    archive.write_json_atomic(out / runfiles.META, meta)
     report = to_dict(analyse_run(Run.open(out), MappingSet.load()))
     total = sum(p["cpu_seconds"] for p in report["processes"])
     assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency

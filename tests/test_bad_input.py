@@ -139,8 +139,7 @@ def _run_with_symbol(tmp_path: Path, symbol: str) -> Path:
     run.mkdir()
     (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "status": "complete",
                                                "targets": []}))
-    from qprof.collectors.perfscript import Sample
-    from qprof.collectors.stacks import fold, write_stacks
+    from qprof.collectors.stacks import Sample, fold, write_stacks
 
     write_stacks(run / "stacks.jsonl.gz", fold([Sample(7, 7, "x", 1000, ((symbol, "/usr/bin/x"),))]))
     return run

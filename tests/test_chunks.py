@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples, qprof
-from qprof.collectors.chunks import ChunkFolder, FoldState, chunk_files
-from qprof.collectors.perfscript import Sample
-from qprof.collectors.stacks import fold, read_header, read_stacks, write_stacks
+from qprof.collectors.chunks import ChunkFolder, FoldState
+from qprof.runfiles import chunk_files
+from qprof.collectors.stacks import Sample, fold, read_header, read_stacks, write_stacks
 from qprof.probes.mapsout import read_maps
 from qprof.probes.features import require_perf
 

@@ -17,10 +17,10 @@ from conftest import qprof
 from test_bad_input import one_line_error
 from test_flamegraph import SVG
 from test_flamegraph_real import report_of, role_of
+from qprof import runfiles
 from qprof.attribution.categories import PACKET_IO
 from qprof.collectors import archive
-from qprof.collectors.perfscript import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -40,16 +40,16 @@ def make_run(path: Path, procs: list[dict[str, Any]]) -> Path:
     as the packetio probes count them; None: no probes ran)."""
     path.mkdir()
     targets = [{"pid": p["pid"], "comm": p["comm"], "role": p.get("role"), "objects": []} for p in procs]
-    archive.write_json_atomic(path / archive.META, {
+    archive.write_json_atomic(path / runfiles.META, {
         "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
         "sampling": {"event": "cpu-clock", "frequency": 999}, "targets": targets})
     samples = [Sample(p["pid"], p["pid"], p["comm"], MS, stack)
                for p in procs for stack, n in ((SEND, p["send"]), (SEAL, p["seal"])) for _ in range(n)]
-    write_stacks(path / archive.STACKS, fold(samples))
+    write_stacks(path / runfiles.STACKS, fold(samples))
     counted = [p for p in procs if p.get("bytes") is not None]
     if counted:
         maps = {"@tx_bytes": {f"{p['pid']},{p['pid']},4433": p["bytes"] for p in counted}}
-        archive.write_json_atomic(path / archive.PROBES, {"programs": {"packetio": {"maps": maps}}})
+        archive.write_json_atomic(path / runfiles.PROBES, {"programs": {"packetio": {"maps": maps}}})
     return path
 
 

@@ -1,5 +1,5 @@
 """Faults, each a real run of `qprof attach` on a real process with real perf and bpftrace
-(qprof.faultlab injects them; bench/faults.py prints the same cases as a table).
+(lab.faults injects them; bench/faults.py prints the same cases as a table).
 
 Every case: qprof survives (exits cleanly with the expected status and at most one error
 line, or is killed as intended), leaves no process, BPF program, perf event or uprobe
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qprof.faultlab import CASES, EXPECTED_DATA, CaseSkipped, run_case
+from lab.faults import CASES, EXPECTED_DATA, CaseSkipped, run_case
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

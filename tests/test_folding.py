@@ -171,7 +171,7 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     assert perf is not None
     meta = json.loads((capture / "meta.json").read_text())
     (group,) = meta["sampling"]["groups"]
-    from qprof.collectors.archive import chunk_files
+    from qprof.runfiles import chunk_files
 
     (data,) = chunk_files(capture, group["perf_data"], include_current=True)  # one chunk: chunk_bytes is 1 TiB
     # the cuts split the target samples into slices that each do a share of the work

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from qprof.netlab import (NETNS_DIR, PREFIX, STATE_DIR, Hog, Lab, ReceiveBufferClamp, cleanup, cpu_cgroups,
-                          lab_roots, pressure_root)
+from lab.scenarios import ReceiveBufferClamp
+from qprof.netlab import NETNS_DIR, PREFIX, STATE_DIR, Hog, Lab, cleanup, cpu_cgroups, lab_roots, pressure_root
 
 pytestmark = [pytest.mark.root]
 HZ = os.sysconf("SC_CLK_TCK")
@@ -199,7 +199,7 @@ def test_transfer_placed_in_namespaces_and_cgroups(lab_tools: None) -> None:
     """Transfer's placement: the real programs (not a wrapper) start in their namespace and cgroup."""
     if shutil.which("gtlsserver") is None or shutil.which("gtlsclient") is None:
         pytest.skip("ngtcp2 tools missing (make test installs ngtcp2-server, ngtcp2-client)")
-    from qprof.endpoints import Ngtcp2Transfer
+    from lab.transfers import Ngtcp2Transfer
 
     with Lab(cpu={"server": 0.5}) as lab:
         with Ngtcp2Transfer(8 << 20, host=lab.server_addr, placement=lab.placements()) as xfer:

@@ -13,7 +13,7 @@ import pytest
 from conftest import QPROF, qprof
 from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES
-from qprof.endpoints import Ngtcp2Transfer
+from lab.transfers import Ngtcp2Transfer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -1,5 +1,5 @@
 """Probe groups as units: the registry, the C layouts read back from the compiled object, and the
-direction of imports between the layers (probes -> collectors -> attribution -> viewer)."""
+direction of imports between the layers (probes -> collectors -> archive -> attribution -> viewer -> qprof)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from qprof.probes.packetio import MAX_TARGETS
 from qprof.probes.packetio.record import PacketioRecord
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
-LAYERS = ("probes", "collectors", "attribution", "viewer")  # each may import only from those before it
 
 
 def test_registry_names_and_defaults() -> None:
@@ -67,28 +66,100 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     assert lay.initial("steps", "hist_steps") == steps, "setting the config keeps the other read-only data"
 
 
-def _imports(path: Path) -> list[str]:
+# Product modules by layer, in the order data flows, and the layers each may import. The archive
+# layer is the contract between collection and analysis: the collectors write it, attribution and
+# the viewer read it, and neither side imports the other. procfs sits with it: a leaf reader of
+# /proc the archive reader asks whether a run's collector still lives.
+SHARED = {"qprof.errors", "qprof.readlimits", "qprof.runfiles", "qprof.version"}  # leaves every layer uses
+ARCHIVE = {f"qprof.collectors.{m}" for m in ("archive", "schema", "stacks", "records", "procfs")}
+LAYERS = ("probes", "collectors", "archive", "attribution", "viewer", "qprof")
+MAY_IMPORT = {
+    "probes": {"probes"},
+    "collectors": {"probes", "collectors", "archive"},
+    "archive": {"probes", "archive"},
+    "attribution": {"probes", "archive", "attribution"},  # mappings/ is data of the attribution layer
+    "viewer": {"archive", "attribution", "viewer"},  # what the probes measured comes through attribution
+    "qprof": set(LAYERS),  # the command line, API, demo and record drive every layer
+}
+FOLDERS = ("probes", "collectors", "attribution", "mappings", "viewer", "qprof")  # installed as qprof.<folder>
+FOREIGN = ("lab", "tests", "conftest", "endpoints")  # the labs and tests: never imported by the product
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a product module (None: a shared leaf)."""
+    if module in SHARED:
+        return None
+    if module in ARCHIVE:
+        return "archive"
+    part = module.split(".")[1] if module.count(".") else ""
+    return {"mappings": "attribution"}.get(part, part) if part in FOLDERS[:-1] else "qprof"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(parts if parts[0] == "qprof" else ["qprof", *parts])
+
+
+def imported(path: Path) -> list[str]:
+    """Every module `path` imports, at any depth of the file (`from qprof.collectors import archive`
+    counts as qprof.collectors.archive)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            out.append(node.module)
+            base = node.module if node.level == 0 else \
+                ".".join(module_name(path).split(".")[:-node.level] + [node.module])
+            out += [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         elif isinstance(node, ast.Import):
             out += [a.name for a in node.names]
     return out
 
 
-def test_no_module_imports_against_the_flow() -> None:
-    """A layer imports only from the layers before it (and qprof.errors and qprof.readlimits, the
-    leaf modules every layer shares); none imports the CLI, the demo or the test labs."""
+def product_modules() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+MODULES = {module_name(p) for p in product_modules()}
+
+
+def against_the_flow(edges: list[tuple[str, str]]) -> list[str]:
+    """The (importer, imported) pairs that point against the flow or out of the product."""
     bad = []
-    for i, layer in enumerate(LAYERS):
-        allowed = set(LAYERS[:i + 1])
-        for path in sorted((ROOT / layer).rglob("*.py")):
-            for mod in _imports(path):
-                parts = mod.split(".")
-                if parts[0] != "qprof" or len(parts) < 2 or parts[1] in ("errors", "readlimits"):
-                    continue
-                if parts[1] not in allowed:
-                    bad.append(f"{path.relative_to(ROOT)} imports {mod}")
+    for src, mod in edges:
+        if mod.split(".")[0] in FOREIGN:
+            bad.append(f"{src} imports {mod} (a lab or test module)")
+            continue
+        if not (mod == "qprof" or mod.startswith("qprof.")) or layer_of(mod) is None:
+            continue  # the standard library, third parties, the shared leaves
+        have, want = layer_of(src), layer_of(mod)
+        if have is not None and want not in MAY_IMPORT[have]:
+            bad.append(f"{src} ({have}) imports {mod} ({want})")
+    return bad
+
+
+def test_the_rule_catches_arrows_against_the_flow() -> None:
+    """The check itself: each kind of wrong arrow is found, the right ones pass."""
+    assert against_the_flow([("qprof.attribution.verdict", "qprof.collectors.archive"),
+                             ("qprof.collectors.session", "qprof.collectors.records"),
+                             ("qprof.viewer.terminal", "qprof.mappings"),
+                             ("qprof.probes.group", "qprof.runfiles"),
+                             ("qprof.cli", "qprof.viewer.terminal")]) == []
+    wrong = [("qprof.attribution.live", "qprof.collectors.session"),  # analysis from a collector
+             ("qprof.collectors.archive", "qprof.collectors.chunks"),  # the archive from a collector
+             ("qprof.probes.doctor", "qprof.collectors.procfs"),
+             ("qprof.viewer.terminal", "qprof.cli"),
+             ("qprof.demo", "lab.scenarios"),
+             ("qprof.collectors.session", "qprof.api"),
+             ("qprof.collectors.session", "qprof")]  # the package: it imports the API
+    assert len(against_the_flow(wrong)) == len(wrong)
+
+
+def test_no_module_imports_against_the_flow() -> None:
+    """Every product module, function-level imports included: none imports a later layer, the labs
+    or the tests, so data flows probes -> collectors -> archive -> attribution -> viewer -> qprof."""
+    modules = product_modules()
+    assert len(modules) > 80 and all(layer_of(module_name(p)) or module_name(p) in SHARED for p in modules)
+    edges = [(module_name(p), mod) for p in modules for mod in imported(p)]
+    bad = against_the_flow(edges)
     assert not bad, "\n".join(bad)

@@ -22,7 +22,7 @@ BUSY = [sys.executable, "-c", "while True: pass"]
 
 def _pids_in(run: Path) -> set[int]:
     """Every pid with a sample in the run's raw perf data (kept with --keep-raw), all chunks."""
-    from qprof.collectors.archive import chunk_files
+    from qprof.runfiles import chunk_files
 
     pids: set[int] = set()
     for data in chunk_files(run, "perf-dwarf.data", include_current=True):

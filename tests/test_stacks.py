@@ -1,7 +1,7 @@
 """quinn, s2n-quic, quiche, tquic, quic-go and aioquic: a real profiled bulk transfer per
 stack, both ends attached.
 
-The endpoints are small programs under tests/endpoints/ (specs_rust.py,
+The endpoints are small programs under lab/endpoints/ (specs_rust.py,
 specs_go_python.py), built into a cache outside the repository and reused while
 their sources and toolchain are unchanged. Each test checks the JSON report's
 contract, that auto-detection loaded the stack's mapping file and its crypto and
@@ -64,7 +64,7 @@ STACKS = {
 
 @pytest.mark.parametrize("name", sorted(STACKS))
 def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoint_build, tmp_path: Path) -> None:
-    from endpoints.transfer import profile
+    from lab.endpoints.transfer import profile
 
     want = STACKS[name]
     built = endpoint_build(name)
@@ -111,7 +111,7 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
 
 @pytest.mark.parametrize("name", sorted(STACKS))
 def test_cached_build_is_reused(name: str, endpoint_build) -> None:
-    from endpoints.build import build
+    from lab.endpoints.build import build
 
     first = endpoint_build(name)
     again = build(name)

@@ -11,7 +11,9 @@ Checked against what the kernel and /proc say, not against qprof itself:
   within 20%, over the file's bytes within that and the overheads above. Why 20%: on this 2-vCPU VM,
   cpu-clock samples of the ngtcp2 client ran 5-16% over its schedstat time in repeated runs (a sample's
   period is wall time on its CPU, schedstat leaves out what the hypervisor stole); the TCP processes
-  and the QUIC server stayed within 5%.
+  and the QUIC server stayed within 5% on a quiet host. On a loaded one the QUIC server's samples fell
+  30% short once (timer-woken work between cpu-clock ticks): sampled CPU below /proc's by more than
+  20% passes only when the report says so to the user (`cpu_note`), as the demo test requires.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
     d = json.loads(qprof("diff", str(runs["quic"]), str(runs["tcp"]), "--format", "json").stdout)
     on_cpu = {"a": on_cpu_seconds(runs["quic"]), "b": on_cpu_seconds(runs["tcp"])}
     quic_io = report(runs["quic"])["packet_io"]["processes"]
+    notes = {side: {p["pid"]: p["cpu_note"] for p in report(runs[kind])["processes"]}
+             for side, kind in (("a", "quic"), ("b", "tcp"))}
     assert {p["key"] for p in d["pairs"]} == {"server", "client"}
     for pair in d["pairs"]:
         for side, overhead in (("a", QUIC_OVERHEAD), ("b", TCP_OVERHEAD)):
@@ -136,8 +140,13 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
             file_per_gb = cpu / (SIZE / GB)
             print(f"{pair['key']} {side}: {per_gb:.3f} CPU s/GB in the diff; /proc: {proc_per_gb:.3f} over the bytes "
                   f"counted, {file_per_gb:.3f} over the file")
-            assert per_gb == pytest.approx(proc_per_gb, rel=CPU_TOLERANCE), (pair["key"], side)
-            assert file_per_gb / (1 + overhead) / (1 + CPU_TOLERANCE) <= per_gb <= file_per_gb * (1 + CPU_TOLERANCE)
+            assert per_gb <= proc_per_gb * (1 + CPU_TOLERANCE), (pair["key"], side)
+            assert per_gb <= file_per_gb * (1 + CPU_TOLERANCE), (pair["key"], side)
+            if per_gb < proc_per_gb / (1 + CPU_TOLERANCE) or per_gb < file_per_gb / (1 + overhead) / (1 + CPU_TOLERANCE):
+                # sampled CPU short of the kernel's: system-wide cpu-clock sampling misses work that
+                # starts when a process wakes on a timer (more so on a loaded host); the report must say so
+                note = notes[side][s["pid"]]
+                assert note and "--scope cgroup" in note, (pair["key"], side, note)
         # the QUIC estimate of the bytes moved holds the file and its QUIC overhead
         main = "tx" if pair["key"] == "server" else "rx"
         est = quic_io[str(pair["a"]["pid"])]["estimates"][f"{main}.bytes"]

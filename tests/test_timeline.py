@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from conftest import qprof
+from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
 from qprof.collectors import archive
-from qprof.collectors.perfscript import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"
@@ -39,16 +39,16 @@ def run(tmp_path: Path, user_config: Path) -> Path:
     Crypto; 0.3-0.5 s: nothing. TCP: 125 MB sent in the first 0.25 s (4 Gbit/s), then 0."""
     path = tmp_path / "run"
     path.mkdir()
-    archive.write_json_atomic(path / archive.META, {
+    archive.write_json_atomic(path / runfiles.META, {
         "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
         "sampling": {"event": "cpu-clock", "frequency": 999, "clock": "monotonic"},
         "targets": [{"pid": 7, "comm": "srv", "role": "server", "objects": []}]})
     first_bin = int(T0 * 10)
     samples = [Sample(7, 7, "srv", MS, SEND, first_bin + b) for b in (0, 1) for _ in range(100)]
     samples += [Sample(7, 7, "srv", MS, SEAL, first_bin + 2) for _ in range(50)]
-    write_stacks(path / archive.STACKS, fold(samples))
+    write_stacks(path / runfiles.STACKS, fold(samples))
     lines = [_reading(0.0, 0), _reading(0.25, 125_000_000), _reading(0.5, 125_000_000)]
-    (path / archive.PROC).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (path / runfiles.PROC).write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
 
 
@@ -84,9 +84,9 @@ def test_report_timeline_text(run: Path) -> None:
 def test_timeline_needs_text_or_json_and_old_runs_say_why(run: Path) -> None:
     r = qprof("report", str(run), "--timeline", "--format", "folded", check=False)
     assert r.returncode == 2 and "--timeline goes with --format text or json" in r.stderr
-    meta = json.loads((run / archive.META).read_text())
+    meta = json.loads((run / runfiles.META).read_text())
     del meta["sampling"]["clock"]  # a run recorded before sample times were on the readings' clock
-    archive.write_json_atomic(run / archive.META, meta)
+    archive.write_json_atomic(run / runfiles.META, meta)
     doc = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]
     assert not doc["aligned"] and doc["bins"] == 3 and doc["targets"][0]["rates"] == []
     assert "no common clock" in qprof("report", str(run), "--timeline").stdout

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from conftest import qprof
+from qprof import runfiles
 from qprof.collectors import archive
-from qprof.collectors.perfscript import Sample
-from qprof.collectors.stacks import fold, write_stacks
+from qprof.collectors.stacks import Sample, fold, write_stacks
 
 
 def one_side(root: Path, role: str, pid: int, on_cpu: float, t0: float) -> Path:
@@ -19,9 +19,9 @@ def one_side(root: Path, role: str, pid: int, on_cpu: float, t0: float) -> Path:
             "sampling": {"event": "cpu-clock", "frequency": 999, "groups": []},
             "targets": [{"pid": pid, "comm": f"{role}d", "role": role, "objects": [], "unwind": "fp",
                          "unwind_reason": "test"}], "duration_s": 10.0}
-    archive.write_json_atomic(out / archive.META, meta)
-    write_stacks(out / archive.STACKS, fold([Sample(pid, pid, f"{role}d", 1_000_000, (("udp_sendmsg", "[kernel.kallsyms]"),))] * 50))
-    with open(out / archive.PROC, "w", encoding="utf-8") as f:
+    archive.write_json_atomic(out / runfiles.META, meta)
+    write_stacks(out / runfiles.STACKS, fold([Sample(pid, pid, f"{role}d", 1_000_000, (("udp_sendmsg", "[kernel.kallsyms]"),))] * 50))
+    with open(out / runfiles.PROC, "w", encoding="utf-8") as f:
         for i in range(11):
             t = t0 + i
             f.write(json.dumps({"t": t, "mono": t, "threads": {str(pid): [

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.sampling import Estimate
 from qprof.attribution.verdict import CAUSES, THRESHOLDS, judge, side_evidence
+from qprof.collectors.records import NamespaceQueues, ProcReading
 from conftest import examples
 
 def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float | None = None,
@@ -35,6 +36,11 @@ def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float 
     return out
 
 
+def typed(rs: list[dict[str, Any]]) -> list[ProcReading]:
+    """The readings as the archive hands them out (they are written as proc.jsonl's lines)."""
+    return [ProcReading.from_json(r) for r in rs]
+
+
 def merge(*rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for parts in zip(*rs):
@@ -57,9 +63,10 @@ def packet_io(client_rx: float = 0, client_drops: dict[str, int] | None = None) 
 
 def verdict(srv: list[dict[str, Any]], cli: list[dict[str, Any]], cpus: int = 2, pio: PacketIO | None = None,
             qdiscs: dict[str, Any] | None = None) -> Any:
-    rs = merge(srv, cli)
-    sides = [side_evidence(rs, 1, "server", "srv", cpus, pio, None, qdiscs),
-             side_evidence(rs, 2, "client", "cli", cpus, pio, None, qdiscs)]
+    rs = typed(merge(srv, cli))
+    queues = {ns: NamespaceQueues.from_json(q) for ns, q in (qdiscs or {}).items()}
+    sides = [side_evidence(rs, 1, "server", "srv", cpus, pio, None, queues),
+             side_evidence(rs, 2, "client", "cli", cpus, pio, None, queues)]
     return judge([s for s in sides if s is not None])
 
 
@@ -186,7 +193,7 @@ def test_both() -> None:
 
 
 def test_one_side_only_and_short_windows_are_noted() -> None:
-    rs = readings(1, 0.2, 0.99, 0.0)
+    rs = typed(readings(1, 0.2, 0.99, 0.0))
     ev = side_evidence(rs, 1, "server", "srv", 2, None)
     assert ev is not None
     v = judge([ev])

@@ -1,6 +1,6 @@
 """The verdict on controlled runs: one real transfer per scenario, across the network lab.
 
-The same code as bench/verdict_matrix.py (qprof.netlab: SCENARIOS, calibration,
+The same code as bench/verdict_matrix.py (lab.scenarios: SCENARIOS, calibration,
 run_scenario), one run each instead of ten, on ngtcp2; the scenarios that need
 the server to pace itself (application) run on the quic-go test endpoint,
 which also writes qlog in the link and application scenarios: there the
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from qprof.netlab import SCENARIOS, RunResult, measure_goodput, run_scenario, size_for, transfer_factory, unsupported
+from lab.scenarios import SCENARIOS, RunResult, measure_goodput, run_scenario, size_for, transfer_factory, unsupported
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SECONDS = 5.0  # a profiled transfer of about this long per scenario (2-8 s measured)
@@ -33,7 +33,7 @@ def scenario_run(ngtcp2_tools: None, tmp_path_factory: pytest.TempPathFactory) -
 
     def get(name: str, stack: str) -> RunResult:
         if (name, stack) not in done:
-            from endpoints.build import BuildUnavailable
+            from lab.endpoints.build import BuildUnavailable
 
             try:
                 factory = transfer_factory(stack)

@@ -177,10 +177,10 @@ def process_label(pid: int, comm: str, role: str | None) -> str:
 
 
 def _role_pids(run: Run, role: str) -> set[int]:
-    targets = run.meta.get("targets", [])
-    pids = {int(t["pid"]) for t in targets if t.get("role") == role}
+    targets = run.info.targets
+    pids = {t.pid for t in targets if t.role == role}
     if not pids:
-        roles = sorted({str(t["role"]) for t in targets if t.get("role")})
+        roles = sorted({t.role for t in targets if t.role})
         have = f"its roles: {', '.join(roles)}" if roles else \
             "its targets have no roles: attach with --server PID / --client PID to give them"
         raise QprofError(f"{run.path} has no {role} ({have}); drop --role or choose another")
@@ -224,7 +224,7 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
     """
     sel = selection
     role_pids = _role_pids(run, sel.role) if sel.role else None
-    targets = {int(t["pid"]): t for t in run.meta.get("targets", [])}
+    targets = {t.pid: t for t in run.info.targets}
     labels: dict[int, str] = {}
 
     def label(rec: StackRecord) -> str | None:
@@ -233,8 +233,8 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
             return None
         got = labels.get(rec.pid)
         if got is None:
-            t = targets.get(rec.pid, {})
-            got = labels[rec.pid] = process_label(rec.pid, str(t.get("comm") or rec.comm), t.get("role"))
+            t = targets.get(rec.pid)
+            got = labels[rec.pid] = process_label(rec.pid, t.comm if t else rec.comm, t.role if t else None)
         return got
 
     builder = FlameBuilder(label)
@@ -251,9 +251,9 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
     if sel.tid is not None:
         what += f", thread {sel.tid}"
     cpu = builder.root.period * profile.seconds_per_period
-    meta = run.meta
-    sub = (f"{what}: {builder.root.samples:,} samples, {cpu:.2f} CPU s; {meta.get('sampling', {}).get('event')} at "
-           f"{meta.get('sampling', {}).get('frequency')} Hz; colour: the category holding most of a frame's time")
+    sampling = run.info.sampling
+    sub = (f"{what}: {builder.root.samples:,} samples, {cpu:.2f} CPU s; {sampling.event} at "
+           f"{sampling.frequency} Hz; colour: the category holding most of a frame's time")
     return Flame(builder.root, f"qprof flame graph: {Path(run.path).resolve().name}", sub,
                  profile.seconds_per_period, chosen,
                  build_timeline(profile, over_time, readings, [p.pid for p in chosen]))

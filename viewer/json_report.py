@@ -51,7 +51,7 @@ def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float
 
 def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None) -> dict[str, Any]:
     profile = analysis.profile
-    meta = profile.run.meta
+    meta, info = profile.run.meta, profile.run.info
     procs = []
     for p in profile.processes:
         d: dict[str, Any] = {"pid": p.pid, "comm": p.comm, "role": p.role}
@@ -71,17 +71,17 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
     return {
         "run": {
             "path": str(profile.run.path),
-            "status": meta.get("status"),
-            "incomplete_reason": meta.get("incomplete_reason"),
-            "start_time": meta.get("start_time"),
-            "duration_s": meta.get("duration_s"),
-            "stop_reason": meta.get("stop_reason"),
+            "status": info.status,
+            "incomplete_reason": info.incomplete_reason,
+            "start_time": info.start_time,
+            "duration_s": info.duration_s,
+            "stop_reason": info.stop_reason,
+            # as recorded: the report carries these parts of meta.json over unchanged
             "sampling": meta.get("sampling"),
             "host": meta.get("host"),
             "tools": meta.get("tools"),
             "probes": meta.get("probes"),
-            "unwinding": {str(t["pid"]): {"mode": t.get("unwind"), "reason": t.get("unwind_reason")}
-                          for t in meta.get("targets", [])},
+            "unwinding": {str(t.pid): {"mode": t.unwind, "reason": t.unwind_reason} for t in info.targets},
         },
         "categories": list(CATEGORIES),
         "processes": procs,

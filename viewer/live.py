@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qprof.attribution.live import LiveFrame, LiveMonitor, TargetRates
-from qprof.collectors.session import LiveData
+from qprof.collectors.records import LiveData
 
 
 def _pct(x: float | None) -> str:

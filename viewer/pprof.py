@@ -115,26 +115,25 @@ def _stack_name(mappings: list[dict[str, Any]]) -> str | None:
     return "+".join(names) if names else None
 
 
-def _start_nanos(meta: dict[str, Any]) -> int:
+def _start_nanos(start_time: str | None) -> int:
     try:
-        return int(datetime.fromisoformat(str(meta.get("start_time"))).timestamp() * 1e9)
+        return int(datetime.fromisoformat(str(start_time)).timestamp() * 1e9)
     except ValueError:
         return 0
 
 
 def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
     """The gzipped Profile of the records `seen` during `analysis`'s attribution."""
-    meta = analysis.profile.run.meta
+    info = analysis.profile.run.info
     strings = _Strings()
     prof = profile_class()()
     prof.sample_type.add(type=strings("cpu"), unit=strings("nanoseconds"))
     prof.period_type.type, prof.period_type.unit = strings("cpu"), strings("nanoseconds")
-    freq = (meta.get("sampling") or {}).get("frequency") or 0
+    freq = info.sampling.frequency or 0
     prof.period = int(1e9 / freq) if freq else 0
-    prof.time_nanos = _start_nanos(meta)
-    prof.duration_nanos = int(float(meta.get("duration_s") or 0) * 1e9)
-    build_ids = {str(o.get("path")): str(o.get("build_id") or "") for t in meta.get("targets", [])
-                 for o in t.get("objects", []) if isinstance(o, dict)}
+    prof.time_nanos = _start_nanos(info.start_time)
+    prof.duration_nanos = int((info.duration_s or 0) * 1e9)
+    build_ids = {o.path: o.build_id or "" for t in info.targets for o in t.objects}
     procs = {p.pid: p for p in analysis.profile.processes}
     stacks = {pid: _stack_name(p.mappings) for pid, p in procs.items()}
     files = sorted({m["name"] for p in procs.values() for m in p.mappings})
@@ -153,9 +152,9 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
                              has_functions=True)
         return mid
 
-    for t in meta.get("targets", []):  # readers take mapping[0] for the main binary
-        if t.get("exe") and int(t.get("pid", -1)) in procs:
-            mapping(str(t["exe"]))
+    for t in info.targets:  # readers take mapping[0] for the main binary
+        if t.exe and t.pid in procs:
+            mapping(t.exe)
 
     def location(frame: tuple[str, str]) -> int:
         loc = location_ids.get(frame)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from qprof import __version__
+from qprof.version import __version__
 from qprof.viewer.flametree import Flame, FrameNode
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"

@@ -11,7 +11,7 @@ from rich.text import Text
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.verdict import Verdict
-from qprof.attribution.crypto import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
+from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, ProcessProfile, Profile
@@ -224,28 +224,25 @@ def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
 
 def render(analysis: Analysis, console: Console, top: int = 5) -> None:
     profile, pio = analysis.profile, analysis.packet_io
-    meta = profile.run.meta
-    s = meta.get("sampling", {})
-    host = meta.get("host", {})
-    status = meta.get("status")
+    info = profile.run.info
+    s, host = info.sampling, info.host
     say = lambda text, style=None: console.print(Text(text, style=style or ""))  # noqa: E731  (no markup)
     say(f"qprof report {profile.run.path}", "bold")
-    say(f"  {s.get('event')} at {s.get('frequency')} Hz, {meta.get('duration_s', '?')} s "
-        f"({meta.get('stop_reason') or 'no stop reason recorded'}); kernel {host.get('kernel')}, "
-        f"{host.get('cpu_model')}")
-    if status != "complete":
-        say(f"  archive is {status}: {meta.get('incomplete_reason') or 'collection did not finish'}; "
+    say(f"  {s.event} at {s.frequency} Hz, {'?' if info.duration_s is None else info.duration_s} s "
+        f"({info.stop_reason or 'no stop reason recorded'}); kernel {host.kernel}, {host.cpu_model}")
+    if info.status != "complete":
+        say(f"  archive is {info.status}: {info.incomplete_reason or 'collection did not finish'}; "
             "shown is what was collected", "yellow")
-    for t in meta.get("targets", []):
-        say(f"  pid {t['pid']} {t.get('comm')}: {t.get('unwind')} unwinding ({t.get('unwind_reason')})")
-        if len(t.get("images") or []) > 1:
-            say("    exec'd: " + " -> ".join(f"{i['comm']} ({i['exe']}, {i['unwind']}, from {i['since_s']:g} s)"
-                                            for i in t["images"]), "dim")
+    for t in info.targets:
+        say(f"  pid {t.pid} {t.comm}: {t.unwind} unwinding ({t.unwind_reason})")
+        if len(t.images) > 1:
+            say("    exec'd: " + " -> ".join(f"{i.comm} ({i.exe}, {i.unwind}, from {i.since_s:g} s)"
+                                            for i in t.images), "dim")
     if analysis.observer_cpu_s:
         say("  qprof's own helpers: " + ", ".join(f"{k} {v:.2f} CPU s" for k, v in analysis.observer_cpu_s.items())
             + " (not in the targets' samples)")
-    if host.get("nics"):
-        say("  NICs: " + ", ".join(f"{n['name']} (NUMA node {n['numa_node']})" for n in host["nics"]))
+    if host.nics:
+        say("  NICs: " + ", ".join(f"{n.name} (NUMA node {n.numa_node})" for n in host.nics))
     for p in profile.processes:
         console.print()
         console.print(_process_table(p, profile))

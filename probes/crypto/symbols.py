@@ -52,7 +52,7 @@ AES_GCM, CHACHA = "aes-gcm", "chacha20-poly1305"
 
 
 @dataclass(frozen=True)
-class Rule:
+class EntryPoint:
     """One probe-able entry point: a symbol pattern and what a call to it means."""
 
     library: str
@@ -69,66 +69,66 @@ _AWS = r"(?:aws_lc_\d+_\d+_\d+_)?"
 _XGO = r"(?:vendor/)?golang\.org/x/crypto/chacha20poly1305\."
 _GCM_GO = r"(?:crypto/internal/fips140/aes/gcm|crypto/aes)\."
 
-RULES: tuple[Rule, ...] = (
+ENTRY_POINTS: tuple[EntryPoint, ...] = (
     # OpenSSL 3 / quictls. EVP_CipherUpdate tail-calls these two (jmp via PLT), so it is not probed.
-    Rule("openssl", "EVP_EncryptUpdate", SEAL, None, "(arg4 & 0xffffffff)", split="evp",
+    EntryPoint("openssl", "EVP_EncryptUpdate", SEAL, None, "(arg4 & 0xffffffff)", split="evp",
          note="payload, AAD (out == NULL) and header-protection calls (16-byte AES-ECB or 5-byte ChaCha20 "
               "mask) all enter here; counted apart by out == NULL and by length <= 16 B"),
-    Rule("openssl", "EVP_DecryptUpdate", OPEN, None, "(arg4 & 0xffffffff)", split="evp",
+    EntryPoint("openssl", "EVP_DecryptUpdate", OPEN, None, "(arg4 & 0xffffffff)", split="evp",
          note="payload and AAD (out == NULL) calls; bytes are ciphertext bytes without the tag"),
     # BoringSSL / aws-lc (aws-lc-rs prefixes its symbols aws_lc_X_Y_Z_)
-    Rule("boringssl", _AWS + "EVP_AEAD_CTX_seal", SEAL, None, "sarg1",
+    EntryPoint("boringssl", _AWS + "EVP_AEAD_CTX_seal", SEAL, None, "sarg1",
          note="calls the AEAD's seal_scatter through a function pointer, not EVP_AEAD_CTX_seal_scatter"),
-    Rule("boringssl", _AWS + "EVP_AEAD_CTX_seal_scatter", SEAL, None, "sarg2"),
-    Rule("boringssl", _AWS + "EVP_AEAD_CTX_open_gather", OPEN, None, "arg5",
+    EntryPoint("boringssl", _AWS + "EVP_AEAD_CTX_seal_scatter", SEAL, None, "sarg2"),
+    EntryPoint("boringssl", _AWS + "EVP_AEAD_CTX_open_gather", OPEN, None, "arg5",
          note="EVP_AEAD_CTX_open calls it for every QUIC AEAD (AES-GCM, ChaCha20-Poly1305), so "
               "EVP_AEAD_CTX_open itself is not probed; an AEAD with its own open() is not counted"),
-    Rule("boringssl", _AWS + "AES_ecb_encrypt", HP, "aes", path=None,
+    EntryPoint("boringssl", _AWS + "AES_ecb_encrypt", HP, "aes", path=None,
          note="one 16-byte block per call: the QUIC AES header-protection mask"),
-    Rule("boringssl", _AWS + "CRYPTO_chacha_20", HP, "chacha20", "arg2",
+    EntryPoint("boringssl", _AWS + "CRYPTO_chacha_20", HP, "chacha20", "arg2",
          note="QUIC ChaCha20 header-protection mask; the generic (non-assembly) ChaCha20-Poly1305 "
               "path also calls it"),
     # ring (Rust): AEAD and HP functions reached through ring's Algorithm function pointers,
     # so not inlined into their callers. Rust has no stable ABI: calls only, no bytes.
-    Rule("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_seal", SEAL, AES_GCM),
-    Rule("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_open", OPEN, AES_GCM),
-    Rule("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_seal", SEAL, CHACHA),
-    Rule("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_open", OPEN, CHACHA),
-    Rule("ring", r"ring::aead::quic::aes_new_mask", HP, "aes"),
-    Rule("ring", r"ring::aead::quic::chacha20_new_mask", HP, "chacha20"),
+    EntryPoint("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_seal", SEAL, AES_GCM),
+    EntryPoint("ring", r"ring::aead::(?:algorithm|aes_gcm)::aes_gcm_open", OPEN, AES_GCM),
+    EntryPoint("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_seal", SEAL, CHACHA),
+    EntryPoint("ring", r"ring::aead::(?:algorithm|chacha20_poly1305)::chacha20_poly1305_open", OPEN, CHACHA),
+    EntryPoint("ring", r"ring::aead::quic::aes_new_mask", HP, "aes"),
+    EntryPoint("ring", r"ring::aead::quic::chacha20_new_mask", HP, "chacha20"),
     # GnuTLS: ptext_len / ctext_len are the 8th argument (second stack slot on x86-64)
-    Rule("gnutls", "gnutls_aead_cipher_encrypt", SEAL, None, "sarg1"),
-    Rule("gnutls", "gnutls_aead_cipher_decrypt", OPEN, None, "(sarg1 - arg5)",
+    EntryPoint("gnutls", "gnutls_aead_cipher_encrypt", SEAL, None, "sarg1"),
+    EntryPoint("gnutls", "gnutls_aead_cipher_decrypt", OPEN, None, "(sarg1 - arg5)",
          note="bytes: ctext_len minus the tag size (6th argument)"),
-    Rule("gnutls", "gnutls_cipher_encrypt2", HP, None, "arg2",
+    EntryPoint("gnutls", "gnutls_cipher_encrypt2", HP, None, "arg2",
          note="QUIC stacks on GnuTLS (ngtcp2) compute the header-protection mask with it; any other "
               "gnutls_cipher_encrypt2 use in the process is counted too"),
     # nettle (probed only when GnuTLS is not: GnuTLS calls into nettle)
-    Rule("nettle", r"nettle_gcm_aes(?:128|192|256)?_encrypt", SEAL, AES_GCM, "arg1"),
-    Rule("nettle", r"nettle_gcm_aes(?:128|192|256)?_decrypt", OPEN, AES_GCM, "arg1"),
-    Rule("nettle", "nettle_chacha_poly1305_encrypt", SEAL, CHACHA, "arg1"),
-    Rule("nettle", "nettle_chacha_poly1305_decrypt", OPEN, CHACHA, "arg1"),
+    EntryPoint("nettle", r"nettle_gcm_aes(?:128|192|256)?_encrypt", SEAL, AES_GCM, "arg1"),
+    EntryPoint("nettle", r"nettle_gcm_aes(?:128|192|256)?_decrypt", OPEN, AES_GCM, "arg1"),
+    EntryPoint("nettle", "nettle_chacha_poly1305_encrypt", SEAL, CHACHA, "arg1"),
+    EntryPoint("nettle", "nettle_chacha_poly1305_decrypt", OPEN, CHACHA, "arg1"),
     # Go: the assembly takes ABI0 stack arguments: gcmAesEnc(productTable, dst, src []byte, ...)
     # has len(src) in the 6th stack word, chacha20Poly1305Seal(dst, key, src, ad) in the 8th.
     # The generic fallbacks (CPU without AES/PCLMULQDQ or SSSE3) are exclusive with them.
-    Rule("go", _GCM_GO + r"gcmAesEnc(?:\.abi0)?", SEAL, AES_GCM, "sarg5", path="hw"),
-    Rule("go", _GCM_GO + r"gcmAesDec(?:\.abi0)?", OPEN, AES_GCM, "sarg5", path="hw",
+    EntryPoint("go", _GCM_GO + r"gcmAesEnc(?:\.abi0)?", SEAL, AES_GCM, "sarg5", path="hw"),
+    EntryPoint("go", _GCM_GO + r"gcmAesDec(?:\.abi0)?", OPEN, AES_GCM, "sarg5", path="hw",
          note="bytes: ciphertext without the tag"),
-    Rule("go", r"crypto/internal/fips140/aes/gcm\.sealGeneric", SEAL, AES_GCM, path="sw"),
-    Rule("go", r"crypto/internal/fips140/aes/gcm\.openGeneric", OPEN, AES_GCM, path="sw"),
-    Rule("go", r"crypto/cipher\.\(\*gcm\)\.Seal", SEAL, AES_GCM, path="sw"),
-    Rule("go", r"crypto/cipher\.\(\*gcm\)\.Open", OPEN, AES_GCM, path="sw"),
-    Rule("go", _XGO + r"chacha20Poly1305Seal(?:\.abi0)?", SEAL, CHACHA, "sarg7", path="hw"),
-    Rule("go", _XGO + r"chacha20Poly1305Open(?:\.abi0)?", OPEN, CHACHA, "sarg7", path="hw",
+    EntryPoint("go", r"crypto/internal/fips140/aes/gcm\.sealGeneric", SEAL, AES_GCM, path="sw"),
+    EntryPoint("go", r"crypto/internal/fips140/aes/gcm\.openGeneric", OPEN, AES_GCM, path="sw"),
+    EntryPoint("go", r"crypto/cipher\.\(\*gcm\)\.Seal", SEAL, AES_GCM, path="sw"),
+    EntryPoint("go", r"crypto/cipher\.\(\*gcm\)\.Open", OPEN, AES_GCM, path="sw"),
+    EntryPoint("go", _XGO + r"chacha20Poly1305Seal(?:\.abi0)?", SEAL, CHACHA, "sarg7", path="hw"),
+    EntryPoint("go", _XGO + r"chacha20Poly1305Open(?:\.abi0)?", OPEN, CHACHA, "sarg7", path="hw",
          note="bytes: ciphertext without the tag"),
-    Rule("go", _XGO + r"\(\*chacha20poly1305\)\.sealGeneric", SEAL, CHACHA, path="sw"),
-    Rule("go", _XGO + r"\(\*chacha20poly1305\)\.openGeneric", OPEN, CHACHA, path="sw"),
-    Rule("go", r"crypto/internal/fips140/aes\.\(\*Block\)\.Encrypt", HP, "aes",
+    EntryPoint("go", _XGO + r"\(\*chacha20poly1305\)\.sealGeneric", SEAL, CHACHA, path="sw"),
+    EntryPoint("go", _XGO + r"\(\*chacha20poly1305\)\.openGeneric", OPEN, CHACHA, path="sw"),
+    EntryPoint("go", r"crypto/internal/fips140/aes\.\(\*Block\)\.Encrypt", HP, "aes",
          note="cipher.Block.Encrypt: QUIC AES header protection (GCM's own block encryptions use "
               "EncryptBlockInternal); any other single-block AES use is counted too"),
-    Rule("go", r"crypto/aes\.\(\*aesCipher(?:Asm)?\)\.Encrypt", HP, "aes",
+    EntryPoint("go", r"crypto/aes\.\(\*aesCipher(?:Asm)?\)\.Encrypt", HP, "aes",
          note="cipher.Block.Encrypt (Go < 1.24): QUIC AES header protection"),
-    Rule("go", r"github\.com/quic-go/quic-go/internal/handshake\.\(\*chachaHeaderProtector\)\.apply", HP,
+    EntryPoint("go", r"github\.com/quic-go/quic-go/internal/handshake\.\(\*chachaHeaderProtector\)\.apply", HP,
          "chacha20"),
 )
 
@@ -163,7 +163,7 @@ _CIPHER_NAMES = (b"AES-128-GCM", b"AES-256-GCM", b"CHACHA20-POLY1305")
 
 # Cheap prefilter before the rule regexes (most symbols of a large binary are not crypto).
 _INTEREST = re.compile(r"(?i)aes|gcm|chacha|aead|cipher|EVP_|ghash|HeaderProtector")
-_RULES_RE = [(r, re.compile(r.pattern)) for r in RULES]
+_ENTRY_POINT_RES = [(r, re.compile(r.pattern)) for r in ENTRY_POINTS]
 _LIBS = ("openssl", "boringssl", "ring", "gnutls", "nettle", "go")
 
 
@@ -333,7 +333,7 @@ def object_crypto(path: str) -> ObjectCrypto:
     for table, syms in tables.items():
         tname = table.lstrip(".")
         for name, addr in syms:
-            for rule, rx in _RULES_RE:
+            for rule, rx in _ENTRY_POINT_RES:
                 if rule.library in rule_libs and rx.fullmatch(name):
                     found.setdefault(tname, set()).add(name)
                     if addr not in seen:  # aliases and a symbol in both tables: one probe per address

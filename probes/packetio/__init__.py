@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from qprof import runfiles
 from qprof.probes import btf, libbpf
 from qprof.probes.group import Context, Launch, Unavailable
 
@@ -47,10 +48,11 @@ class PacketioGroup:
         config = self.config(ctx.pids)
         ctx.status("starting probes: packetio (compiled first if this kernel is new to qprof)")
         obj = libbpf.build(__name__, self.name)
-        source = ctx.out / f"probe-{self.name}.bpf.c"
+        source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
         proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, config,
-                                    ctx.out / f"probe-{self.name}.jsonl", ctx.out / f"probe-{self.name}.log")
+                                    ctx.out / runfiles.probe_file(self.name, "jsonl"),
+                                    ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()
         return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
                              "output": proc.output.name, "mechanism": "libbpf tp_btf, sampling windows"})

@@ -116,6 +116,8 @@ class Sampler:
         self.counts = self.layout.struct("counts")
         self.slot = self.layout.struct("slot")
         self.events_struct = self.layout.struct("events")
+        if self.prog.maps["events"].value_size != 8 * len(self.events_struct.fields):
+            raise Unavailable("the events map's value is not the u64 fields the loader sums")
         self.hists = self.layout.struct("hists")
         self.steps = self.layout.initial("steps", "hist_steps")
         bss, base = self.prog.global_data(".bss"), self.layout.variable("ctl").offset
@@ -203,13 +205,7 @@ class Sampler:
         return totals
 
     def _read_events(self) -> list[int]:
-        names = list(self.events_struct.fields)
-        total = [0] * len(names)
-        for _, per_cpu in self.prog.entries("events"):
-            for v in per_cpu:
-                d = self.events_struct.decode(v)
-                total = [t + int(d[n]) for t, n in zip(total, names)]
-        return total
+        return self.prog.summed_u64s("events")  # polled every CHECK_S in whole periods: kept cheap
 
     def hook_runs(self) -> int:
         """Hook runs (any task) since the last call: what the next window's length is decided on."""

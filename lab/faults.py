@@ -116,7 +116,7 @@ def clean_stderr(err: str, rc: int) -> tuple[bool, str]:
     return False, f"exit {rc}: {err.strip()[-300:]}"
 
 
-class Lab:
+class FaultRig:
     """A scratch directory, wrapper tools, and what each case started (cleaned up on close)."""
 
     def __init__(self, root: Path) -> None:
@@ -235,10 +235,10 @@ def _stderr_reader(att: subprocess.Popen[str]) -> tuple[list[str], threading.Thr
 
 # ---------------------------------------------------------------- the cases
 # Each returns (survived, detail, run dir or None); what qprof left is found from the sessions
-# the lab started it in and the run directory (probes.leftovers).
+# the rig started it in and the run directory (probes.leftovers).
 
 CaseResult = tuple[bool, str, "Path | None"]
-CaseFn = Callable[[Lab], CaseResult]
+CaseFn = Callable[[FaultRig], CaseResult]
 
 
 def _expect(rc: int, err: str, want_rc: int, needle: str = "") -> tuple[bool, str]:
@@ -256,16 +256,16 @@ def _ends_complete(att: subprocess.Popen[str], run: Path, stop: str) -> CaseResu
     return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
 
 
-def case_target_exits(lab: Lab) -> CaseResult:
-    t = lab.target(secs=6)
-    run = lab.root / "run"
-    return _ends_complete(lab.attach([t.pid], run, "-d", "60"), run, "every target exited")
+def case_target_exits(rig: FaultRig) -> CaseResult:
+    t = rig.target(secs=6)
+    run = rig.root / "run"
+    return _ends_complete(rig.attach([t.pid], run, "-d", "60"), run, "every target exited")
 
 
-def case_target_sigkill(lab: Lab) -> CaseResult:
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "60")
+def case_target_sigkill(rig: FaultRig) -> CaseResult:
+    t = rig.target()
+    run = rig.root / "run"
+    att = rig.attach([t.pid], run, "-d", "60")
     _wait_probes(run, att)
     time.sleep(1)
     t.kill()
@@ -276,10 +276,10 @@ def case_target_sigkill(lab: Lab) -> CaseResult:
     return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
 
 
-def case_one_of_two_exits(lab: Lab) -> CaseResult:
-    short, long = lab.target(secs=5), lab.target()
-    run = lab.root / "run"
-    att = lab.attach([short.pid, long.pid], run, "-d", "8")
+def case_one_of_two_exits(rig: FaultRig) -> CaseResult:
+    short, long = rig.target(secs=5), rig.target()
+    run = rig.root / "run"
+    att = rig.attach([short.pid, long.pid], run, "-d", "8")
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
     meta = _json(run / "meta.json")
@@ -291,24 +291,24 @@ def case_one_of_two_exits(lab: Lab) -> CaseResult:
 
 
 def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
-                 ) -> Callable[[Lab], CaseResult]:
-    def case(lab: Lab) -> CaseResult:
-        run = lab.root / "run"
+                 ) -> Callable[[FaultRig], CaseResult]:
+    def case(rig: FaultRig) -> CaseResult:
+        run = rig.root / "run"
         if crypto:
             if shutil.which("openssl") is None:
                 raise CaseSkipped("openssl is not installed (the uprobe target)")
             t = subprocess.Popen(["openssl", "speed", "-evp", "aes-128-gcm", "-seconds", "120"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            lab.procs.append(t)
+            rig.procs.append(t)
             time.sleep(0.5)
         else:
-            t = lab.target()
+            t = rig.target()
         args = ["-d", "60", "--unwind", "dwarf"]
         if crypto:
             args += ["--probes", "packetio,crypto", "--chunk-size", "4M"]
         if when == "writing":
             args = ["-d", "4", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G"]
-        att = lab.attach([t.pid], run, *args, quiet=when != "writing")
+        att = rig.attach([t.pid], run, *args, quiet=when != "writing")
         lines, reader = _stderr_reader(att)
         if when == "start-up":
             _wait(lambda: (run / "probe-packetio.bpf.c").exists() or att.poll() is not None, 60, "probe spawn")
@@ -343,60 +343,60 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
     return case
 
 
-def _perf_refused(make_path: Callable[[Lab], str],
-                  needle: str) -> Callable[[Lab], CaseResult]:
+def _perf_refused(make_path: Callable[[FaultRig], str],
+                  needle: str) -> Callable[[FaultRig], CaseResult]:
     """perf unusable before sampling starts: attach refuses in one line and writes no archive."""
-    def case(lab: Lab) -> CaseResult:
-        t = lab.target()
-        run = lab.root / "run"
-        att = lab.attach([t.pid], run, "-d", "3", path=make_path(lab))
+    def case(rig: FaultRig) -> CaseResult:
+        t = rig.target()
+        run = rig.root / "run"
+        att = rig.attach([t.pid], run, "-d", "3", path=make_path(rig))
         rc, err = _finish(att)
         ok, detail = _expect(rc, err, 2, needle)
         return ok and not run.exists(), detail, run
     return case
 
 
-case_perf_missing = _perf_refused(lambda lab: lab.path_without("perf"), "perf not found")
+case_perf_missing = _perf_refused(lambda rig: rig.path_without("perf"), "perf not found")
 case_perf_too_old = _perf_refused(
-    lambda lab: lab.wrapper_path("perf-old", "perf",
+    lambda rig: rig.wrapper_path("perf-old", "perf",
                                  'case "$1" in --version|version) echo "perf version 4.19.0"; exit 0;; esac'),
     "too old")
 
 
-def case_perf_crashes(lab: Lab) -> CaseResult:
+def case_perf_crashes(rig: FaultRig) -> CaseResult:
     # the real perf record, killed with SIGSEGV 3 s in (the killer's command line names no run dir)
-    path = lab.wrapper_path("perf-crash", "perf",
+    path = rig.wrapper_path("perf-crash", "perf",
                             '[ "$1" = record ] && sh -c \'sleep 3; kill -SEGV "$1"\' killer $$ &')
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", path=path)
+    t = rig.target()
+    run = rig.root / "run"
+    att = rig.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", path=path)
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 2, "perf record ended before qprof stopped it")
     return ok, detail, run
 
 
-def _probe_case(kind: str) -> Callable[[Lab], CaseResult]:
-    def case(lab: Lab) -> CaseResult:
+def _probe_case(kind: str) -> Callable[[FaultRig], CaseResult]:
+    def case(rig: FaultRig) -> CaseResult:
         last_bt = 'for a in "$@"; do last="$a"; done; case "$last" in *.bt) BT=1;; *) BT=0;; esac'
         if kind == "missing":
-            path, needle = lab.path_without("bpftrace"), "bpftrace not found"
+            path, needle = rig.path_without("bpftrace"), "bpftrace not found"
         elif kind == "too old":
-            path = lab.wrapper_path("bt-old", "bpftrace",
+            path = rig.wrapper_path("bt-old", "bpftrace",
                                     'case "$1" in --version|-V) echo "bpftrace v0.9.4"; exit 0;; esac')
             needle = "too old"
         elif kind == "crashes":
-            path = lab.wrapper_path("bt-crash", "bpftrace", last_bt + "\n"
+            path = rig.wrapper_path("bt-crash", "bpftrace", last_bt + "\n"
                                     '[ $BT = 1 ] && sh -c \'sleep 3; kill -SEGV "$1"\' killer $$ &')
             needle = ""
         else:  # a probe on a tracepoint this kernel does not have: a real attach failure
-            path = lab.wrapper_path("bt-noattach", "bpftrace", last_bt + "\n"
+            path = rig.wrapper_path("bt-noattach", "bpftrace", last_bt + "\n"
                                     '[ $BT = 1 ] && printf "\\ntracepoint:qprof_fault:no_such_event { }\\n" '
                                     '>> "$last"')
             needle = "syscalls"
-        t = lab.target()
-        run = lab.root / "run"
+        t = rig.target()
+        run = rig.root / "run"
         # the default packetio group is libbpf (no bpftrace): add a bpftrace group to fault
-        att = lab.attach([t.pid], run, "-d", "6", "--probes", "packetio,syscalls", path=path)
+        att = rig.attach([t.pid], run, "-d", "6", "--probes", "packetio,syscalls", path=path)
         rc, err = _finish(att)
         ok, detail = _expect(rc, err, 0)
         probes = _json(run / "probes.json")
@@ -413,30 +413,30 @@ def _probe_case(kind: str) -> Callable[[Lab], CaseResult]:
     return case
 
 
-def case_disk_full(lab: Lab) -> CaseResult:
-    run = lab.tmpfs("small", "size=24m,mode=0700") / "run"
-    t = lab.target()
+def case_disk_full(rig: FaultRig) -> CaseResult:
+    run = rig.tmpfs("small", "size=24m,mode=0700") / "run"
+    t = rig.target()
     # --keep-raw: without it, folding keeps the raw data within 4 MiB chunks and this disk never fills
-    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", "--keep-raw")
+    att = rig.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "4M", "--keep-raw")
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 2, "No space left on device")
     return ok, detail, run
 
 
-def _output_case(kind: str) -> Callable[[Lab], CaseResult]:
-    def case(lab: Lab) -> CaseResult:
-        t = lab.target()
+def _output_case(kind: str) -> Callable[[FaultRig], CaseResult]:
+    def case(rig: FaultRig) -> CaseResult:
+        t = rig.target()
         if kind == "exists":
-            run = lab.root / "full"
+            run = rig.root / "full"
             run.mkdir()
             (run / "precious").write_text("keep me")
             needle = "not empty"
         elif kind == "symlink":
-            run = lab.root / "link"
-            run.symlink_to(lab.root / "elsewhere")
+            run = rig.root / "link"
+            run.symlink_to(rig.root / "elsewhere")
             needle = "symbolic link"
         elif kind == "full":
-            mnt = lab.tmpfs("full", "size=4m,mode=0700")
+            mnt = rig.tmpfs("full", "size=4m,mode=0700")
             with open(mnt / "filler", "wb", buffering=0) as f:
                 try:
                     while True:
@@ -446,41 +446,41 @@ def _output_case(kind: str) -> Callable[[Lab], CaseResult]:
             run = mnt / "run"
             needle = "No space left on device"
         else:
-            run = lab.tmpfs("ro", "ro,size=1m") / "run"
+            run = rig.tmpfs("ro", "ro,size=1m") / "run"
             needle = "cannot write"
-        att = lab.attach([t.pid], run, "-d", "3")
+        att = rig.attach([t.pid], run, "-d", "3")
         rc, err = _finish(att)
         ok, detail = _expect(rc, err, 2, needle)
         if kind == "exists":
             ok = ok and (run / "precious").read_text() == "keep me" and len(list(run.iterdir())) == 1
         if kind == "symlink":
-            ok = ok and not (lab.root / "elsewhere").exists()
+            ok = ok and not (rig.root / "elsewhere").exists()
         if kind == "full":
             ok = ok and not run.exists()
         return ok, detail, None
     return case
 
 
-def case_not_root(lab: Lab) -> CaseResult:
-    lab.root.chmod(0o777)
-    t = lab.target()
+def case_not_root(rig: FaultRig) -> CaseResult:
+    rig.root.chmod(0o777)
+    t = rig.target()
     try:
-        r = unprivileged.run(["attach", str(t.pid), "-d", "1", "-o", str(lab.root / "run")], lab.root, 60)
+        r = unprivileged.run(["attach", str(t.pid), "-d", "1", "-o", str(rig.root / "run")], rig.root, 60)
     except unprivileged.Unavailable as e:
         raise CaseSkipped(str(e)) from None
     ok, detail = _expect(r.returncode, r.stderr, 2, "CAP_PERFMON")
     return ok, detail, None
 
 
-def case_stop_delivered_twice(lab: Lab) -> CaseResult:
+def case_stop_delivered_twice(rig: FaultRig) -> CaseResult:
     """One stop delivered twice: `timeout` passes a SIGINT on to qprof and then to its whole process
     group (copies microseconds apart often merge into one), and a process-group kill 20 ms later
     (as a supervisor sends it) surely arrives apart. That is one stop: the archive is written whole."""
     if shutil.which("timeout") is None:
         raise CaseSkipped("timeout (coreutils) is missing")
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", wrap=("timeout", "-s", "INT", "600"))
+    t = rig.target()
+    run = rig.root / "run"
+    att = rig.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", wrap=("timeout", "-s", "INT", "600"))
     _wait_probes(run, att)
     time.sleep(0.5)
     att.send_signal(signal.SIGINT)  # to timeout, which signals qprof, then its process group
@@ -489,13 +489,13 @@ def case_stop_delivered_twice(lab: Lab) -> CaseResult:
     return _ends_complete(att, run, "interrupted (SIGINT)")
 
 
-def case_second_ctrl_c(lab: Lab) -> CaseResult:
+def case_second_ctrl_c(rig: FaultRig) -> CaseResult:
     """A person's second Ctrl-C, after qprof said it is stopping: it still aborts the writing."""
     from qprof.collectors.session import REPEAT_WINDOW_S
 
-    t = lab.target()
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "60", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G",
+    t = rig.target()
+    run = rig.root / "run"
+    att = rig.attach([t.pid], run, "-d", "60", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G",
                      quiet=False)
     lines, reader = _stderr_reader(att)
     _wait_probes(run, att)
@@ -518,16 +518,16 @@ EXEC_LATER = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n   
               "os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done'])\n")
 
 
-def case_target_execs(lab: Lab) -> CaseResult:
+def case_target_execs(rig: FaultRig) -> CaseResult:
     """The target replaces its program (exec) while attached: both programs' samples are kept,
     under the same pid, and the archive describes the program it ended as."""
     from qprof.collectors.stacks import read_stacks
 
-    go = lab.root / "go"
+    go = rig.root / "go"
     t = subprocess.Popen([sys.executable, "-c", EXEC_LATER, str(go)])
-    lab.procs.append(t)
-    run = lab.root / "run"
-    att = lab.attach([t.pid], run, "-d", "6")
+    rig.procs.append(t)
+    run = rig.root / "run"
+    att = rig.attach([t.pid], run, "-d", "6")
     _wait_probes(run, att)
     go.touch()
     rc, err = _finish(att)
@@ -546,11 +546,11 @@ def case_target_execs(lab: Lab) -> CaseResult:
     return ok, f"{detail}; samples by program {by_comm}; described as {ended_as!r}", run
 
 
-def case_two_attach_one_pid(lab: Lab) -> CaseResult:
+def case_two_attach_one_pid(rig: FaultRig) -> CaseResult:
     """Two `qprof attach` on the same pid at once: each run is whole and independent."""
-    t = lab.target()
-    runs = [lab.root / "run-a", lab.root / "run-b"]
-    atts = [lab.attach([t.pid], r, "-d", "5") for r in runs]
+    t = rig.target()
+    runs = [rig.root / "run-a", rig.root / "run-b"]
+    atts = [rig.attach([t.pid], r, "-d", "5") for r in runs]
     results = [_finish(a) for a in atts]
     checks = [_expect(rc, err, 0) for rc, err in results]
     ok = all(c[0] for c in checks) and all(_json(r / "meta.json").get("status") == "complete" for r in runs)
@@ -603,7 +603,7 @@ def _minimal_run(root: Path, name: str, symbol: str = "main") -> Path:
     return run
 
 
-def _hostile_reads(lab: Lab, what: str, commands: dict[str, tuple[list[str], int, str]]) -> CaseResult:
+def _hostile_reads(rig: FaultRig, what: str, commands: dict[str, tuple[list[str], int, str]]) -> CaseResult:
     """Run each command (argv, expected exit status, text its error must name) as root on files
     owned by uid 65534: no traceback, at most one `qprof: error:` line, within 60 s and a 2 GiB
     address space, and nothing in them run (the canary file stays absent)."""
@@ -615,7 +615,7 @@ def _hostile_reads(lab: Lab, what: str, commands: dict[str, tuple[list[str], int
         if not good:
             bad.append(f"{name}: {why}")
         slowest = max(slowest, (secs, name))
-    canary = not (lab.root / "canary").exists()
+    canary = not (rig.root / "canary").exists()
     ok = not bad and canary and worst_t < 30 and worst_mb < 512
     detail = (f"{len(commands)} hostile {what}: " + ("; ".join(bad) if bad else "one-line errors") +
               f"; slowest {worst_t:.1f} s ({slowest[1]}), peak RSS {worst_mb:.0f} MiB" +
@@ -623,9 +623,9 @@ def _hostile_reads(lab: Lab, what: str, commands: dict[str, tuple[list[str], int
     return ok, detail, None
 
 
-def case_untrusted_mapping(lab: Lab) -> CaseResult:
+def case_untrusted_mapping(rig: FaultRig) -> CaseResult:
     """Mapping files written by another user: data, never code; bounded time and memory."""
-    run = _minimal_run(lab.root, "run", "a" * 80 + "!")
+    run = _minimal_run(rig.root, "run", "a" * 80 + "!")
     head = '[mapping]\nname = "x"\n\n[[rule]]\n'
     files = {
         "backtracking pattern": head + "symbol = '(a|aa)+$'\ncategory = \"Crypto\"\n",
@@ -634,17 +634,17 @@ def case_untrusted_mapping(lab: Lab) -> CaseResult:
         "shell and Python in strings": ('[mapping]\nname = "x"\ndescription = "$(touch {c}) __import__(\'os\')'
                                         '.system(\'touch {c}\')"\n[[rule]]\nsymbol = "a"\n'
                                         'subcategory = "`touch {c}`"\ncategory = "Crypto"\n'
-                                        ).format(c=lab.root / "canary"),
+                                        ).format(c=rig.root / "canary"),
     }
     paths = {}
     for name, text in files.items():
-        paths[name] = lab.root / (name.replace(" ", "-") + ".toml")
+        paths[name] = rig.root / (name.replace(" ", "-") + ".toml")
         paths[name].write_text(text)
-    paths["a FIFO"] = lab.root / "fifo.toml"
+    paths["a FIFO"] = rig.root / "fifo.toml"
     os.mkfifo(paths["a FIFO"])
-    paths["a link to /dev/zero"] = lab.root / "zero.toml"
+    paths["a link to /dev/zero"] = rig.root / "zero.toml"
     paths["a link to /dev/zero"].symlink_to("/dev/zero")
-    paths["1 GiB"] = lab.root / "huge.toml"
+    paths["1 GiB"] = rig.root / "huge.toml"
     with open(paths["1 GiB"], "wb") as f:
         f.truncate(1 << 30)
     for p in paths.values():
@@ -654,30 +654,30 @@ def case_untrusted_mapping(lab: Lab) -> CaseResult:
               "a FIFO": (2, "not a regular file"), "a link to /dev/zero": (2, "not a regular file"),
               "1 GiB": (2, "larger than")}
     cmds = {name: ([*QPROF, "report", str(run), "--mapping", str(p)], *expect[name]) for name, p in paths.items()}
-    return _hostile_reads(lab, "mapping files", cmds)
+    return _hostile_reads(rig, "mapping files", cmds)
 
 
-def case_untrusted_archive(lab: Lab) -> CaseResult:
+def case_untrusted_archive(rig: FaultRig) -> CaseResult:
     """Run archives written by another user: read as data within bounds, never folded unasked."""
     runs: dict[str, Path] = {}
-    r = runs["meta.json a FIFO"] = lab.root / "fifo"
+    r = runs["meta.json a FIFO"] = rig.root / "fifo"
     r.mkdir()
     os.mkfifo(r / "meta.json")
-    r = runs["meta.json a link to /dev/zero"] = lab.root / "zero"
+    r = runs["meta.json a link to /dev/zero"] = rig.root / "zero"
     r.mkdir()
     (r / "meta.json").symlink_to("/dev/zero")
-    r = runs["meta.json of 1 GiB"] = lab.root / "huge"
+    r = runs["meta.json of 1 GiB"] = rig.root / "huge"
     r.mkdir()
     with open(r / "meta.json", "wb") as f:
         f.truncate(1 << 30)
-    r = runs["proc.jsonl a link to /dev/zero"] = _minimal_run(lab.root, "proc")
+    r = runs["proc.jsonl a link to /dev/zero"] = _minimal_run(rig.root, "proc")
     (r / "proc.jsonl").symlink_to("/dev/zero")
-    r = runs["stacks: one 200 MiB line"] = _minimal_run(lab.root, "longline")
+    r = runs["stacks: one 200 MiB line"] = _minimal_run(rig.root, "longline")
     _write_gzip_lines(r / "stacks.jsonl.gz", b"a" * 1000, 200_000)
-    r = runs["stacks: a gzip bomb"] = _minimal_run(lab.root, "bomb")
+    r = runs["stacks: a gzip bomb"] = _minimal_run(rig.root, "bomb")
     _write_gzip_lines(r / "stacks.jsonl.gz", b'{"pid":1,"tid":1,"comm":"x","samples":1,"period":1,"frames":[]}\n',
                       4_000_000)
-    r = runs["raw perf data, not folded"] = _minimal_run(lab.root, "raw")
+    r = runs["raw perf data, not folded"] = _minimal_run(rig.root, "raw")
     (r / "stacks.jsonl.gz").unlink()
     meta = _json(r / "meta.json")
     meta.update(sampling={"groups": [{"unwind": "fp", "pids": [1], "perf_data": "perf-fp.data"}]},
@@ -685,7 +685,7 @@ def case_untrusted_archive(lab: Lab) -> CaseResult:
                            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()})
     (r / "meta.json").write_text(json.dumps(meta))
     (r / "perf-fp.data.2026010100000000").write_bytes(b"PERFILE2" + b"\0" * 4096)
-    r = runs["names that look like code"] = _minimal_run(lab.root, "code", f"$(touch {lab.root / 'canary'})")
+    r = runs["names that look like code"] = _minimal_run(rig.root, "code", f"$(touch {rig.root / 'canary'})")
     for r in runs.values():
         _as_untrusted(r)
     expect = {"meta.json a FIFO": (2, "not a regular file"),
@@ -695,7 +695,7 @@ def case_untrusted_archive(lab: Lab) -> CaseResult:
               "raw perf data, not folded": (2, f"belongs to uid {unprivileged.NOBODY}"),
               "names that look like code": (0, "")}
     cmds = {name: ([*QPROF, "report", str(r), "--format", "json"], *expect[name]) for name, r in runs.items()}
-    return _hostile_reads(lab, "archives", cmds)
+    return _hostile_reads(rig, "archives", cmds)
 
 
 CASES: dict[str, CaseFn] = {
@@ -748,14 +748,14 @@ def run_case(name: str, root: Path | None = None) -> Outcome:
     """Run one case in a scratch directory; CaseSkipped when a facility is absent."""
     made = root is None
     root = Path(tempfile.mkdtemp(prefix="qprof-fault-")) if root is None else root
-    lab = Lab(root)
+    rig = FaultRig(root)
     progs0 = bpf_programs()
     try:
-        survived, detail, run = CASES[name](lab)
-        left = leftovers(run if run is not None else root, progs0, lab.sessions)
+        survived, detail, run = CASES[name](rig)
+        left = leftovers(run if run is not None else root, progs0, rig.sessions)
         data, why = data_kept(run) if run is not None else ("no", "nothing collected")
     finally:
-        lab.close()
+        rig.close()
         if made:
             shutil.rmtree(root, ignore_errors=True)
     return Outcome(name, survived, left, data, f"{detail}; data: {why}")

@@ -72,14 +72,14 @@ class EndpointSpec:
     `client(out, addr, nbytes)` give argv lists.
     """
 
-    name: str  # also the folder under tests/endpoints/ holding its sources
+    name: str  # also the folder under lab/endpoints/ holding its sources
     mapping: str  # the stack mapping file auto-detection must load (its `name`)
     toolchain: Callable[[], str]
     build: Callable[[Path, Path, str], None]
     server: Callable[[Path, str, Path, Path], list[str]]
     client: Callable[[Path, str, int], list[str]]
     test_bytes: int = 256 << 20  # a transfer of a few seconds when profiled
-    sources: Path | None = None  # default: tests/endpoints/<name>
+    sources: Path | None = None  # default: lab/endpoints/<name>
     cleanup: Callable[[int], None] | None = None  # remove per-process leftovers (e.g. perf maps)
     # An environment variable that, set to "1", makes the client SIGSTOP itself once started
     # up, right before connecting (interpreted stacks: keeps start-up out of the profile).
@@ -183,7 +183,7 @@ def build(name: str) -> Built:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m endpoints.build [NAME...]` (from tests/): build or reuse each stack, one line each."""
+    """`python -m lab.endpoints.build [NAME...]` (from the repository root): build or reuse each stack, one line each."""
     names = argv or sorted(registry())
     failed = 0
     for name in names:

@@ -7,7 +7,7 @@ before connecting (SelfStoppedProcess): either way a profiler attaches before
 its first packet. `profile()` attaches qprof to both, releases
 the client once sampling runs and stops when the client exits.
 
-    python -m endpoints.transfer NAME [BYTES] [-o RUN]   (from tests/) build, transfer, profile
+    python -m lab.endpoints.transfer NAME [BYTES] [-o RUN]   (from the repository root) build, transfer, profile
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof.endpoints import Transfer
+from lab.transfers import Transfer
 from qprof.errors import QprofError
 
 from .build import Built, build
@@ -62,7 +62,7 @@ class SelfStoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
 
 @dataclass
 class BulkTransfer(Transfer):
-    """A built endpoint's server and client (tests/endpoints), moving `size` bytes on one stream."""
+    """A built endpoint's server and client (lab/endpoints), moving `size` bytes on one stream."""
 
     built: Built | None = None
     client_output: str = ""
@@ -141,9 +141,9 @@ def profile(built: Built, nbytes: int | None = None, out: Path | None = None,
 def main(argv: list[str]) -> int:
     import argparse
 
-    from qprof.endpoints import parse_size
+    from qprof.units import parse_size
 
-    ap = argparse.ArgumentParser(prog="python -m endpoints.transfer")
+    ap = argparse.ArgumentParser(prog="python -m lab.endpoints.transfer")
     ap.add_argument("name")
     ap.add_argument("size", nargs="?")
     ap.add_argument("-o", "--out", type=Path)

@@ -17,6 +17,7 @@ from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.probemaps import keyed as _keyed
+from qprof.collectors.records import ProbeRecord
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
 
@@ -123,13 +124,13 @@ class Crypto:
                 "cpu_flags": self.cpu_flags, "probe_cost": self.cost, "slots": self.slots}
 
 
-def analyse(probes: dict[str, Any], pids: list[int], packet_io: PacketIO | None = None) -> Crypto | None:
+def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = None) -> Crypto | None:
     """The crypto picture of a run; None when the crypto group did not run."""
-    rec = probes.get("crypto")
-    if not rec or "crypto" not in (probes.get("programs") or {}):
+    rec = probes.doc.get("crypto")  # the symbols and slots it found (probes.crypto; free-form in the schema)
+    if not rec or "crypto" not in probes.programs:
         return None  # not asked for, or did not start (probes.json "unavailable" says why)
     slots = {int(s["slot"]): s for s in rec.get("slots", [])}
-    maps = ((probes.get("programs") or {}).get("crypto") or {}).get("maps") or {}
+    maps = probes.maps("crypto")
     objects = rec.get("objects", {})
     flags = rec.get("cpu_flags", {})
     cpu_aes = bool(flags.get("aes") and flags.get("pclmulqdq")) if flags else None
