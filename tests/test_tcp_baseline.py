@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 SIZE = 256 << 20
 GB = 1e9
 CPU_TOLERANCE = 0.20  # sampled CPU against schedstat's (see the module docstring)
+READING_S = 0.25  # /proc reading interval (AttachOptions.proc_interval)
 TCP_OVERHEAD = 0.01
 QUIC_OVERHEAD = 0.06
 
@@ -116,7 +117,10 @@ def test_tcp_bytes_are_the_kernels_and_the_file(runs: dict[str, Path]) -> None:
         assert max(subs, key=subs.get) == "tls record", (role, subs)
         assert subs["tls record"] > 0.5 * procs[role]["categories"]["Crypto"], (role, subs)
         assert procs[role]["subcategories"]["Packet I/O"].get(call, 0) > 0.1, (role, procs[role]["subcategories"])
-        assert procs[role]["categories"]["Uncategorized"] < 0.1
+        # at most 10% (server 1-6%, client 6-9% measured) plus four standard errors of a share
+        # estimated from this side's samples (curl runs ~0.4 s: ~400 samples, 1.5 pp)
+        n = procs[role]["samples"]
+        assert procs[role]["categories"]["Uncategorized"] < 0.1 + 4 * (0.1 * 0.9 / n) ** 0.5, (role, n)
 
 
 def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
@@ -140,8 +144,11 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
             file_per_gb = cpu / (SIZE / GB)
             print(f"{pair['key']} {side}: {per_gb:.3f} CPU s/GB in the diff; /proc: {proc_per_gb:.3f} over the bytes "
                   f"counted, {file_per_gb:.3f} over the file")
-            assert per_gb <= proc_per_gb * (1 + CPU_TOLERANCE), (pair["key"], side)
-            assert per_gb <= file_per_gb * (1 + CPU_TOLERANCE), (pair["key"], side)
+            # above /proc only by the tolerance and what the /proc window can miss at its end: one
+            # reading interval (0.25 s) of one CPU (an exiting client's last reading precedes its exit)
+            tail = READING_S / (s["bytes"] / GB)
+            assert per_gb <= proc_per_gb * (1 + CPU_TOLERANCE) + tail, (pair["key"], side)
+            assert per_gb <= file_per_gb * (1 + CPU_TOLERANCE) + tail, (pair["key"], side)
             if per_gb < proc_per_gb / (1 + CPU_TOLERANCE) or per_gb < file_per_gb / (1 + overhead) / (1 + CPU_TOLERANCE):
                 # sampled CPU short of the kernel's: system-wide cpu-clock sampling misses work that
                 # starts when a process wakes on a timer (more so on a loaded host); the report must say so

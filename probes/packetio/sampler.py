@@ -38,7 +38,6 @@ from qprof.probes.sockets import udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
 PRINT_S = 1.0
-CHECK_S = 0.01  # whole periods: how often the hook rate is checked
 PORT_POLL_S = 1.0
 
 
@@ -205,7 +204,7 @@ class Sampler:
         return totals
 
     def _read_events(self) -> list[int]:
-        return self.prog.summed_u64s("events")  # polled every CHECK_S in whole periods: kept cheap
+        return self.prog.summed_u64s("events")  # one lookup (~10 us): the map walk took ~0.3 ms
 
     def hook_runs(self) -> int:
         """Hook runs (any task) since the last call: what the next window's length is decided on."""
@@ -285,23 +284,6 @@ class Sampler:
             except BlockingIOError:
                 pass
 
-    def _count_whole(self, start: float, end: float, wake: int) -> tuple[float, int]:
-        """Count a whole period until `end`, checking the hook rate every CHECK_S: once the runs
-        counted exceed what the budget allows the whole period, the period ends there (a busy
-        transfer starting in a quiet period costs ~CHECK_S of counting, not the period). Ending a
-        period at a time the past decides keeps the estimate unbiased: each period is a stratum,
-        and the next one's window is placed at random within it. Returns (end, hook runs)."""
-        runs, allowed = 0, windows.CPU_BUDGET / windows.EVENT_COST_S * (end - start)
-        while not self.stop:
-            now = time.monotonic()
-            if now >= end:
-                break
-            self._sleep_until(min(end, now + CHECK_S), wake)
-            runs += self.hook_runs()
-            if runs > allowed:
-                return time.monotonic(), runs
-        return min(end, time.monotonic()), runs
-
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
         opens (the period is over then), or at the stop, which extends the last period to it."""
@@ -314,7 +296,7 @@ class Sampler:
         self.out.write(READY + "\n")
         self.out.flush()
         t0 = start = opened  # the period's start; the open window's start
-        P = windows.OPENING_PERIOD_S
+        P = windows.period_length(0.0)
         counting, w = True, P  # the first period is counted whole
         pending: Window | None = None
         next_print = start + PRINT_S
@@ -336,8 +318,7 @@ class Sampler:
                     opened, mib_a = self.flip_gate(1)
                     counting = True
                 commit(start, mib_s)
-                cut, runs = self._count_whole(start, start + P, wake)
-                P = cut - start  # a period cut short ends here; the next one starts now
+                self._sleep_until(start + P, wake)
             else:
                 self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
                 if self.stop:
@@ -347,9 +328,8 @@ class Sampler:
                 opened, mib_a = self.flip_gate(1)
                 counting = True
                 self._sleep_until(opened + w, wake)
-                runs = 0
             # the window ends: decide the next one before closing, so nothing is counted in between
-            runs += self.hook_runs()
+            runs = self.hook_runs()
             now = time.monotonic()
             P_next = windows.period_length(now - t0)
             w_next = windows.window_length(runs, now - opened, P_next)
