@@ -106,16 +106,31 @@ class GroupSample:
 
     @cached_property
     def _slopes(self) -> dict[str, tuple[int, float]]:
-        """counter -> (index of its kernel counter, regression slope b) where one applies."""
+        """counter -> (index of the kernel counter it is regressed on, slope b) where one applies.
+        The counter is regressed on whichever of its namespace's counters follows it most closely
+        across the windows (highest squared correlation), its own direction's on a tie: a sender
+        sharing its namespace with its receiver (loopback) follows InDatagrams, which counts every
+        datagram, more closely than OutDatagrams, which its peer's ACKs dominate."""
         idx = self._index()
         out = {}
         for name, i in idx.items():
-            aux = self.aux_of.get(name)
-            if aux in self.aux_total and aux in idx:
-                a = idx[aux]
-                qaa = self._cov(a, a)
-                if qaa > 0:
-                    out[name] = (a, self._cov(i, a) / qaa)
+            own = self.aux_of.get(name)
+            if own is None:
+                continue
+            qii = self._cov(i, i)
+            best: tuple[float, int, int] | None = None  # (r^2, own first, index)
+            for aux in self.aux_total:
+                a = idx.get(aux)
+                qaa = self._cov(a, a) if a is not None else 0.0
+                if a is None or qaa <= 0:
+                    continue
+                r2 = self._cov(i, a) ** 2 / (qii * qaa) if qii > 0 else 0.0
+                cand = (r2, aux == own, a)
+                if best is None or cand[:2] > best[:2]:
+                    best = cand
+            if best is not None:
+                a = best[2]
+                out[name] = (a, self._cov(i, a) / self._cov(a, a))
         return out
 
     def totals(self, s: Sequence[float]) -> dict[str, float]:

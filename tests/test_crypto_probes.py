@@ -4,6 +4,7 @@ runs against what the programs themselves did (an OpenSSL workload, a Go workloa
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -191,9 +192,10 @@ def test_ngtcp2_gnutls_aead_calls_track_datagrams(probes_available: None, ngtcp2
         est = pio[str(pid)]["estimates"]
 
         def span(key: str) -> tuple[float, float]:
+            """The estimate's interval; an open end (too few windows to bound it) is open."""
             e = est[key]
             low, high = e["interval"] if e["interval"] else (e["value"], e["value"])
-            return float(low if low is not None else e["value"]), float(high if high is not None else e["value"])
+            return float(low if low is not None else 0.0), float(high if high is not None else math.inf)
 
         (tx_lo, tx_hi), (rx_lo, rx_hi) = span("tx.datagrams"), span("rx.datagrams")
         for calls, lo, hi, per in ((p["calls"].get("aead_seal", 0), tx_lo, tx_hi, 1.0),
@@ -201,7 +203,7 @@ def test_ngtcp2_gnutls_aead_calls_track_datagrams(probes_available: None, ngtcp2
                                    (p["calls"].get("header_protection", 0), tx_lo + rx_lo, tx_hi + rx_hi, 1.0),
                                    (sum(p["calls"].get(k, 0) for k in (*KINDS, "aad_update")), tx_lo + rx_lo,
                                     tx_hi + rx_hi, 2.0)):
-            assert calls / hi <= per * 1.03 and calls / lo >= per * 0.97, (calls, lo, hi, per, p)
+            assert calls / hi <= per * 1.03 and (lo == 0 or calls / lo >= per * 0.97), (calls, lo, hi, per, p)
         assert p["bytes_complete"]["aead_seal"] and p["bytes_complete"]["aead_open"]
     assert srv["bytes"]["aead_seal"] >= 32 << 20
     assert cli["bytes"]["aead_open"] >= 32 << 20
