@@ -28,6 +28,7 @@ from lab.endpoints.transfer import BulkTransfer
 from lab.transfers import Ngtcp2Transfer, Transfer
 from qprof.errors import QprofError
 from qprof.netlab import ROLES, Hog, Lab, LabError, signals_held
+from qprof.probes.sockets import socket_fds, udp_ports
 
 
 # ---- a receiver's socket buffer, set from outside ----------------------------
@@ -35,34 +36,10 @@ from qprof.netlab import ROLES, Hog, Lab, LabError, signals_held
 _SYS_PIDFD_GETFD = 438  # x86_64 and most architectures (asm-generic)
 
 
-def _udp_inodes(pid: int) -> set[str]:
-    found = set()
-    for table in ("udp", "udp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
-                next(f, None)
-                found |= {line.split()[9] for line in f if len(line.split()) > 9}
-        except OSError:
-            continue
-    return found
-
-
 def udp_socket_fds(pid: int) -> list[int]:
     """The process's file descriptors that are UDP sockets (matched by inode in its namespace)."""
-    inodes = _udp_inodes(pid)
-    fds = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return []
-    for name in names:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            fds.append(int(name))
-    return fds
+    udp, fds = udp_ports(pid), socket_fds(pid)
+    return sorted(fd for inode in udp for fd in fds.get(inode, []))
 
 
 class ReceiveBufferClamp:

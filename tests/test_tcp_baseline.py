@@ -128,9 +128,9 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
     print("\n" + r.stdout)
     d = json.loads(qprof("diff", str(runs["quic"]), str(runs["tcp"]), "--format", "json").stdout)
     on_cpu = {"a": on_cpu_seconds(runs["quic"]), "b": on_cpu_seconds(runs["tcp"])}
-    quic_io = report(runs["quic"])["packet_io"]["processes"]
-    notes = {side: {p["pid"]: p["cpu_note"] for p in report(runs[kind])["processes"]}
-             for side, kind in (("a", "quic"), ("b", "tcp"))}
+    reports = {"a": report(runs["quic"]), "b": report(runs["tcp"])}
+    quic_io = reports["a"]["packet_io"]["processes"]
+    notes = {side: {p["pid"]: p["cpu_note"] for p in rep["processes"]} for side, rep in reports.items()}
     assert {p["key"] for p in d["pairs"]} == {"server", "client"}
     for pair in d["pairs"]:
         for side, overhead in (("a", QUIC_OVERHEAD), ("b", TCP_OVERHEAD)):
