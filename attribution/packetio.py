@@ -20,7 +20,7 @@ from typing import Any
 
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
-from qprof.probes.packetio.record import AUX_OF_DIRECTION, PacketioRecord, Windows
+from qprof.probes.packetio.record import AUX_OF_DIRECTION, PacketioRecord, Windows, kernel_counters_for
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -235,13 +235,14 @@ def _sample(w: Windows, key: str) -> GroupSample | None:
         return None
     aux_of = {n: AUX_OF_DIRECTION[n[:2]] for n in w.series if n[:2] in AUX_OF_DIRECTION}
     return GroupSample(w.series, g.sum, g.counted, g.seen, g.q, w.periods, w.full_periods, aux_of,
-                       w.mib_totals.get(g.netns, {}), w.expansion)
+                       w.mib_totals.get(g.netns, {}), w.expansion, {n: kernel_counters_for(n) for n in aux_of})
 
 
 def _sampling_summary(w: Windows) -> dict[str, Any]:
     return {"method": ("per-packet programs counting in one window per period, the window's length set by "
-                       "the hook rate against a CPU budget; totals scaled to the kernel's UDP counters "
-                       "of each namespace (ratio estimator), 95% intervals by the delta method"),
+                       "the hook rate against a CPU budget; totals scaled to the kernel's counters of each "
+                       "namespace (bytes and datagrams sent to its IP OutOctets, all else to its UDP "
+                       "datagrams; regression estimator), 95% intervals by the delta method"),
             "exact": w.exact, "periods": w.periods, "full_periods": w.full_periods,
             "span_s": round(w.span_s, 3), "counted_s": round(w.counted_s, 3),
             "coverage": _r(w.counted_s / w.span_s) if w.span_s else None,

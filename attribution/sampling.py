@@ -83,8 +83,10 @@ class GroupSample:
     """One group's window statistics and what they are scaled to.
 
     series: names of the sums (counters, then the kernel counters); aux_of: counter -> the
-    kernel counter it is scaled to; aux_total: kernel counter -> its exact total over the run
-    (absent when it could not be read)."""
+    kernel counter its messages are part of (one event each: what an event at a window's edge
+    weighs); aux_total: kernel counter -> its exact total over the run (absent when it could not
+    be read); scale_to: counter -> tiers of kernel counters its total may be scaled to, best kind
+    first (probes.packetio.record.kernel_counters_for); by default its aux_of counter."""
 
     series: Sequence[str]
     sum: Sequence[float]
@@ -96,6 +98,7 @@ class GroupSample:
     aux_of: Mapping[str, str]
     aux_total: Mapping[str, float]
     expansion: float = 0.0  # sum of 1/pi over the partial windows
+    scale_to: Mapping[str, Sequence[Sequence[str]]] | None = None
 
     @property
     def exact(self) -> bool:
@@ -105,32 +108,41 @@ class GroupSample:
         return {name: i for i, name in enumerate(self.series)}
 
     @cached_property
+    def _kernel(self) -> frozenset[str]:
+        names = set(self.aux_total) | set(self.aux_of.values())
+        for tiers in (self.scale_to or {}).values():
+            names.update(n for tier in tiers for n in tier)
+        return frozenset(names)
+
+    @cached_property
     def _slopes(self) -> dict[str, tuple[int, float]]:
-        """counter -> (index of the kernel counter it is regressed on, slope b) where one applies.
-        The counter is regressed on whichever of its namespace's counters follows it most closely
-        across the windows (highest squared correlation), its own direction's on a tie: a sender
-        sharing its namespace with its receiver (loopback) follows InDatagrams, which counts every
-        datagram, more closely than OutDatagrams, which its peer's ACKs dominate."""
+        """counter -> (index of the kernel counter it is regressed on, slope b) where one applies:
+        from the first tier of its candidates with a counter this run has, the one that follows it
+        most closely across the windows (highest squared correlation), the tier's first on a tie.
+        Within a tier the candidates count the same thing (bytes, or datagrams), so the choice
+        only picks the direction (a sender sharing loopback with its receiver follows both)."""
         idx = self._index()
         out = {}
         for name, i in idx.items():
             own = self.aux_of.get(name)
             if own is None:
                 continue
+            tiers = (self.scale_to or {}).get(name) or ((own,),)
             qii = self._cov(i, i)
-            best: tuple[float, int, int] | None = None  # (r^2, own first, index)
-            for aux in self.aux_total:
-                a = idx.get(aux)
-                qaa = self._cov(a, a) if a is not None else 0.0
-                if a is None or qaa <= 0:
-                    continue
-                r2 = self._cov(i, a) ** 2 / (qii * qaa) if qii > 0 else 0.0
-                cand = (r2, aux == own, a)
-                if best is None or cand[:2] > best[:2]:
-                    best = cand
-            if best is not None:
-                a = best[2]
-                out[name] = (a, self._cov(i, a) / self._cov(a, a))
+            for tier in tiers:
+                best: tuple[float, int, int] | None = None  # (r^2, -rank, index)
+                for rank, aux in enumerate(tier):
+                    a = idx.get(aux)
+                    if a is None or aux not in self.aux_total or self._cov(a, a) <= 0:
+                        continue
+                    qaa = self._cov(a, a)
+                    r2 = self._cov(i, a) ** 2 / (qii * qaa) if qii > 0 else 0.0
+                    if best is None or (r2, -rank) > best[:2]:
+                        best = (r2, -rank, a)
+                if best is not None:
+                    a = best[2]
+                    out[name] = (a, self._cov(i, a) / self._cov(a, a))
+                    break
         return out
 
     def totals(self, s: Sequence[float]) -> dict[str, float]:
@@ -138,7 +150,7 @@ class GroupSample:
         slopes = {} if self.exact else self._slopes
         out = {}
         for name, i in self._index().items():
-            if name in self.aux_total or name in self.aux_of.values():
+            if name in self._kernel:
                 continue
             if name in slopes:
                 a, b = slopes[name]
@@ -177,9 +189,8 @@ class GroupSample:
             if fh is None or fl is None:
                 continue
             grad[i] = (fh - fl) / (hi[i] - lo[i])
-        aux = set(self.aux_total) | set(self.aux_of.values())
         # the series f rests on; one never seen adds nothing known (a zero), unless it is all there is
-        used = [i for i in range(n) if grad[i] and self.series[i] not in aux and self.seen[i] > 0]
+        used = [i for i in range(n) if grad[i] and self.series[i] not in self._kernel and self.seen[i] > 0]
         if self.periods < 2 or not used or min(self.seen[i] for i in used) < MIN_SEEN:
             return Estimate(value, floor, ceiling, False)
         var = sum(grad[i] * grad[j] * self._cov(i, j) for i in range(n) if grad[i] for j in range(n) if grad[j])

@@ -174,7 +174,7 @@ _WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": 
                 "expansion": NUM,
                 "groups": MapOf(Obj({"netns": STR, "sum": [NUM], "counted": [NUM], "seen": [INT], "q": [NUM]},
                                     required=("sum", "counted", "q"))),
-                "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM}), "final": BOOL,
+                "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM, "ip_out_octets": NUM}), "final": BOOL,
                 "events": MapOf(NUM), "budget": MapOf(NUM)},
                required=("series", "periods", "full_periods", "groups"))
 _SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),

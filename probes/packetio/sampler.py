@@ -42,14 +42,17 @@ PORT_POLL_S = 1.0
 
 
 class NetnsCounters:
-    """UDP InDatagrams/OutDatagrams (v4 + v6) of one network namespace, read through files opened
-    while a member process lived: they keep reading that namespace after it exits."""
+    """One network namespace's counters the windows are scaled to (windows.AUX): UDP InDatagrams and
+    OutDatagrams, IP OutOctets (v4 + v6). Each is counted in the syscall the programs count in
+    (udp_recvmsg; udp_send_skb and ip_output), so a window's edges cut both alike whatever waits in
+    a socket or qdisc queue. Read through files opened while a member process lived: they keep
+    reading that namespace after it exits."""
 
     def __init__(self, pid: int) -> None:
-        self.fds = [os.open(f"/proc/{pid}/net/{name}", os.O_RDONLY) for name in ("snmp", "snmp6")]
+        self.fds = [os.open(f"/proc/{pid}/net/{name}", os.O_RDONLY) for name in ("snmp", "snmp6", "netstat")]
 
     def read_raw(self) -> list[bytes]:
-        """The two files as the kernel formats them now (~35 us here): parse later, off the clock."""
+        """The files as the kernel formats them now (~100 us here): parse later, off the clock."""
         out = []
         for fd in self.fds:
             os.lseek(fd, 0, os.SEEK_SET)
@@ -60,23 +63,31 @@ class NetnsCounters:
         return out
 
     @staticmethod
-    def parse(raw: list[bytes]) -> tuple[int, int]:
-        rows = [ln.split() for ln in raw[0].decode("ascii", "replace").splitlines() if ln.startswith("Udp:")]
-        udp = dict(zip(rows[0][1:], rows[1][1:])) if len(rows) == 2 else {}
-        rx, tx = int(udp.get("InDatagrams", 0)), int(udp.get("OutDatagrams", 0))
+    def _table(text: str, prefix: str) -> dict[str, str]:
+        rows = [ln.split() for ln in text.splitlines() if ln.startswith(prefix)]
+        return dict(zip(rows[0][1:], rows[1][1:])) if len(rows) == 2 else {}
+
+    @staticmethod
+    def parse(raw: list[bytes]) -> tuple[int, int, int]:
+        """(InDatagrams, OutDatagrams, OutOctets), windows.AUX's order."""
+        udp = NetnsCounters._table(raw[0].decode("ascii", "replace"), "Udp:")
+        ip = NetnsCounters._table(raw[2].decode("ascii", "replace"), "IpExt:")
+        rx, tx, octets = int(udp.get("InDatagrams", 0)), int(udp.get("OutDatagrams", 0)), int(ip.get("OutOctets", 0))
         for ln in raw[1].decode("ascii", "replace").splitlines():
             k, _, v = ln.partition(" ")
             if k == "Udp6InDatagrams":
                 rx += int(v)
             elif k == "Udp6OutDatagrams":
                 tx += int(v)
-        return rx, tx
+            elif k == "Ip6OutOctets":
+                octets += int(v)
+        return rx, tx, octets
 
-    def read(self) -> tuple[int, int]:
+    def read(self) -> tuple[int, int, int]:
         return self.parse(self.read_raw())
 
 
-Mib = dict[str, tuple[float, float]]  # netns -> (InDatagrams, OutDatagrams)
+Mib = dict[str, tuple[float, ...]]  # netns -> its counters, windows.AUX's order
 
 
 @dataclass
@@ -94,7 +105,7 @@ class Window:
     full: bool  # counted the whole period
     length: float  # seconds counted
     groups: dict[str, tuple[str, list[int]]]
-    aux: Mib  # per namespace: UDP InDatagrams, OutDatagrams in the window
+    aux: Mib  # per namespace: its counters' deltas in the window
 
 
 class Sampler:
@@ -155,7 +166,7 @@ class Sampler:
 
     def flip_gate(self, value: int) -> tuple[float, Mib]:
         """Open or close the window, and the namespaces' counters at that instant: read before and
-        after, interpolated to the flip. (One read takes ~35 us, a window can be 2 ms: a counter
+        after, interpolated to the flip. (One read takes ~100 us, a window can be 2 ms: a counter
         read on one side only would count ~2% more than the programs did.)"""
         t0 = time.monotonic()
         before = {ns: c.read_raw() for ns, c in self.netns.items()}
@@ -169,7 +180,7 @@ class Sampler:
         out: Mib = {}
         for ns in self.netns:
             a, b = NetnsCounters.parse(before[ns]), NetnsCounters.parse(after[ns])
-            out[ns] = (a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f)
+            out[ns] = tuple(x + (y - x) * f for x, y in zip(a, b))
         return tg, out
 
     def watch_ports(self) -> None:
@@ -234,9 +245,10 @@ class Sampler:
 
     def snapshot(self, final: bool = False) -> None:
         frame_end = self.mib_frame_end or self.mib_start
+        zero = (0.0,) * len(windows.AUX)
         netns = {ns: {"pids": self.netns_pids.get(ns, []),
-                      "mib_in": frame_end.get(ns, (0, 0))[0] - self.mib_start.get(ns, (0, 0))[0],
-                      "mib_out": frame_end.get(ns, (0, 0))[1] - self.mib_start.get(ns, (0, 0))[1]}
+                      **{name: b - a for name, a, b in zip(windows.AUX, self.mib_start.get(ns, zero),
+                                                           frame_end.get(ns, zero))}}
                  for ns in self.netns}
         data = {**self.stats.to_json(), "netns": netns, "final": final,
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
@@ -339,7 +351,7 @@ class Sampler:
             else:
                 closed, mib_b = time.monotonic(), self.mibs()
             pending = Window(start, w >= P, closed - opened, self.window_deltas(),
-                             {ns: (b[0] - mib_a.get(ns, b)[0], b[1] - mib_a.get(ns, b)[1]) for ns, b in mib_b.items()})
+                             {ns: tuple(y - x for x, y in zip(mib_a.get(ns, b), b)) for ns, b in mib_b.items()})
             nxt = max(start + P, time.monotonic())
             opened, mib_a, w, P = closed, mib_b, w_next, P_next
             if not counting:

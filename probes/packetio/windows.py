@@ -16,9 +16,9 @@ needs later (attribution.sampling) is accumulated here, not the windows:
   q    = sum of h_k (z_k - z_{k-1})(z_k - z_{k-1})^T, h_k = 1 - (pi_k + pi_{k-1}) / 2
          (successive differences: the variance of a stratified sample with one unit per
          stratum; h_k makes fully counted periods contribute no variance)
-The series are the group's counters followed by the kernel's UDP counters of its
-network namespace read around the same window (InDatagrams, OutDatagrams): the
-ratio of the two is what lets the estimator scale to the kernel's exact totals.
+The series are the group's counters followed by the kernel's counters of its network
+namespace read around the same window (UDP InDatagrams and OutDatagrams, IP OutOctets):
+the relation of the two is what lets the estimator scale to the kernel's exact totals.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ MIN_WINDOW_S = 0.002
 # exact seal count once: kept at what every interval check has passed with.)
 CPU_BUDGET = 0.005
 EVENT_COST_S = 120e-9
-AUX = ("mib_in", "mib_out")
+# the namespace's kernel counters, in the order the sampler reads them (NetnsCounters.parse)
+AUX = ("mib_in", "mib_out", "ip_out_octets")
 
 
 def period_length(elapsed_s: float) -> float:
@@ -124,10 +125,10 @@ class WindowStats:
         self._prev_aux: dict[str, list[float]] = {}  # netns -> z of its counters in the last window
 
     def add_window(self, period_s: float, window_s: float, counts: dict[str, tuple[str, list[int]]],
-                   aux: dict[str, tuple[float, float]]) -> None:
+                   aux: dict[str, tuple[float, ...]]) -> None:
         """One period: its length, its window's, each group's (netns, counter deltas) in the window,
-        and each namespace's (InDatagrams, OutDatagrams) deltas in the window. Groups seen before
-        but silent in this window count zeros."""
+        and each namespace's kernel counter deltas in the window (in AUX's order). Groups seen
+        before but silent in this window count zeros."""
         pi = min(1.0, window_s / period_s) if period_s > 0 else 1.0
         h = 0.0 if self._prev_pi is None else 1.0 - (pi + self._prev_pi) / 2
         ncounters = len(self.series) - len(AUX)
@@ -136,9 +137,11 @@ class WindowStats:
                 self.groups[key] = GroupStats(netns, len(self.series))
         for key, g in self.groups.items():
             y = list(counts[key][1]) if key in counts else [0] * ncounters
-            a = aux.get(g.netns, (0, 0))
-            g.add(y + [a[0], a[1]], pi, h, self._prev_aux.get(g.netns))
-        self._prev_aux = {ns: [a[0] / pi, a[1] / pi] for ns, a in aux.items()}
+            a = aux.get(g.netns, (0.0,) * len(AUX))
+            if len(a) != len(AUX):
+                raise ValueError(f"a namespace's window has {len(a)} kernel counters, not {len(AUX)}")
+            g.add(y + list(a), pi, h, self._prev_aux.get(g.netns))
+        self._prev_aux = {ns: [v / pi for v in a] for ns, a in aux.items()}
         self._prev_pi = pi
         self.periods += 1
         self.full_periods += pi >= 1.0
