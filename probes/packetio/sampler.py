@@ -313,14 +313,22 @@ class Sampler:
         pending: Window | None = None
         next_print = start + PRINT_S
 
-        def commit(end: float, end_mib: Mib) -> None:
+        def commit(end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:
+            """The pending window's period ends at `end`. `uncounted_from`: a later period's start
+            since which the gate was closed (a stop before that period's window): a whole-period
+            window then counted only its own period of the extended one."""
             nonlocal pending
             if pending is not None:
                 period = max(end - pending.start, pending.length)
-                self.stats.add_window(period, period if pending.full else pending.length, pending.groups,
-                                      pending.aux)
+                counted = period if pending.full else pending.length
+                if pending.full and uncounted_from is not None and uncounted_from > pending.start:
+                    counted = min(period, uncounted_from - pending.start)
+                self.stats.add_window(period, counted, pending.groups, pending.aux)
                 self.mib_frame_end = end_mib
                 pending = None
+
+        def window_aux(before: Mib, after: Mib) -> Mib:
+            return {ns: tuple(y - x for x, y in zip(before.get(ns, b), b)) for ns, b in after.items()}
 
         while not self.stop:
             mib_s = self.mibs()
@@ -350,8 +358,7 @@ class Sampler:
                 counting = False
             else:
                 closed, mib_b = time.monotonic(), self.mibs()
-            pending = Window(start, w >= P, closed - opened, self.window_deltas(),
-                             {ns: tuple(y - x for x, y in zip(mib_a.get(ns, b), b)) for ns, b in mib_b.items()})
+            pending = Window(start, w >= P, closed - opened, self.window_deltas(), window_aux(mib_a, mib_b))
             nxt = max(start + P, time.monotonic())
             opened, mib_a, w, P = closed, mib_b, w_next, P_next
             if not counting:
@@ -364,11 +371,18 @@ class Sampler:
                 next_print = max(next_print + PRINT_S, time.monotonic())
                 self.watch_ports()
                 self.snapshot()
-        # stopping: the last window was closed above (or never opened); its period ends now
+        # stopping. A gate still open (the stop came between two whole-period windows) counted this
+        # period whole up to now: its own window. Else the last window's period is extended to now,
+        # and what came after that period's end was not counted: a stop during the wait for the next
+        # window leaves a whole-period window partial, never exact with datagrams it missed.
+        if counting:
+            closed, mib_b = self.flip_gate(0)
+            commit(start, mib_a)
+            pending = Window(start, True, closed - opened, self.window_deltas(), window_aux(mib_a, mib_b))
         self._gate.value = 0
         prog.detach(HOT)
         end_mib = self.mibs()
-        commit(time.monotonic(), end_mib)
+        commit(time.monotonic(), end_mib, uncounted_from=start)
         self.mib_frame_end = end_mib
         self.snapshot(final=True)
 
