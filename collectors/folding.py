@@ -167,7 +167,7 @@ class _Running:
         with open(spec.log, "ab") as logf:
             self.proc = subprocess.Popen(script_command(perf, spec.data, spec.pids, spec.window),
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
-                                         preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+                                         preexec_fn=die_with_parent(signal.SIGKILL))
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()
         try:

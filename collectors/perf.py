@@ -95,7 +95,7 @@ class PerfRecorder:
         self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._logf,
                                      stderr=self._logf,
                                      # SIGINT on qprof's death lets perf close its file cleanly
-                                     preexec_fn=lambda: die_with_parent(signal.SIGINT))
+                                     preexec_fn=die_with_parent(signal.SIGINT))
         self._command("enable", timeout)
 
     def _command(self, word: str, timeout: float) -> None:

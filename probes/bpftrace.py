@@ -70,7 +70,7 @@ class BpftraceProcess(ProbeProcess):
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
                bpftrace, "-f", "json", str(self.program)]
         env = {**os.environ, "BPFTRACE_STRLEN": "64", "BPFTRACE_NO_USER_SYMBOLS": "1"}
-        self._popen(cmd, lambda: die_with_parent(signal.SIGTERM), env)
+        self._popen(cmd, die_with_parent(signal.SIGTERM), env)
 
     def start(self, bpftrace: str, timeout: float = 60.0) -> None:
         self.spawn(bpftrace)

@@ -17,15 +17,30 @@ from qprof.probes.mapsout import last_path, read_maps
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int) -> None:
-    """Run in the child before exec: `sig` on parent death (so perf/bpftrace finish and exit),
-    and a process group of its own: a terminal's Ctrl-C (or a kill of qprof's group, as `timeout`
-    sends) reaches qprof only, which stops helpers in order. The helper stays in qprof's session,
-    so everything qprof started is found by that session even after qprof is gone
-    (probes.leftovers)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    os.setpgid(0, 0)
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """What to run in a helper child before exec (made in qprof, run in the child): `sig` on
+    qprof's death (so perf/bpftrace finish and exit), and a process group of its own: a
+    terminal's Ctrl-C (or a kill of qprof's group, as `timeout` sends) reaches qprof only, which
+    stops helpers in order. The helper stays in qprof's session, so everything qprof started is
+    found by that session even after qprof is gone (probes.leftovers).
+
+    Two ways a helper outlived a SIGKILLed qprof (a perf record left sampling, fault table):
+    qprof dying before the child's prctl (no signal ever comes), and the signal arriving before
+    exec, where the child still has qprof's Python handler, which only notes it. So the signal's
+    default action is restored first, and a child whose parent is already gone exits."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(sig, None)  # SIG_DFL
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+        os.setpgid(0, 0)
+
+    return preexec
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

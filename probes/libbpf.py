@@ -266,4 +266,4 @@ class LibbpfProcess(ProbeProcess):
 
     def spawn(self) -> None:
         cmd = [sys.executable, "-m", self.module, str(self.obj), json.dumps(self.config)]
-        self._popen(cmd, lambda: die_with_parent(signal.SIGTERM))
+        self._popen(cmd, die_with_parent(signal.SIGTERM))

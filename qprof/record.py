@@ -116,9 +116,10 @@ class _Process:
         self.cmd, self.log = cmd, log
         self.released_at: float | None = None
         place = cmd.placement
+        die = die_with_parent(signal.SIGKILL)  # and a process group of its own: Ctrl-C reaches qprof only
 
         def before_exec() -> None:
-            die_with_parent(signal.SIGKILL)  # and a session of its own: Ctrl-C reaches qprof only
+            die()
             if place is not None:
                 place.preexec()
 
