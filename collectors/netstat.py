@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any
 
-from qprof.probes.sockets import socket_fds
+from qprof.probes.sockets import snmp_table, socket_fds
 
 SYSCTLS = ("net/core/rmem_default", "net/core/rmem_max", "net/core/wmem_default", "net/core/wmem_max",
            "net/ipv4/udp_mem", "net/ipv4/udp_rmem_min", "net/ipv4/udp_wmem_min")
@@ -36,9 +36,7 @@ def udp_mib(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/net/snmp", encoding="ascii") as f:
-            lines = [ln.split() for ln in f if ln.startswith("Udp:")]
-        if len(lines) == 2:
-            out.update({k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])})
+            out.update({k: int(v) for k, v in snmp_table(f.read(), "Udp:").items()})
     except (OSError, ValueError):
         pass
     try:

@@ -56,3 +56,10 @@ def udp_ports(pid: int) -> dict[str, int]:
         except OSError:
             continue
     return found
+
+
+def snmp_table(text: str, prefix: str) -> dict[str, str]:
+    """One table of /proc/net/snmp or /proc/net/netstat ("Udp:", "IpExt:"...): a row of names
+    followed by a row of values, both starting with the prefix. Empty when absent."""
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith(prefix)]
+    return dict(zip(rows[0][1:], rows[1][1:])) if len(rows) == 2 else {}

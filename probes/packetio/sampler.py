@@ -34,7 +34,7 @@ from typing import Any, TextIO
 from qprof.probes import layout as layouts
 from qprof.probes.libbpf import READY, Loaded, Unavailable
 from qprof.probes.packetio import windows
-from qprof.probes.sockets import udp_ports
+from qprof.probes.sockets import snmp_table, udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
 PRINT_S = 1.0
@@ -63,15 +63,10 @@ class NetnsCounters:
         return out
 
     @staticmethod
-    def _table(text: str, prefix: str) -> dict[str, str]:
-        rows = [ln.split() for ln in text.splitlines() if ln.startswith(prefix)]
-        return dict(zip(rows[0][1:], rows[1][1:])) if len(rows) == 2 else {}
-
-    @staticmethod
     def parse(raw: list[bytes]) -> tuple[int, int, int]:
         """(InDatagrams, OutDatagrams, OutOctets), windows.AUX's order."""
-        udp = NetnsCounters._table(raw[0].decode("ascii", "replace"), "Udp:")
-        ip = NetnsCounters._table(raw[2].decode("ascii", "replace"), "IpExt:")
+        udp = snmp_table(raw[0].decode("ascii", "replace"), "Udp:")
+        ip = snmp_table(raw[2].decode("ascii", "replace"), "IpExt:")
         rx, tx, octets = int(udp.get("InDatagrams", 0)), int(udp.get("OutDatagrams", 0)), int(ip.get("OutOctets", 0))
         for ln in raw[1].decode("ascii", "replace").splitlines():
             k, _, v = ln.partition(" ")
