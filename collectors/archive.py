@@ -182,6 +182,10 @@ class Run:
         """Analysis reads the folded stacks: say how to make them when collection stopped before folding."""
         if not self.has_stacks():
             why = self.fold_refusal()
+            if why is None and not self.unfolded_chunks():  # refolding here would find nothing
+                raise QprofError(f"{self.path} has no folded stacks and no perf data to fold "
+                                 f"(run {self.meta.get('status')}): collection stopped before sampling "
+                                 "wrote any, or the files were removed; record the run again")
             raise QprofError(f"{self.path} has no folded stacks (collection was cut short: "
                              f"{self.meta.get('status')}" + (f"; not folded here: {why}" if why else "") +
                              f"); run `qprof report --refold {self.path}` on the host that recorded it")

@@ -156,7 +156,15 @@ def test_table_bad_input(runs: list[Path], tmp_path: Path) -> None:
     one_line_error(qprof_cli("table", str(runs[0]), str(runs[0]), check=False), "given twice")
     cut = tmp_path / "cut"
     shutil.copytree(runs[0], cut, ignore=shutil.ignore_patterns("*.data", "stacks.jsonl.gz"))
-    one_line_error(qprof_cli("table", str(cut), check=False), "no folded stacks", "--refold")
+    # on the host that recorded it, without raw data: nothing to refold
+    one_line_error(qprof_cli("table", str(cut), check=False), "no folded stacks and no perf data to fold",
+                   "record the run again")
     assert not (tmp_path / "no-dir").exists() and not list(tmp_path.glob(".*.tmp"))
     with pytest.raises(QprofError, match="no folded stacks"):
         qprof.load(cut)
+    # elsewhere (another boot), the raw data may still be where it was recorded
+    meta = json.loads((cut / "meta.json").read_text())
+    meta["collector"]["boot_id"] = "another-boot"
+    (cut / "meta.json").write_text(json.dumps(meta))
+    one_line_error(qprof_cli("table", str(cut), check=False), "no folded stacks", "--refold",
+                   "on the host that recorded it")
