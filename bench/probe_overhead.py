@@ -25,7 +25,10 @@ CPU seconds per GiB of every process involved, medians over the runs: server
 and client (/proc, read at the client's exit), qprof itself (this process's own
 CPU while attached) and its helpers (perf record, the probe loader, perf script:
 children's CPU less the endpoints'), of which the probe loader alone (as the
-archive records it). With --probe-share each attached side's share of samples
+archive records it); and "during": what this process and its helpers used
+between the client's release and its exit, as a share of one CPU (start-up
+and folding happen outside that span: this is the CPU that competes with the
+endpoints). With --probe-share each attached side's share of samples
 in eBPF probe frames is computed from the archive (the report's figure).
 Drops: runs whose client dropped datagrams at its receive buffer (the client
 drops ~0.1% at the default 208 KiB; slow runs go with drops).
@@ -173,6 +176,39 @@ class RunResult:
         return self.error is None and self.wall_s is not None
 
 
+OBSERVERS = ("qprof", "perf", "other")  # this process; perf record and perf script; the probe loader and the rest
+
+
+def observer_cpu(exclude: set[int]) -> dict[str, float]:
+    """CPU seconds used so far by this process (every thread: qprof's in-process session) and by
+    every live process descended from it (perf, the probe loader), the endpoints in `exclude` and
+    their descendants left out, by OBSERVERS kind. Read at the client's release and at its exit,
+    the difference is what observing took while the transfer ran: the CPU that competes with the
+    endpoints, unlike start-up and folding, which happen before and after."""
+    parent: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", encoding="ascii", errors="replace") as f:
+                    head, rest = f.read().rsplit(")", 1)
+                parent[int(d)], comm[int(d)] = int(rest.split()[1]), head.partition("(")[2]
+            except (OSError, IndexError, ValueError):
+                continue
+    me = os.getpid()
+    t = os.times()
+    out = {"qprof": t.user + t.system, "perf": 0.0, "other": 0.0}
+    for pid in parent:
+        if pid == me or pid in exclude:
+            continue
+        p, seen = parent[pid], 0
+        while p not in (me, 0, 1) and p not in exclude and seen < 64:
+            p, seen = parent.get(p, 0), seen + 1
+        if p == me:
+            out["perf" if comm[pid].startswith("perf") else "other"] += cpu_seconds(pid) or 0.0
+    return out
+
+
 def rcvbuf_errors() -> int:
     """Udp RcvbufErrors (+ Udp6) of this network namespace."""
     total = 0
@@ -238,6 +274,8 @@ class ExitWatcher:
         self.port: int | None = None
         self.sock_drops: int | None = None
         self.snmp_after: int | None = None
+        self.observer_at_release: dict[str, float] | None = None  # observer_cpu() at the release
+        self.observer_at_exit: dict[str, float] | None = None
         self.released = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -257,6 +295,7 @@ class ExitWatcher:
                     self.sock_drops = d
         self.exited_at = time.monotonic()
         self.cpu_at_exit = cpu_seconds(self.pid)
+        self.observer_at_exit = observer_cpu({self.pid, self.server_pid or 0})
         if self.server_pid is not None:
             self.server_cpu_at_exit = cpu_seconds(self.server_pid)
         self.snmp_after = rcvbuf_errors()
@@ -372,6 +411,7 @@ def run_once(config: Config, pair: int, position: int, size: int, workroot: Path
 
             def release() -> None:
                 snmp_before.append(rcvbuf_errors())
+                watcher.observer_at_release = observer_cpu({server, client})
                 watcher.released.set()
                 xfer.release_client()
 
@@ -408,6 +448,9 @@ def run_once(config: Config, pair: int, position: int, size: int, workroot: Path
             res.cpu = {k: v for k, v in (("server", watcher.server_cpu_at_exit), ("client", watcher.cpu_at_exit),
                                          ("qprof", info.get("self_cpu")), ("loader", info.get("loader_cpu")))
                        if v is not None}
+            if watcher.observer_at_release is not None and watcher.observer_at_exit is not None:
+                for k in OBSERVERS:
+                    res.cpu[f"during_{k}"] = watcher.observer_at_exit[k] - watcher.observer_at_release[k]
             server_final = cpu_seconds(server)
         children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         spent = (children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
@@ -552,7 +595,11 @@ def cpu_table(configs: list[Config], pairs: list[Pair], size: int) -> list[str]:
     gib = size / (1 << 30)
     out = ["CPU s per GiB (medians; qprof = this process while attached, helpers = perf record, probe loader, "
            "perf script; loader = the probe loader alone) and samples in probe frames per attached side:",
-           f"{'config':<16} {'arm':<5} " + " ".join(f"{c:>8}" for c in CPU_COLUMNS) + "  probe frames"]
+           "  during = what this process and its descendants other than the endpoints used from the client's "
+           "release to its exit, as a share of one CPU over that time (competes with the endpoints): "
+           "all, and qprof (this process) / perf / other (the probe loader)",
+           f"{'config':<16} {'arm':<5} " + " ".join(f"{c:>8}" for c in CPU_COLUMNS)
+           + f" {'during':>7} {'qprof/perf/other':>18}  probe frames"]
     for cfg in configs:
         ps = [p for p in pairs if p.config == cfg.name]
         if not ps:
@@ -562,6 +609,13 @@ def cpu_table(configs: list[Config], pairs: list[Pair], size: int) -> list[str]:
             for col in CPU_COLUMNS:
                 vals = [r.cpu[col] / gib for r in runs if col in r.cpu]
                 cells.append(f"{statistics.median(vals):8.3f}" if vals else f"{'-':>8}")
+            timed = [r for r in runs if "during_qprof" in r.cpu and r.wall_s]
+            if timed:
+                share = {k: statistics.median(r.cpu[f"during_{k}"] / r.wall_s for r in timed) for k in OBSERVERS}
+                total = statistics.median(sum(r.cpu[f"during_{k}"] for k in OBSERVERS) / r.wall_s for r in timed)
+                cells.append(f"{total:7.1%} " + f"{'/'.join(f'{share[k]:.1%}' for k in OBSERVERS):>18}")
+            else:
+                cells.append(f"{'-':>7} {'-':>18}")
             shares = {role: [r.probe_share[role] for r in runs if role in r.probe_share]
                       for role in ("server", "client")}
             sh = ", ".join(f"{role} {statistics.median(v):.2%} (max {max(v):.2%})" for role, v in shares.items() if v)
