@@ -166,7 +166,7 @@ _JS = """
     .width(width)
     .cellHeight(18)
     .minFrameSize(0.5)
-    .transitionDuration(250)
+    .transitionDuration(0)  // the first draw (and a zoom or search asked for in the URL) is final at once
     .title("")
     .label(function (d) { return d.data.tip; })
     .setColorMapper(function (d) { return d.highlight ? MATCH : d.data.fill; })
@@ -192,6 +192,7 @@ _JS = """
     if (hit) chart.zoomTo(hit);
   }
   if (q.get("s")) { box.value = q.get("s"); search(); }
+  chart.transitionDuration(250);  // the user's zooms and searches animate
 })();
 """ % {"match": SEARCH_MATCH}
 
