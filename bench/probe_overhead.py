@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab packa
 from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
 from qprof import runfiles  # noqa: E402
 from qprof.collectors import archive
+from qprof.collectors.procfs import descendants
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.units import parse_size
 from qprof.errors import QprofError
@@ -185,27 +186,19 @@ def observer_cpu(exclude: set[int]) -> dict[str, float]:
     their descendants left out, by OBSERVERS kind. Read at the client's release and at its exit,
     the difference is what observing took while the transfer ran: the CPU that competes with the
     endpoints, unlike start-up and folding, which happen before and after."""
-    parent: dict[int, int] = {}
-    comm: dict[int, str] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", encoding="ascii", errors="replace") as f:
-                    head, rest = f.read().rsplit(")", 1)
-                parent[int(d)], comm[int(d)] = int(rest.split()[1]), head.partition("(")[2]
-            except (OSError, IndexError, ValueError):
-                continue
     me = os.getpid()
+    endpoints = {d for pid in exclude for d in descendants(pid)}
     t = os.times()
     out = {"qprof": t.user + t.system, "perf": 0.0, "other": 0.0}
-    for pid in parent:
-        if pid == me or pid in exclude:
+    for pid in descendants(me):
+        if pid == me or pid in endpoints:
             continue
-        p, seen = parent[pid], 0
-        while p not in (me, 0, 1) and p not in exclude and seen < 64:
-            p, seen = parent.get(p, 0), seen + 1
-        if p == me:
-            out["perf" if comm[pid].startswith("perf") else "other"] += cpu_seconds(pid) or 0.0
+        try:
+            with open(f"/proc/{pid}/comm", encoding="ascii", errors="replace") as f:
+                kind = "perf" if f.read().startswith("perf") else "other"
+        except OSError:
+            continue
+        out[kind] += cpu_seconds(pid) or 0.0
     return out
 
 

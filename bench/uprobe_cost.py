@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qprof.collectors.probing import _descendants, enable_bpf_stats, program_stats
+from qprof.collectors.probing import enable_bpf_stats, program_stats
+from qprof.collectors.procfs import descendants
 from qprof.probes.bpftrace import BpftraceProcess
 
 LOOP_C = r"""
@@ -93,7 +94,7 @@ def main() -> None:
             bp.start(bpftrace)
             try:
                 per_call = statistics.median(loop(binary, args.calls) for _ in range(args.trials))
-                progs = program_stats(_descendants(bp.proc.pid)) if stats_fd is not None else []
+                progs = program_stats(set(descendants(bp.proc.pid))) if stats_fd is not None else []
             finally:
                 bp.stop()
             hits = sum(int(p["run_cnt"] or 0) for p in progs)

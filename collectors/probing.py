@@ -95,19 +95,6 @@ def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:
             for p in progs if p.get("id") in ids]
 
 
-def _descendants(pid: int) -> set[int]:
-    """pid and its children (unshare -> sh -> bpftrace keeps one pid through exec)."""
-    found = {pid}
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
-                for c in f.read().split():
-                    found |= _descendants(int(c))
-    except OSError:
-        pass
-    return found
-
-
 class ProbeCollector:
     """Runs the selected probe groups for one attach session."""
 
@@ -237,7 +224,7 @@ class ProbeCollector:
         owners: set[int] = set()
         for p in self.procs:
             if p.proc is not None:
-                owners |= _descendants(p.proc.pid)
+                owners.update(procfs.descendants(p.proc.pid))
         by_group: dict[str, list[dict[str, Any]]] = {}
         if self._stats_on_s > 0 or self._stats_fd is not None:
             now = time.monotonic()
@@ -255,7 +242,7 @@ class ProbeCollector:
             # per-program figures scaled the same way (crypto's cost model reads them)
             by_group = {p.name: [{**x, "run_time_ns": round(int(x["run_time_ns"] or 0) * scale),
                                   "run_cnt": round(int(x["run_cnt"] or 0) * scale)}
-                                 for x in program_stats(_descendants(p.proc.pid))]
+                                 for x in program_stats(set(procfs.descendants(p.proc.pid)))]
                         for p in self.procs if p.proc is not None}
             self.record["cost"] = {
                 **scaled(progs, scale), "programs": progs,

@@ -265,6 +265,22 @@ def reading(pids: list[int]) -> dict[str, Any]:
 
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process it started that still runs (a forking server's workers; bpftrace under
+    the `unshare` and `sh` that start it)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
 def is_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -16,11 +16,11 @@ sent to the server to find out.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qprof.collectors import procfs
 from qprof.probes.sockets import socket_inodes
 from qprof.errors import QprofError
 
@@ -74,21 +74,6 @@ def parse_ready(text: str, timeout_s: float = 30.0) -> Ready:
     raise QprofError(f"--ready {text!r} is not a condition: {usage}")
 
 
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process it started that still runs (a forking server's workers)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-    return out
-
-
 def _sockets(pid: int, proto: str) -> list[tuple[int, str, str]]:
     """(local port, state, inode) of every `proto` socket of `pid`'s network namespace."""
     rows = []
@@ -112,7 +97,7 @@ def port_bound(proto: str, port: int, pid: int) -> bool:
 
 def serving(pid: int) -> bool:
     """Does `pid` or a process it started hold a listening TCP socket or a bound UDP socket?"""
-    procs = descendants(pid)
+    procs = procfs.descendants(pid)
     mine = set().union(*(socket_inodes(p) for p in procs))
     if not mine:
         return False

@@ -103,7 +103,7 @@ def build(discovery: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         tests = "".join(f"\t\t{'else ' if i else ''}if ($ra >= {start:#x} && $ra < {end:#x}) "
                         f"{{ @reentry[pid, reg(\"r14\")] = {mark}; }}\n"
                         for i, (mark, start, end, _) in enumerate(ranges))
-        who = _target(sorted({p for *_, pids in ranges for p in pids}))
+        who = _target([p for *_, pids in ranges for p in pids])
         blocks.append(f"// runtime.morestack in {obj_path}: a probed Go function re-entered after its stack "
                       f"check failed is one call\nuprobe:{obj_path}:{discovery['objects'][obj_path]['go_morestack']}\n"
                       f"{{\n\tif ({who}) {{\n\t\t$ra = *(uint64 *)reg(\"sp\");\n{tests}\t}}\n}}\n")
