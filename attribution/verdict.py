@@ -10,7 +10,10 @@ Per side, over its own window (two archives from two hosts need no clock sync):
   QUIC stacks do their work in one thread), or wanting a CPU (on one or
   stalled) all the time. `cpu-starved`: its cgroup throttled, or stalled for a
   CPU (wanting one with none of its threads running) for long, relative to
-  the CPU time it got. Stalls are the CPU pressure "full" (PSI) of a cgroup
+  the CPU time it got, while the CPUs it may use were busy nearly all the
+  time (a side that stalls while they sit idle for longer meets the
+  scheduler's latency, a busy neighbour finishing its slice, not a lack of
+  CPU: a paced sender keeps its rate through it). Stalls are the CPU pressure "full" (PSI) of a cgroup
   holding only this process, or, for a single thread, its run-queue time. The
   run-queue times of a process's threads are not summed into a stall: threads
   of one process (Go's, tokio's) also wait for each other, which is no limit
@@ -53,6 +56,7 @@ THRESHOLDS: dict[str, float] = {
     "demand_of_capacity": 0.90,  # CPU-limited: (on-CPU + stalled) / capacity; or one thread runnable
     "stalled": 0.15,  # cpu-starved: share of wall time it wanted a CPU and none of its threads ran ...
     "stall_ratio": 0.40,  # ... and that stall / (stall + on-CPU cores) (a single thread: waiting / runnable)
+    "cpus_busy": 0.90,  # ... while the CPUs it may use were busy (not idle) this share of the time
     "throttled_periods": 0.25,  # cpu-starved: share of CFS periods in which its cgroup was throttled
     "receive_drop_share": 0.02,  # receive-buffer: dropped at its sockets / (received + dropped)
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
@@ -106,6 +110,8 @@ class SideEvidence:
     stalled: float | None = None  # share of wall time it wanted a CPU and none of its threads ran
     stalled_from: str = ""  # PSI "full" of its own cgroup, or its one thread's run-queue time
     stall_ratio: float | None = None  # stalled / (stalled + on-CPU cores)
+    usable_cpus: list[int] = field(default_factory=list)  # allowed by both its affinity and its cpuset
+    cpus_busy: float | None = None  # share of the time those CPUs were not idle (/proc/stat)
     capacity_cores: float = 0.0
     capacity_from: str = ""  # what set the capacity: host, affinity, cpuset, quota
     cpus_allowed: list[int] | None = None  # affinity
@@ -240,6 +246,15 @@ def _share(a: Pressure | None, b: Pressure | None, wall: float, full: bool = Fal
     return None if x is None or y is None else max(0.0, (y - x) / wall)
 
 
+def _busy(idle0: dict[int, float], idle1: dict[int, float], cpus: set[int], wall: float) -> float | None:
+    """Share of `wall` the CPUs in `cpus` were not idle (idle + iowait from /proc/stat, in ticks),
+    or None when a reading lacks one of them."""
+    if not cpus or wall <= 0 or any(c not in idle0 or c not in idle1 for c in cpus):
+        return None
+    idle = sum(max(0.0, idle1[c] - idle0[c]) for c in cpus)
+    return min(1.0, max(0.0, 1.0 - idle / (wall * len(cpus))))
+
+
 def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int, wall: float) -> None:
     """What the process may use: CPUs allowed by both its affinity and its cpuset, capped by its quota;
     throttling and CPU pressure of its cgroup."""
@@ -261,6 +276,7 @@ def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int,
             usable &= set(cpus)
             ev.capacity_from = f"its {name} (CPU {','.join(map(str, sorted(usable)))})"
     ev.capacity_cores = float(max(1, len(usable)))
+    ev.usable_cpus = sorted(usable)
     if cg1 and cg1.quota_cores:
         ev.quota_cores = cg1.quota_cores
         if ev.quota_cores < ev.capacity_cores:
@@ -279,6 +295,7 @@ def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int,
         a, b = own[0][1], own[-1][1]
         ev.pressure_some, ev.pressure_full = _share(a, b, span), _share(a, b, span, full=True)
     ev.host_pressure_some = _share(rs[0].pressure, rs[-1].pressure, wall)
+    ev.cpus_busy = _busy(rs[0].cpu_idle, rs[-1].cpu_idle, usable, wall)
     # Stalled: wanted a CPU with none of its threads running. PSI "full" of a cgroup holding only this
     # process says it; for one thread it is that thread's run-queue time. Threads of one process also
     # wait for each other, so their summed run-queue time cannot say it.
@@ -345,6 +362,10 @@ def _judge(ev: SideEvidence) -> None:
             "cpu-starved", "stall_ratio", ev.stall_ratio,
             f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} stalled, "
             f"{on:.2f} cores on a CPU)")
+        if starved and ev.cpus_busy is not None:  # readings before qprof recorded idle time: not known
+            starved = add("cpu-starved", "cpus_busy", ev.cpus_busy,
+                          f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) busy {ev.cpus_busy:.0%} "
+                          "of the time")
     if ev.throttled_periods is not None:
         starved |= add("cpu-starved", "throttled_periods", ev.throttled_periods,
                        f"cgroup throttled in {ev.throttled_periods:.0%} of CPU periods ({ev.throttled_s or 0:.2f} s)")

@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Any
 
+from qprof.collectors import procfs
 from qprof.probes.sockets import snmp_table, socket_fds
 
 SYSCTLS = ("net/core/rmem_default", "net/core/rmem_max", "net/core/wmem_default", "net/core/wmem_max",
@@ -139,17 +140,7 @@ def softirq_counts() -> dict[str, list[int]]:
 def softirq_seconds() -> dict[str, float]:
     """Per-CPU time spent in softirqs since boot (/proc/stat; tick-sampled unless the kernel
     has IRQ_TIME_ACCOUNTING): the probe-free measure of softirq load."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            for ln in f:
-                parts = ln.split()
-                if parts and parts[0].startswith("cpu") and parts[0] != "cpu" and len(parts) > 7:
-                    out[parts[0][3:]] = int(parts[7]) / hz
-    except (OSError, ValueError):
-        pass
-    return out
+    return {cpu: t[6] / procfs.CLK_TCK for cpu, t in procfs.cpu_ticks().items() if len(t) > 6}
 
 
 _QDISC_KEYS = ("bytes", "packets", "drops", "overlimits", "requeues", "backlog", "qlen")

@@ -255,14 +255,28 @@ def cpu_limits(pid: int) -> dict[str, Any]:
 
 def reading(pids: list[int]) -> dict[str, Any]:
     """One timestamped /proc reading for all targets (a line of proc.jsonl), with the host's CPU
-    pressure (PSI, absent on kernels without it)."""
+    pressure (PSI, absent on kernels without it) and each CPU's idle time: whether the CPUs a
+    stalled target may use were saturated, or idle while it waited (attribution.verdict)."""
     return {"t": time.time(), "mono": time.monotonic(),
             "threads": {str(p): thread_times(p) for p in pids},
             "cgroups": {str(p): cgroup_cpu(p) for p in pids},
             "limits": {str(p): cpu_limits(p) for p in pids},
-            "pressure": _pressure(_read("/proc/pressure/cpu"))}
+            "pressure": _pressure(_read("/proc/pressure/cpu")),
+            "cpu_idle": {cpu: (t[3] + t[4]) / CLK_TCK for cpu, t in cpu_ticks().items() if len(t) > 4}}
 
 
+def cpu_ticks() -> dict[str, list[int]]:
+    """Each CPU's /proc/stat line since boot, in clock ticks (user nice system idle iowait irq
+    softirq steal ...), by CPU number; {} if unreadable."""
+    out: dict[str, list[int]] = {}
+    for ln in (_read("/proc/stat") or "").splitlines():
+        name, *cols = ln.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            try:
+                out[name[3:]] = [int(c) for c in cols]
+            except ValueError:
+                continue
+    return out
 
 
 def descendants(pid: int) -> list[int]:

@@ -122,6 +122,7 @@ class ProcReading:
     pressure: Pressure | None = None  # the host's
     tcp: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> bytes (sent, received) so far
     udp: dict[int, tuple[float, float]] = field(default_factory=dict)
+    cpu_idle: dict[int, float] = field(default_factory=dict)  # CPU -> idle + iowait seconds since boot
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ProcReading":
@@ -134,7 +135,8 @@ class ProcReading:
                    _num(d.get("t")),
                    {pid: CgroupReading.from_json(c) for pid, c in _pid_keyed(d.get("cgroups")).items() if c},
                    {pid: Limits.from_json(lim) for pid, lim in _pid_keyed(d.get("limits")).items()},
-                   Pressure.from_json(d.get("pressure")), moved(d.get("tcp")), moved(d.get("udp")))
+                   Pressure.from_json(d.get("pressure")), moved(d.get("tcp")), moved(d.get("udp")),
+                   {cpu: float(v) for cpu, v in _pid_keyed(d.get("cpu_idle")).items()})
 
 
 # ---- meta.json: what was profiled, how, on what host; checked against schema.META -------------------

@@ -230,6 +230,7 @@ PROC_READING = Obj({
     "limits": MapOf(Obj({"cpus_allowed": Either(T(None), [INT]), "cpuset": Either(T(None), [INT]),
                          "pressure": Either(T(None), MapOf(NUM)), "pressure_procs": OPT_INT}), numbered=True),
     "pressure": Either(T(None), MapOf(NUM)),
+    "cpu_idle": MapOf(NUM, numbered=True),
 }, required=("mono", "threads"))
 
 

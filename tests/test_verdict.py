@@ -16,9 +16,11 @@ from conftest import examples
 def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float | None = None,
              throttled: float = 0.0, syscall: str = "232", n: int = 11, threads: int = 1,
              psi_full: float | None = None, psi_some: float | None = None, cpus: list[int] | None = None,
-             cpuset: list[int] | None = None, procs_in_cgroup: int = 1) -> list[dict[str, Any]]:
+             cpuset: list[int] | None = None, procs_in_cgroup: int = 1,
+             cpu_idle: tuple[float, ...] | None = None) -> list[dict[str, Any]]:
     """n readings over `seconds` of one process whose `threads` threads share `on_cpu` and `runq`
-    (cores) equally; with `psi_full`, its own cgroup's CPU pressure."""
+    (cores) equally; with `psi_full`, its own cgroup's CPU pressure; with `cpu_idle`, the share of
+    the time each of the host's CPUs was idle."""
     out = []
     for i in range(n):
         t = seconds * i / (n - 1)
@@ -33,6 +35,8 @@ def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float 
             "limits": {str(pid): {"cpus_allowed": cpus or [0, 1], "cpuset": cpuset or [0, 1], "pressure": pressure,
                                   "pressure_procs": procs_in_cgroup}},
             "pressure": {"some_s": t * 0.1, "full_s": 0.0}})
+        if cpu_idle is not None:
+            out[-1]["cpu_idle"] = {str(c): 1000.0 + t * idle for c, idle in enumerate(cpu_idle)}
     return out
 
 
@@ -46,6 +50,8 @@ def merge(*rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for parts in zip(*rs):
         r: dict[str, Any] = {"mono": parts[0]["mono"], "t": parts[0]["t"], "threads": {}, "cgroups": {}, "limits": {},
                              "pressure": parts[0]["pressure"]}
+        if "cpu_idle" in parts[0]:
+            r["cpu_idle"] = parts[0]["cpu_idle"]
         for p in parts:
             for k in ("threads", "cgroups", "limits"):
                 r[k].update(p[k])
@@ -101,6 +107,34 @@ def test_multithreaded_stall_from_its_cgroups_pressure() -> None:
     srv = v.to_json()["evidence"]["server"]
     assert srv["stalled"] is None, "summed run-queue time of threads is not a stall"
     assert any("stalls unknown" in n for n in v.notes)
+
+
+def test_stalls_beside_idle_cpus_are_latency_not_starvation() -> None:
+    """A fresh-clone run with one busy process on the 2-CPU host: the quic-go server pacing itself to
+    100 Mbit/s got it (99 Mbit/s), on a CPU 0.25 cores, its cgroup's PSI full 18% (42% as long as it
+    ran and stalled), blocked 73% of the time; the CPUs it may use were idle for longer than it stalled.
+    With the same stalls on saturated CPUs it is starved."""
+    def server(cpu_idle: tuple[float, float]) -> list[dict[str, Any]]:
+        return readings(1, 3.5, 0.25, 0.59, threads=5, psi_full=0.18, psi_some=0.34, cpu_idle=cpu_idle)
+
+    client = readings(2, 3.5, 0.15, 0.38, threads=5, psi_full=0.13, psi_some=0.23, cpu_idle=(0.2, 0.2))
+    v = verdict(server((0.2, 0.2)), client)
+    assert (v.limited_by, v.cause) == ("neither", "flow-control/application")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["cpus_busy"] == 0.8 and srv["stall_ratio"] > THRESHOLDS["stall_ratio"]
+    assert any(f["threshold"] == "cpus_busy" and not f["met"] for f in srv["findings"])
+    v = verdict(server((0.03, 0.05)), client)
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    assert v.to_json()["evidence"]["server"]["cpus_busy"] == 0.96
+
+
+def test_starved_on_its_one_saturated_cpu_whatever_the_other_does() -> None:
+    """Bound to CPU 0 beside a busy process (the contention scenario): CPU 0 never idle, CPU 1 mostly
+    idle. Only the CPUs it may use count."""
+    v = verdict(readings(1, 10, 0.26, 0.26, cpus=[0], cpu_idle=(0.0, 0.7)), readings(2, 10, 0.22, 0.03))
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["usable_cpus"] == [0] and srv["cpus_busy"] == 1.0
 
 
 def test_a_shared_cgroups_pressure_is_not_the_sides() -> None:
@@ -218,12 +252,15 @@ VERDICT_OF = {(True, False): "server-limited", (False, True): "client-limited", 
 @settings(max_examples=examples(200), deadline=None)
 @given(st.floats(0, 2), st.floats(0, 1), st.floats(0, 2), st.floats(0, 1),
        st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64), st.integers(1, 8),
-       st.one_of(st.none(), st.floats(0, 1)))
+       st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.floats(0, 1)))
 def test_verdict_follows_the_findings(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
-                                      thr: float, cpus: int, threads: int, psi: float | None) -> None:
+                                      thr: float, cpus: int, threads: int, psi: float | None,
+                                      idle: float | None) -> None:
     """Without drops or queues, a side limits exactly when its CPU findings say so, and the verdict is
     the pair of sides' answers: what was measured decides, checked against the findings the report prints."""
-    v = verdict(readings(1, 5, on1, rq1, quota, thr, threads=threads, psi_full=psi), readings(2, 5, on2, rq2), cpus)
+    cpu_idle = None if idle is None else (idle,) * cpus
+    v = verdict(readings(1, 5, on1, rq1, quota, thr, threads=threads, psi_full=psi, cpu_idle=cpu_idle),
+                readings(2, 5, on2, rq2, cpu_idle=cpu_idle), cpus)
     doc = v.to_json()
     assert doc["limited_by"] == v.limited_by
     assert set(v.cause.split("+")) <= set(CAUSES)
@@ -233,10 +270,12 @@ def test_verdict_follows_the_findings(on1: float, rq1: float, on2: float, rq2: f
         for f in findings:
             assert f["met"] == (f["value"] >= f["limit"]), f
         met = {f["threshold"]: f["met"] for f in findings if f["cause"] in CPU_CAUSES}
-        # stalled decides only together with the stall ratio (stalled as long as it ran)
+        # stalled decides only together with the stall ratio (stalled as long as it ran) and, when the
+        # idle time is known, CPUs it may use that were busy
         limited[role] = (any(met.get(k, False) for k in ("thread_on_cpu", "on_cpu_of_capacity", "demand_of_capacity",
                                                          "throttled_periods"))
-                         or (met.get("stalled", False) and met.get("stall_ratio", False)))
+                         or (met.get("stalled", False) and met.get("stall_ratio", False)
+                             and met.get("cpus_busy", True)))
         assert doc["evidence"][role]["cpu_limited"] == limited[role], doc["evidence"][role]
     assert v.limited_by == VERDICT_OF[(limited["server"], limited["client"])]
     assert (v.limited_by == "neither") == (v.cause == "flow-control/application")
