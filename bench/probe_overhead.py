@@ -177,7 +177,9 @@ class RunResult:
         return self.error is None and self.wall_s is not None
 
 
-OBSERVERS = ("qprof", "perf", "other")  # this process; perf record and perf script; the probe loader and the rest
+# this process; perf record and perf script; the probe loader, and the short-lived helpers qprof ran
+# and reaped meanwhile (ss, nsenter, tc, bpftool: their CPU is only in this process's children times)
+OBSERVERS = ("qprof", "perf", "other")
 
 
 def observer_cpu(exclude: set[int]) -> dict[str, float]:
@@ -185,11 +187,12 @@ def observer_cpu(exclude: set[int]) -> dict[str, float]:
     every live process descended from it (perf, the probe loader), the endpoints in `exclude` and
     their descendants left out, by OBSERVERS kind. Read at the client's release and at its exit,
     the difference is what observing took while the transfer ran: the CPU that competes with the
-    endpoints, unlike start-up and folding, which happen before and after."""
+    endpoints, unlike start-up and folding, which happen before and after. Children reaped in
+    between count as "other": the endpoints are reaped only after the exit's reading."""
     me = os.getpid()
     endpoints = {d for pid in exclude for d in descendants(pid)}
     t = os.times()
-    out = {"qprof": t.user + t.system, "perf": 0.0, "other": 0.0}
+    out = {"qprof": t.user + t.system, "perf": 0.0, "other": t.children_user + t.children_system}
     for pid in descendants(me):
         if pid == me or pid in endpoints:
             continue
