@@ -247,7 +247,7 @@ def _share(a: Pressure | None, b: Pressure | None, wall: float, full: bool = Fal
 
 
 def _busy(idle0: dict[int, float], idle1: dict[int, float], cpus: set[int], wall: float) -> float | None:
-    """Share of `wall` the CPUs in `cpus` were not idle (idle + iowait from /proc/stat, in ticks),
+    """Share of `wall` the CPUs in `cpus` were not idle (idle + iowait seconds from /proc/stat),
     or None when a reading lacks one of them."""
     if not cpus or wall <= 0 or any(c not in idle0 or c not in idle1 for c in cpus):
         return None

@@ -270,10 +270,10 @@ def cpu_ticks() -> dict[str, list[int]]:
     softirq steal ...), by CPU number; {} if unreadable."""
     out: dict[str, list[int]] = {}
     for ln in (_read("/proc/stat") or "").splitlines():
-        name, *cols = ln.split()
+        name, _, cols = ln.partition(" ")
         if name.startswith("cpu") and name[3:].isdigit():
             try:
-                out[name[3:]] = [int(c) for c in cols]
+                out[name[3:]] = [int(c) for c in cols.split()]
             except ValueError:
                 continue
     return out

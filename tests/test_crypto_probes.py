@@ -152,6 +152,11 @@ def test_go_gcm_seal_open_and_block_encrypt_counted(probes_available: None, tmp_
     assert p["calls"]["header_protection"] == truth["block_encrypt"]
     assert p["bytes"]["aead_seal"] == p["bytes"]["aead_open"] == truth["plaintext_bytes"]
     assert "runtime.morestack" in (run / "probe-crypto.bt").read_text()
+    # the binary is the target's own: every trap in it is a counted call or a discounted re-entry
+    cost = json.loads((run / "probes.json").read_text())["crypto"]["cost"]
+    assert cost["target_hits"] == truth["seal"] + truth["open"] + truth["block_encrypt"]
+    assert cost["all_hits"] == cost["target_hits"] + cost["target_reentries"]
+    assert "crypto probes cost the targets" in qprof("report", str(run)).stdout
     assert p["cipher"] == "aes-gcm"
     if cryptosyms.cpu_flags()["aes"] and cryptosyms.cpu_flags()["pclmulqdq"]:
         assert p["aes_path"].startswith("hardware")
