@@ -131,6 +131,9 @@ class TcpDiag:
     def __init__(self, pid: int) -> None:
         self.dumper, self.events = in_netns_of(pid, self._open)
         self._seq = 0
+        # one receive buffer for the run: recv(n) allocated (and freed) n bytes per call, 1 MiB
+        # several times a poll, though a message is a few KiB and the broadcast socket mostly empty
+        self._buf = bytearray(1 << 20)
         self.lost_events = 0  # destroy broadcasts the kernel dropped (receive buffer full)
 
     @staticmethod
@@ -159,7 +162,7 @@ class TcpDiag:
             self.dumper.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY,
                                             NLM_F_REQUEST | NLM_F_DUMP, self._seq, 0) + req)
             while True:
-                socks, done, err = parse_messages(self.dumper.recv(1 << 20))
+                socks, done, err = parse_messages(self._recv(self.dumper))
                 found += socks
                 if err:
                     raise OSError(err, f"sock_diag dump: {os.strerror(err)}")
@@ -172,7 +175,7 @@ class TcpDiag:
         out: list[TcpSocket] = []
         while True:
             try:
-                data = self.events.recv(1 << 20)
+                data = self._recv(self.events)
             except BlockingIOError:
                 return out
             except OSError as e:
@@ -181,6 +184,10 @@ class TcpDiag:
                     continue
                 raise
             out += parse_messages(data)[0]
+
+    def _recv(self, sock: socket.socket) -> bytes:
+        n = sock.recv_into(self._buf)
+        return bytes(memoryview(self._buf)[:n])
 
     def close(self) -> None:
         self.dumper.close()
