@@ -1,7 +1,7 @@
 """Fold perf data chunk by chunk while sampling goes on: bounded disk and memory for long runs.
 
-Why: DWARF unwinding copies 8 KiB of user stack per sample, about 13 MB/s of
-perf data on two busy CPUs (47 GB an hour). So perf record runs with
+Why: DWARF unwinding copies 8 KiB of user stack per sample, about 6.5 MB/s of
+perf data on two busy CPUs at the default 499 Hz (24 GB an hour). So perf record runs with
 `--switch-output=SIZE`: when its file reaches SIZE, perf finishes it (header
 written) and renames it perf-<mode>.data.<timestamp>, then starts a new one; a
 timestamped file is therefore complete. A background thread folds each finished
@@ -34,8 +34,9 @@ from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
 from qprof import runfiles
 from qprof.errors import QprofError
+from qprof.probes.children import BACKGROUND_NICE
 
-CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~5 s of DWARF samples on two busy CPUs
+CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~10 s of DWARF samples on two busy CPUs at 499 Hz
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
 # (stack, time bin) pairs kept for the timeline: a hot stack has one in every 100 ms bin, so a long run's
@@ -163,9 +164,9 @@ class ChunkFolder:
         waiting.sort(key=lambda pg: pg[0].name)
         if not final:
             self._enforce_budget(waiting)
-        for path, group in waiting:
+        for i, (path, group) in enumerate(waiting):
             if path.exists():
-                self._fold_chunk(path, group)
+                self._fold_chunk(path, group, final or self._behind(waiting[i:]))
 
     def _enforce_budget(self, waiting: list[tuple[Path, dict[str, Any]]]) -> None:
         sizes = {p: _size(p) for p, _ in waiting}
@@ -180,16 +181,23 @@ class ChunkFolder:
                         "slower than sampling; lower -F or use --unwind fp")
             self._save()
 
-    def _fold_chunk(self, path: Path, group: dict[str, Any]) -> None:
+    def _behind(self, waiting: list[tuple[Path, dict[str, Any]]]) -> bool:
+        """Folding must keep up now: the chunks waiting fill half the raw budget (past all of it
+        the oldest are dropped)."""
+        return sum(_size(p) for p, _ in waiting) > self.raw_budget // 2
+
+    def _fold_chunk(self, path: Path, group: dict[str, Any], urgent: bool) -> None:
+        """`urgent`: at the targets' priority, on every CPU once sampling is over. Otherwise, while
+        sampling goes on, one perf script at the lowest priority: it takes the CPU the targets
+        leave, not theirs (at the same priority it is scheduled against them)."""
         st = self.state
         log = self.out / runfiles.perf_log(group["unwind"])
         chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
-        # one perf script at a time while sampling goes on (the CPUs are the targets'), all CPUs at the end
         background = threading.current_thread() is not threading.main_thread()
         try:
             part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None,
-                                    group.get("windows"))
+                                    group.get("windows"), 0 if urgent else BACKGROUND_NICE)
             for r in part:
                 add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted

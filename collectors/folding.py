@@ -70,8 +70,10 @@ class SliceSpec:
     window: Window = (None, None)
 
 
-def run_slices(perf: str, specs: list[SliceSpec], jobs: int) -> list[tuple[list[StackRecord], ParseStats]]:
-    """Run the slices, `jobs` at a time, folding each one's output as it arrives; results in `specs` order."""
+def run_slices(perf: str, specs: list[SliceSpec], jobs: int, nice: int = 0
+               ) -> list[tuple[list[StackRecord], ParseStats]]:
+    """Run the slices, `jobs` at a time, folding each one's output as it arrives; results in `specs` order.
+    `nice`: the perf scripts' niceness (probes.children.BACKGROUND_NICE while the targets run)."""
     pending = deque(enumerate(specs))
     running: dict[int, _Running] = {}
     results: list[tuple[list[StackRecord], ParseStats] | None] = [None] * len(specs)
@@ -80,7 +82,7 @@ def run_slices(perf: str, specs: list[SliceSpec], jobs: int) -> list[tuple[list[
         while pending or running:
             while pending and len(running) < max(1, jobs):
                 i, spec = pending.popleft()
-                r = running[i] = _Running(perf, spec)
+                r = running[i] = _Running(perf, spec, nice)
                 sel.register(r.fd, selectors.EVENT_READ, i)
             for key, _ in sel.select():
                 r = running[key.data]
@@ -137,10 +139,10 @@ def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
 
 
 def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None,
-              windows: PidWindows | None = None) -> tuple[list[StackRecord], ParseStats]:
+              windows: PidWindows | None = None, nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
     """Fold one perf data file (a run's chunk: collectors.chunks) in `jobs` time slices at once."""
     jobs = default_jobs() if jobs is None else jobs
-    return merge(run_slices(perf, file_specs(data, log, pids, jobs, windows), jobs))
+    return merge(run_slices(perf, file_specs(data, log, pids, jobs, windows), jobs, nice))
 
 
 def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None) -> ParseStats:
@@ -157,7 +159,7 @@ def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None
 class _Running:
     """A running `perf script` slice and the folder its output streams into."""
 
-    def __init__(self, perf: str, spec: SliceSpec) -> None:
+    def __init__(self, perf: str, spec: SliceSpec, nice: int = 0) -> None:
         self.spec = spec
         self.stats = ParseStats()
         self.folder = StreamFolder(self.stats)
@@ -167,7 +169,7 @@ class _Running:
         with open(spec.log, "ab") as logf:
             self.proc = subprocess.Popen(script_command(perf, spec.data, spec.pids, spec.window),
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
-                                         preexec_fn=die_with_parent(signal.SIGKILL))
+                                         preexec_fn=die_with_parent(signal.SIGKILL, nice))
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()
         try:

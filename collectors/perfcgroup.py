@@ -1,6 +1,6 @@
 """Filter perf's samples to the targets inside the kernel: a perf_event cgroup (`--scope cgroup`).
 
-System-wide sampling (-a, the default) interrupts every CPU 999 times a
+System-wide sampling (-a, the default) interrupts every CPU 499 times a
 second and copies 8 KiB of user stack per sample for DWARF unwinding, for
 every task: the peer endpoint on the other core pays for samples qprof throws
 away. Per-task events (-p) filter in the kernel but perf 6.1 spins a core

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from qprof import runfiles
 from qprof.version import __version__
 from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
-from qprof.collectors.perf import UNWIND_MODES, PerfRecorder
+from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
 from qprof.collectors.records import LiveData, ProcReading, Target
@@ -43,7 +43,6 @@ from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
                                    tool_version)
 
-DEFAULT_FREQUENCY = 999  # Hz; off 1000 so sampling does not beat with 1 ms timers
 POLL_TICK = 0.05  # s between checks of the stop conditions
 SOCKET_INTERVAL = 1.0  # s between socket-table readings (ss: ~10 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
@@ -117,7 +116,7 @@ def validate_options(opts: AttachOptions) -> None:
     if not 1 << 20 <= opts.chunk_bytes <= 1 << 40:
         raise QprofError("--chunk-size is out of range: give 1M or more")
     if not 1 <= opts.frequency <= 100_000:
-        raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (999 is usual)")
+        raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (the default is {DEFAULT_FREQUENCY})")
 
 
 class AttachSession:

@@ -15,9 +15,13 @@ from qprof.errors import QprofError
 from qprof.probes.mapsout import last_path, read_maps
 
 PR_SET_PDEATHSIG = 1
+# Helpers whose work can wait for CPU the targets leave (folding finished perf chunks while the
+# targets run): the lowest priority. A helper at the targets' own priority is scheduled against
+# them on a host they fill, and its CPU is charged to their wall time.
+BACKGROUND_NICE = 19
 
 
-def die_with_parent(sig: int) -> Callable[[], None]:
+def die_with_parent(sig: int, nice: int = 0) -> Callable[[], None]:
     """What to run in a helper child before exec (made in qprof, run in the child): `sig` on
     qprof's death (so perf/bpftrace finish and exit), and a process group of its own: a
     terminal's Ctrl-C (or a kill of qprof's group, as `timeout` sends) reaches qprof only, which
@@ -27,7 +31,8 @@ def die_with_parent(sig: int) -> Callable[[], None]:
     Two ways a helper outlived a SIGKILLed qprof (a perf record left sampling, fault table):
     qprof dying before the child's prctl (no signal ever comes), and the signal arriving before
     exec, where the child still has qprof's Python handler, which only notes it. So the signal's
-    default action is restored first, and a child whose parent is already gone exits."""
+    default action is restored first, and a child whose parent is already gone exits.
+    `nice`: added to the helper's niceness (BACKGROUND_NICE for work that can wait)."""
     parent = os.getpid()
 
     def preexec() -> None:
@@ -39,6 +44,8 @@ def die_with_parent(sig: int) -> Callable[[], None]:
         if os.getppid() != parent:
             os._exit(1)
         os.setpgid(0, 0)
+        if nice:
+            os.nice(nice)
 
     return preexec
 

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 
 from qprof import runfiles
+from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.errors import QprofError
 
 _stderr = Console(stderr=True, highlight=False)
@@ -84,8 +85,8 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("-d", "--duration", type=float, default=None,
                      help="Seconds to sample; default: until Ctrl-C or every target exits."),
-        click.option("-F", "--frequency", type=int, default=999, show_default=True,
-                     help="Samples per second per thread."),
+        click.option("-F", "--frequency", type=int, default=DEFAULT_FREQUENCY, show_default=True,
+                     help="Samples per second per busy CPU (each costs the task it interrupts ~20 us on a VM)."),
         click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
                      help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise."),
         click.option("--scope", type=click.Choice(["system", "cgroup"]), default="system", show_default=True,

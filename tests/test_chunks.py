@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,9 @@ from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
 from qprof.collectors.stacks import Sample, fold, read_header, read_stacks, write_stacks
 from qprof.probes.mapsout import read_maps
+from qprof.probes.children import BACKGROUND_NICE
 from qprof.probes.features import require_perf
+from qprof.collectors.perf import DEFAULT_FREQUENCY
 
 pytestmark = [pytest.mark.root]
 # busy for 8 s of its own CPU time, then exits (which ends the attach): the capture holds about
@@ -61,7 +65,7 @@ def test_rotated_and_folded_while_sampling(capture: Path) -> None:
     assert meta["status"] == "complete" and meta["chunks"]["folded"] >= 3, meta["chunks"]
     assert head is not None and sorted(head["folded"]) == sorted(raw), "every chunk folded once"
     # the target's 8 s of CPU minus what it used before sampling started (qprof's start-up, < 3 s)
-    assert head["samples"] == meta["parse"]["samples"] == sum(totals(capture).values()) > 5 * 999 * 0.9
+    assert head["samples"] == meta["parse"]["samples"] == sum(totals(capture).values()) > 5 * DEFAULT_FREQUENCY * 0.9
     assert not (capture / "perf-dwarf.data").exists(), "perf renamed its last file too"
 
 
@@ -104,7 +108,7 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     (run / "stacks.jsonl.gz").unlink()
     folder = ChunkFolder(require_perf(), run, groups(run))
     for c in chunks[:2]:
-        folder._fold_chunk(c, groups(run)[0])
+        folder._fold_chunk(c, groups(run)[0], urgent=True)
     assert not chunks[0].exists() and not chunks[1].exists()
     meta = json.loads((run / "meta.json").read_text())
     meta["status"] = "collecting"  # its collector is long gone
@@ -153,6 +157,52 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
     assert len(head["dropped"]) == len(chunks) - 1 and head["folded"] == [chunks[-1].name]
     assert all(not c.exists() for c in chunks)
     assert any("folding is slower than sampling" in s for s in said)
+
+
+def _perf_script_niceness(stop: threading.Event, seen: set[int]) -> None:
+    """The niceness of every perf script this process runs, until `stop`."""
+    me = str(os.getpid())
+    while not stop.is_set():
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    comm, rest = f.read().rsplit(")", 1)
+            except OSError:
+                continue
+            fields = rest.split()
+            if "(perf" in comm and fields[1] == me:
+                seen.add(int(fields[16]))
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("behind", [False, True])
+def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, tmp_path: Path,
+                                                                 behind: bool) -> None:
+    """While sampling goes on, perf script runs at the lowest priority; with half the raw budget
+    waiting it runs at the targets' priority to catch up (past the whole budget chunks are lost)."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
+    for c in chunks[4:]:  # four chunks show both priorities
+        c.unlink()
+    chunks = chunks[:4]
+    backlog = sum(c.stat().st_size for c in chunks)
+    budget = backlog * 3 // 2 if behind else backlog * 4
+    folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=budget)
+    stop, seen = threading.Event(), set()
+    watcher = threading.Thread(target=_perf_script_niceness, args=(stop, seen))
+    watcher.start()
+    try:
+        folder.fold_pass(final=False)
+    finally:
+        stop.set()
+        watcher.join()
+    head = read_header(run / "stacks.jsonl.gz") or {}
+    assert head["folded"] == [c.name for c in chunks] and not head.get("dropped")
+    # the first chunk folds at the backlog's priority; later ones may catch up below half
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen and (own in seen if behind else seen == {min(19, own + BACKGROUND_NICE)})
 
 
 @settings(max_examples=examples(60), deadline=None)
