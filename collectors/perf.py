@@ -31,11 +31,10 @@ from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
 
 UNWIND_MODES = ("fp", "dwarf")
-# Hz, off 500 so sampling does not beat with 1 or 2 ms timers. A sample costs the interrupted task
-# 15-28 us on qprof's 2-vCPU test VM (timer exit, 8 KiB stack copy; measured with two spin loops):
-# at 999 Hz that was 1.5-2.8% of every busy CPU, and a 1 GiB ngtcp2 transfer with both ends sampled
-# ran 1.07x slower, at 499 Hz 1.04x (12 interleaved pairs). 499 Hz still gives ~1500 samples per
-# busy CPU in a 3 s transfer: a category's share within ~1.3 pp (one standard error).
+# Hz, off 500 so sampling does not beat with 2 ms timers. A sample costs the task it interrupts
+# 15-28 us on qprof's 2-vCPU test VM (timer exit, 8 KiB stack copy; two spin loops timed sampled
+# and not): 1.5-2.8% of every busy CPU at 999 Hz, half that here. 499 Hz still gives ~1500 samples
+# per busy CPU in a 3 s transfer: a category's share within ~1.3 pp (one standard error).
 DEFAULT_FREQUENCY = 499
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192
