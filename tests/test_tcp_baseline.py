@@ -27,10 +27,13 @@ from typing import Any
 import pytest
 
 from conftest import QPROF, qprof
+from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.endpoints import make_certificate, make_payload
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-SIZE = 256 << 20
+# 256 MiB at 999 Hz: ~500 samples of the QUIC server; held at the default frequency (a shortfall
+# is told only beyond 3/sqrt(n), 13% there: the tolerance below must lie outside it)
+SIZE = round((256 << 20) * 999 / DEFAULT_FREQUENCY) >> 20 << 20
 GB = 1e9
 CPU_TOLERANCE = 0.20  # sampled CPU against schedstat's (see the module docstring)
 READING_S = 0.25  # /proc reading interval (AttachOptions.proc_interval)
@@ -136,7 +139,7 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
     on_cpu = {"a": on_cpu_seconds(runs["quic"]), "b": on_cpu_seconds(runs["tcp"])}
     reports = {"a": report(runs["quic"]), "b": report(runs["tcp"])}
     quic_io = reports["a"]["packet_io"]["processes"]
-    notes = {side: {p["pid"]: p["cpu_note"] for p in rep["processes"]} for side, rep in reports.items()}
+    procs = {side: {p["pid"]: p for p in rep["processes"]} for side, rep in reports.items()}
     assert {p["key"] for p in d["pairs"]} == {"server", "client"}
     for pair in d["pairs"]:
         for side, overhead in (("a", QUIC_OVERHEAD), ("b", TCP_OVERHEAD)):
@@ -158,8 +161,12 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
             if per_gb < proc_per_gb / (1 + CPU_TOLERANCE) or per_gb < file_per_gb / (1 + overhead) / (1 + CPU_TOLERANCE):
                 # sampled CPU short of the kernel's: system-wide cpu-clock sampling misses work that
                 # starts when a process wakes on a timer (more so on a loaded host); the report must say so
-                note = notes[side][s["pid"]]
-                assert note and "--scope cgroup" in note, (pair["key"], side, note)
+                # (it does once the shortfall is beyond the samples' own error, 3/sqrt(n), by its /proc figure)
+                p = procs[side][s["pid"]]
+                if p["cpu_seconds"] < p["proc_cpu_seconds"] * (1 - 3 / p["samples"] ** 0.5):
+                    assert p["cpu_note"] and "--scope cgroup" in p["cpu_note"], (pair["key"], side, p)
+                else:
+                    print(f"  short of schedstat, within the report's sampling error ({p['samples']} samples)")
         # the QUIC estimate of the bytes moved holds the file and its QUIC overhead
         main = "tx" if pair["key"] == "server" else "rx"
         est = quic_io[str(pair["a"]["pid"])]["estimates"][f"{main}.bytes"]
