@@ -199,6 +199,11 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+# the counters _headline's figures read: windows whose series lack one are damaged, not estimated
+HEADLINE_COUNTERS = frozenset({"tx_dgrams", "tx_bytes", "tx_msgs", "tx_skbs", "tx_gso_skbs",
+                               "rx_bytes", "rx_msgs", "rx_gro_skbs", "rx_gro_dgrams"})
+
+
 def _headline(sample: GroupSample, tx: Direction, rx: Direction) -> dict[str, Estimate]:
     """The figures a report leads with, as estimates of functions of the totals."""
     tx_calls = tx.mmsg_calls - tx.mmsg_msgs  # + messages: calls that moved data (mmsg counts are exact)
@@ -266,6 +271,8 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
             _fill((procs[pid].tx, procs[pid].rx), counts)
             _fill(procs[pid].thread(tid), counts)
     w = rec.windows
+    if w is not None and not HEADLINE_COUNTERS <= set(w.series):
+        w = None  # a damaged probes.json (a series renamed or lost): its sums cannot be told apart
     for pid, proc in procs.items():
         proc.ports |= rec.ports.get(pid, set())
         sample = _sample(w, str(pid)) if w is not None else None

@@ -175,3 +175,17 @@ def test_gzip_stream_cut_at_every_tenth(capture: Path, tmp_path: Path) -> None:
         shutil.copytree(capture, run)
         (run / "stacks.jsonl.gz").write_bytes(whole[: len(whole) * i // 10])
         report_ok_or_qprof_error(run, "json")
+
+
+@pytest.mark.parametrize("index", [0, 1, -4])
+def test_damaged_window_series_name(capture: Path, tmp_path: Path, index: int) -> None:
+    """A counter's name lost from the windows' series (an example the fuzzing above found in a CI run:
+    the report's headline figures read it by name): the report still comes out, without estimates."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    doc = json.loads((run / "probes.json").read_text())
+    series = doc["programs"]["packetio"]["maps"]["@windows"]["series"]
+    series[index] = ""
+    (run / "probes.json").write_text(json.dumps(doc))
+    for fmt in ("json", "text"):
+        report_ok_or_qprof_error(run, fmt)
