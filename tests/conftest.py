@@ -24,6 +24,13 @@ def examples(n: int) -> int:
     return n * FUZZ_SCALE
 
 
+def bytes_for_samples(nbytes_at_999_hz: int) -> int:
+    """A transfer size chosen for its sample count at 999 Hz, scaled to the default frequency
+    (whole MiB): a test's statistical tolerance rests on the samples, not on the bytes."""
+    from qprof.collectors.perf import DEFAULT_FREQUENCY
+    return round(nbytes_at_999_hz * 999 / DEFAULT_FREQUENCY) >> 20 << 20
+
+
 def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
           timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the real `qprof` command line."""

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import qprof
+from conftest import bytes_for_samples, qprof
 from qprof.attribution.categories import APPLICATION, UNCATEGORIZED
 from qprof.attribution.profile import PROBE_SHARE_LIMIT
-from qprof.collectors.perf import DEFAULT_FREQUENCY
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -40,8 +39,8 @@ PASSES = {"quicgo": 2, "tquic": 1, "h3client": 1}
 # (a share's standard error ~0.6 pp binomial; at ~1800 samples tquic's application share strayed
 # 1.3 pp (SD of 6 runs) from its own clock, and 4 pp once: samples of a bulk transfer are not
 # independent, so the sample count is held, not the bytes)
-BYTES = {name: round(size * 999 / DEFAULT_FREQUENCY) >> 20 << 20
-         for name, size in {"quicgo": 1 << 30, "tquic": 1 << 30, "h3client": 2 << 30}.items()}
+BYTES = {name: bytes_for_samples(size) for name, size in {"quicgo": 1 << 30, "tquic": 1 << 30,
+                                                          "h3client": 2 << 30}.items()}
 MIN_SAMPLES = 3000
 TOLERANCE = 0.03
 
