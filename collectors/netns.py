@@ -13,11 +13,17 @@ import os
 import threading
 from typing import Callable, TypeVar
 
-from qprof.collectors.netstat import netns_id
-
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
+
+
+def netns_id(pid: int) -> str | None:
+    """The network namespace `pid` lives in (its /proc link text), None once it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
 
 
 def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:

@@ -110,6 +110,7 @@ class ProbeCollector:
         self._next_qdiscs = 0.0  # monotonic time of the next qdisc reading
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
+        self._udp = netstat.UdpSocketTable(pids)
         self._tails: dict[str, MapTail] = {}
         self._next_compact = time.monotonic() + COMPACT_S
 
@@ -117,7 +118,7 @@ class ProbeCollector:
         """Track the targets' UDP sockets over the run: buffers and drop counters when first
         and last seen, so sockets opened after the start or closed before the end count too;
         `final` at the start and the stop reads the qdiscs whatever their interval."""
-        socks, err = netstat.udp_sockets(self.pids)
+        socks, err = self._udp.read()
         if err:
             self.record["sockets_error"] = err
         now = round(time.time(), 3)
@@ -262,6 +263,7 @@ class ProbeCollector:
                                                    maps=maps, cpu_s=p.cpu_s)
             GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
         self.poll_sockets(final=True)
+        self._udp.close()
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:
             try:
@@ -276,6 +278,7 @@ class ProbeCollector:
         """On failure: stop what runs, keep whatever was written."""
         for p in self.procs:
             p.stop()
+        self._udp.close()
         if self._stats_fd is not None:
             os.close(self._stats_fd)
             self._stats_fd = None

@@ -205,7 +205,7 @@ _TCP_COUNTERS = Obj({"payload_sent": INT, "bytes_received": INT, "bytes_acked": 
                      "bytes_retrans": INT, "segs_out": INT, "segs_in": INT},
                     required=("payload_sent", "bytes_received"))
 TCP = Obj({
-    "source": STR, "polls": INT, "namespaces": [STR], "errors": [STR], "lost_destroy_events": INT,
+    "source": STR, "polls": INT, "dumps": INT, "namespaces": [STR], "errors": [STR], "lost_destroy_events": INT,
     "unowned_closed": MapOf(INT),
     "sockets": [Obj({"pid": INT, "cookie": INT, "family": INT, "local": STR, "peer": STR, "first": _TCP_COUNTERS,
                      "last": _TCP_COUNTERS, "first_time": NUM, "last_time": NUM, "closed": BOOL},

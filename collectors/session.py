@@ -44,7 +44,7 @@ from qprof.probes.features import (find_hierarchy, kernel_features, require_perf
                                    tool_version)
 
 POLL_TICK = 0.05  # s between checks of the stop conditions
-SOCKET_INTERVAL = 1.0  # s between socket-table readings (ss: ~10 ms each)
+SOCKET_INTERVAL = 1.0  # s between socket-table readings (sock_diag dumps, ~0.2 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
 # A signal repeated within this is one stop delivered twice: `timeout` sends its two copies
 # microseconds apart, while a person's second Ctrl-C comes after reading qprof's "stopping"

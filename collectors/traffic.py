@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import runfiles
-from qprof.collectors import archive, netstat
+from qprof.collectors import archive
+from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
 from qprof.probes.packetio.record import Windows
 from qprof.probes.sockets import socket_inodes
 
+FULL_DUMP_S = 1.0  # s: the longest a namespace goes undumped (a socket that opened as another closed)
 _COUNTERS = ("payload_sent", "bytes_received", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out", "segs_in")
 
 
@@ -83,11 +85,13 @@ class TrafficRecorder:
     unowned: dict[str, int] = field(default_factory=lambda: {"sockets": 0, "payload_sent": 0, "bytes_received": 0})
     errors: list[str] = field(default_factory=list)
     _polls: int = 0
+    _dumps: int = 0
+    _next_dump: dict[str, float] = field(default_factory=dict)
 
     def start(self, now: float) -> dict[str, Any]:
         """Open sock_diag in each target's namespace and take the first counters."""
         for pid in self.pids:
-            ns = netstat.netns_id(pid)
+            ns = netns_id(pid)
             if ns is None or ns in self.diags:
                 continue
             try:
@@ -101,14 +105,24 @@ class TrafficRecorder:
             self.errors.append(msg)
             self.status(f"warning: {msg}")
 
-    def poll(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
-        """One reading of the targets' TCP sockets; the cumulative bytes per target, both kinds."""
+    def poll(self, now: float, udp_maps: dict[str, Any], final: bool = False) -> dict[str, Any]:
+        """One reading of the targets' TCP sockets; the cumulative bytes per target, both kinds.
+        A namespace is dumped when a target's socket there is open, when its TCP socket counts moved
+        (a socket opened or closed), at least every FULL_DUMP_S, and at the first and `final` poll;
+        between those, sockets that close are still read from the destroy broadcasts."""
         owners: dict[int, int] | None = None
         first_poll = self._polls == 0
         self._polls += 1
+        open_in = {k[0] for k, t in self.tracked.items() if not t.closed}
         for ns, diag in self.diags.items():
             try:
-                live, gone = diag.dump(), diag.destroyed()
+                live: list[TcpSocket] = []
+                if (first_poll or final or ns in open_in or now >= self._next_dump.get(ns, 0.0)
+                        or diag.table_changed()):
+                    live = diag.dump()
+                    self._dumps += 1
+                    self._next_dump[ns] = now + FULL_DUMP_S
+                gone = diag.destroyed()
             except OSError as e:
                 self._error(f"sock_diag in {ns}: {e.strerror or e}")
                 continue
@@ -151,13 +165,13 @@ class TrafficRecorder:
     def record(self) -> dict[str, Any]:
         lost = sum(d.lost_events for d in self.diags.values())
         return {"source": "sock_diag tcp_info (payload sent: acknowledged, once; received: in order) and its "
-                          "socket-destroy broadcasts", "polls": self._polls,
+                          "socket-destroy broadcasts", "polls": self._polls, "dumps": self._dumps,
                 "sockets": [t.to_json() for t in self.tracked.values()], "unowned_closed": self.unowned,
                 "lost_destroy_events": lost, "errors": self.errors, "namespaces": sorted(self.diags)}
 
     def finish(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
         """A last reading (sockets closed at the end), the record written to tcp.json, sockets closed."""
-        last = self.poll(now, udp_maps)
+        last = self.poll(now, udp_maps, final=True)
         archive.write_json_atomic(self.out / runfiles.TCP, self.record())
         self.close()
         return last
