@@ -38,6 +38,29 @@ def test_window_never_grows_with_the_rate(a: int, b: int) -> None:
     assert windows.MIN_WINDOW_S <= windows.window_length(hi, 0.1) <= windows.window_length(lo, 0.1) <= windows.PERIOD_S
 
 
+def test_budget_follows_the_targets_cpu() -> None:
+    """Each target on a CPU of its own: the whole budget; half a CPU each (a busy host): half of it,
+    so a target's probe share stays what it is on a quiet host; idle targets keep a floor."""
+    assert windows.budget_scale(0.2, 0.1, 2) == 1.0
+    assert windows.budget_scale(0.3, 0.1, 1) == 1.0  # a multi-threaded target: never over the budget
+    assert windows.budget_scale(0.1, 0.1, 2) == pytest.approx(0.5)
+    assert windows.budget_scale(0.0, 0.1, 2) == windows.MIN_BUDGET_SCALE
+    assert windows.budget_scale(0.1, 0.0, 2) == 1.0 and windows.budget_scale(0.1, 0.1, 0) == 1.0
+    # the same rate with half the budget: a window half as long
+    rate_events = int(windows.CPU_BUDGET / windows.EVENT_COST_S * 2 * 0.2)
+    full = windows.window_length(rate_events, 0.2)
+    half = windows.window_length(rate_events, 0.2, windows.PERIOD_S,
+                                 windows.CPU_BUDGET * 0.5 / windows.EVENT_COST_S)
+    assert half == pytest.approx(full / 2)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True),
+       st.integers(-3, 64))
+@settings(max_examples=examples(300))
+def test_budget_scale_stays_within_its_bounds(cpu: float, elapsed: float, n: int) -> None:
+    assert windows.MIN_BUDGET_SCALE <= windows.budget_scale(cpu, elapsed, n) <= 1.0
+
+
 def test_periods_start_short_and_grow() -> None:
     assert windows.period_length(0) == windows.FIRST_PERIOD_S
     assert windows.period_length(1.5) == pytest.approx(0.15)

@@ -24,6 +24,7 @@ import os
 import random
 import select
 import signal
+import statistics
 import struct
 import sys
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from qprof.probes import layout as layouts
+from qprof.probes.children import cpu_seconds
 from qprof.probes.libbpf import READY, Loaded, Unavailable
 from qprof.probes.packetio import windows
 from qprof.probes.sockets import snmp_table, udp_ports
@@ -149,6 +151,7 @@ class Sampler:
         self.mib_frame_end: Mib = {}
         self.known_ports: set[int] = set()
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.scales: list[float] = []  # windows.budget_scale of each window decision
 
     @property
     def stop(self) -> bool:
@@ -212,6 +215,10 @@ class Sampler:
     def _read_events(self) -> list[int]:
         return self.prog.summed_u64s("events")  # one lookup (~10 us): the map walk took ~0.3 ms
 
+    def targets_cpu(self) -> dict[int, float]:
+        """CPU seconds of each target still there (windows.budget_scale's input)."""
+        return {p: c for p in self.pids if (c := cpu_seconds(p)) is not None}
+
     def hook_runs(self) -> int:
         """Hook runs (any task) since the last call: what the next window's length is decided on."""
         ev = self._read_events()
@@ -248,7 +255,9 @@ class Sampler:
         data = {**self.stats.to_json(), "netns": netns, "final": final,
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
                 "budget": {"cpu_share": windows.CPU_BUDGET, "event_cost_ns": windows.EVENT_COST_S * 1e9,
-                           "period_s": windows.PERIOD_S}}
+                           "period_s": windows.PERIOD_S,
+                           **({"scale_median": round(statistics.median(self.scales), 3),
+                               "scale_min": round(min(self.scales), 3)} if self.scales else {})}}
         lines = [{"type": "stats", "data": {"@windows": data}}]
         maps: dict[str, dict[str, int]] = {}
         for m, name in (("udp_drops", "@udp_drops"), ("udp_queue_fail", "@udp_queue_fail")):
@@ -303,6 +312,7 @@ class Sampler:
         self.out.write(READY + "\n")
         self.out.flush()
         t0 = start = opened  # the period's start; the open window's start
+        cpu_at, cpu = opened, self.targets_cpu()
         P = windows.period_length(0.0)
         counting, w = True, P  # the first period is counted whole
         pending: Window | None = None
@@ -346,8 +356,14 @@ class Sampler:
             # the window ends: decide the next one before closing, so nothing is counted in between
             runs = self.hook_runs()
             now = time.monotonic()
+            cpu_now = self.targets_cpu()  # a target that exited meanwhile counts no more
+            scale = windows.budget_scale(sum(c - cpu[p] for p, c in cpu_now.items() if p in cpu),
+                                         now - cpu_at, len(cpu_now))
+            cpu_at, cpu = now, cpu_now
+            self.scales.append(scale)
             P_next = windows.period_length(now - t0)
-            w_next = windows.window_length(runs, now - opened, P_next)
+            w_next = windows.window_length(runs, now - opened, P_next,
+                                           windows.CPU_BUDGET * scale / windows.EVENT_COST_S)
             if w < P or w_next < P_next or self.stop:
                 closed, mib_b = self.flip_gate(0)
                 counting = False

@@ -38,6 +38,12 @@ MIN_WINDOW_S = 0.002
 # exact seal count once: kept at what every interval check has passed with.)
 CPU_BUDGET = 0.005
 EVENT_COST_S = 120e-9
+# The budget follows the targets: CPU_BUDGET while each target keeps a CPU busy, less in proportion
+# as their CPU per target falls (a busy host, a pinned or starved target). The hooks' cost lands in
+# the targets' own system calls, so with a fixed budget a target with half a CPU carried twice the
+# probe share (fresh-clone run72: tquic's client 2.16% of its samples beside one busy process).
+# At least MIN_BUDGET_SCALE of it: a mostly idle target's few packets are still counted whole.
+MIN_BUDGET_SCALE = 0.1
 # the namespace's kernel counters, in the order the sampler reads them (NetnsCounters.parse)
 AUX = ("mib_in", "mib_out", "ip_out_octets")
 
@@ -46,6 +52,14 @@ def period_length(elapsed_s: float) -> float:
     """Periods start short and grow to PERIOD_S: the variance estimate needs many periods, and
     each sampled one costs an attach and a detach of the hooks."""
     return min(PERIOD_S, max(FIRST_PERIOD_S, elapsed_s / 10))
+
+
+def budget_scale(targets_cpu_s: float, elapsed_s: float, ntargets: int) -> float:
+    """The share of CPU_BUDGET the next window may spend: the targets' CPU seconds per second per
+    target over the last period, within [MIN_BUDGET_SCALE, 1]."""
+    if elapsed_s <= 0 or ntargets <= 0 or targets_cpu_s != targets_cpu_s:  # NaN: unknown
+        return 1.0
+    return min(1.0, max(MIN_BUDGET_SCALE, targets_cpu_s / elapsed_s / ntargets))
 
 
 def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
