@@ -24,7 +24,6 @@ import os
 import random
 import select
 import signal
-import statistics
 import struct
 import sys
 import time
@@ -151,7 +150,8 @@ class Sampler:
         self.mib_frame_end: Mib = {}
         self.known_ports: set[int] = set()
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        self.scales: list[float] = []  # windows.budget_scale of each window decision
+        # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
+        self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
 
     @property
     def stop(self) -> bool:
@@ -256,8 +256,8 @@ class Sampler:
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
                 "budget": {"cpu_share": windows.CPU_BUDGET, "event_cost_ns": windows.EVENT_COST_S * 1e9,
                            "period_s": windows.PERIOD_S,
-                           **({"scale_median": round(statistics.median(self.scales), 3),
-                               "scale_min": round(min(self.scales), 3)} if self.scales else {})}}
+                           **({"scale_mean": round(self.scale_sum / self.scale_n, 3),
+                               "scale_min": round(self.scale_min, 3)} if self.scale_n else {})}}
         lines = [{"type": "stats", "data": {"@windows": data}}]
         maps: dict[str, dict[str, int]] = {}
         for m, name in (("udp_drops", "@udp_drops"), ("udp_queue_fail", "@udp_queue_fail")):
@@ -360,7 +360,8 @@ class Sampler:
             scale = windows.budget_scale(sum(c - cpu[p] for p, c in cpu_now.items() if p in cpu),
                                          now - cpu_at, len(cpu_now))
             cpu_at, cpu = now, cpu_now
-            self.scales.append(scale)
+            self.scale_sum, self.scale_n, self.scale_min = \
+                self.scale_sum + scale, self.scale_n + 1, min(self.scale_min, scale)
             P_next = windows.period_length(now - t0)
             w_next = windows.window_length(runs, now - opened, P_next,
                                            windows.CPU_BUDGET * scale / windows.EVENT_COST_S)
