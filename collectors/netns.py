@@ -26,6 +26,17 @@ def netns_id(pid: int) -> str | None:
         return None
 
 
+def by_netns(pids: list[int]) -> dict[str, list[int]]:
+    """The pids grouped by the network namespace they live in, namespaces in the order first seen;
+    pids already gone are left out."""
+    out: dict[str, list[int]] = {}
+    for p in pids:
+        ns = netns_id(p)
+        if ns is not None:
+            out.setdefault(ns, []).append(p)
+    return out
+
+
 def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
     """setns(2) for the calling thread (os.setns needs Python 3.12)."""
     if _libc.setns(fd, nstype) != 0:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from qprof.collectors import procfs
-from qprof.collectors.netns import netns_id
+from qprof.collectors.netns import by_netns, netns_id
 from qprof.collectors.sockdiag import INET_DIAG_SKMEMINFO, InetDiag
 from qprof.probes.sockets import snmp_table, socket_fds
 
@@ -60,7 +60,8 @@ _SKMEM = {0: "rmem_alloc", 1: "rcvbuf", 2: "wmem_alloc", 3: "sndbuf", 8: "drops"
 
 def skmem(raw: bytes) -> dict[str, int]:
     """INET_DIAG_SKMEMINFO's u32 slots by name; slots the kernel did not send are left out."""
-    return {name: int.from_bytes(raw[4 * i:4 * i + 4], "little") for i, name in _SKMEM.items() if len(raw) >= 4 * i + 4}
+    return {name: int.from_bytes(raw[4 * i:4 * i + 4], "little")
+            for i, name in _SKMEM.items() if len(raw) >= 4 * i + 4}
 
 
 class UdpSocketTable:
@@ -74,19 +75,16 @@ class UdpSocketTable:
 
     def read(self) -> tuple[list[dict[str, Any]], str | None]:
         """(sockets, error): each socket's addresses as `ss -n` prints them, owners, buffers, drops."""
-        by_ns: dict[str, list[int]] = {}
-        for p in self.pids:
-            ns = netns_id(p)
-            if ns is not None:
-                by_ns.setdefault(ns, []).append(p)
         socks: list[dict[str, Any]] = []
-        for ns, members in by_ns.items():
+        for ns, members in by_netns(self.pids).items():
             owners: dict[str, list[tuple[int, int]]] = {}
             for p in members:
                 for inode, fds in socket_fds(p).items():
                     owners.setdefault(inode, []).extend((p, fd) for fd in fds)
             try:
-                diag = self._diags.get(ns) or self._diags.setdefault(ns, InetDiag(members[0]))
+                diag = self._diags.get(ns)
+                if diag is None:
+                    diag = self._diags[ns] = InetDiag(members[0])
                 found = diag.dump(socket.IPPROTO_UDP, (INET_DIAG_SKMEMINFO,))
             except OSError as e:
                 return socks, f"sock_diag in {ns}: {e.strerror or e}"
@@ -149,23 +147,11 @@ def qdiscs(pid: int) -> list[dict[str, Any]]:
 
 def netns_qdiscs(pids: list[int]) -> dict[str, dict[str, Any]]:
     """The qdiscs of each network namespace the targets live in: {netns: {"pids": [...], "qdiscs": [...]}}."""
-    out: dict[str, dict[str, Any]] = {}
-    for p in pids:
-        ns = netns_id(p)
-        if ns is None:
-            continue
-        if ns not in out:
-            out[ns] = {"pids": [], "qdiscs": qdiscs(p)}
-        out[ns]["pids"].append(p)
-    return out
+    return {ns: {"pids": members, "qdiscs": qdiscs(members[0])} for ns, members in by_netns(pids).items()}
 
 
 def snapshot(pids: list[int]) -> dict[str, Any]:
     """Namespace-wide counters and host settings at one moment (sockets are tracked separately)."""
-    mibs: dict[str, Any] = {}
-    for p in pids:
-        ns = netns_id(p)
-        if ns is not None and ns not in mibs:
-            mibs[ns] = {"pids": [q for q in pids if netns_id(q) == ns], "udp": udp_mib(p)}
+    mibs = {ns: {"pids": members, "udp": udp_mib(members[0])} for ns, members in by_netns(pids).items()}
     return {"time": time.time(), "udp_mib": mibs, "sysctl": sysctls(), "softirqs": softirq_counts(),
             "softirq_seconds": softirq_seconds()}

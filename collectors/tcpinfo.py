@@ -122,15 +122,19 @@ class TcpDiag:
                 return b" ".join(line.split()[1:7])
         return b""
 
-    def table_changed(self) -> bool:
-        """Whether the namespace's TCP socket counts moved since the last dump. A dump walks the
-        kernel's whole established hash (262,144 buckets, 2 MiB, ~0.3 ms per family on qprof's test
-        VM), so a poll that finds no socket of the targets skips it while these counts stand still."""
-        return self._counts() != self._counts_at_dump
-
     def dump(self) -> list[TcpSocket]:
         """Every TCP socket of the namespace now, v4 and v6, with its counters."""
-        self._counts_at_dump = self._counts()
+        return self._dump(self._counts())
+
+    def dump_if_moved(self) -> list[TcpSocket] | None:
+        """A dump, or None while the namespace's TCP socket counts stand still since the last one. A
+        dump walks the kernel's whole established hash (262,144 buckets, 2 MiB, ~0.3 ms per family on
+        qprof's test VM): a poll that finds no socket of the targets skips it until one opens or closes."""
+        counts = self._counts()
+        return None if counts == self._counts_at_dump else self._dump(counts)
+
+    def _dump(self, counts: bytes) -> list[TcpSocket]:
+        self._counts_at_dump = counts
         return [self._socket(d) for d in self.diag.dump(socket.IPPROTO_TCP, (INET_DIAG_INFO,))]
 
     def destroyed(self) -> list[TcpSocket]:

@@ -116,17 +116,16 @@ class TrafficRecorder:
         open_in = {k[0] for k, t in self.tracked.items() if not t.closed}
         for ns, diag in self.diags.items():
             try:
-                live: list[TcpSocket] = []
-                if (first_poll or final or ns in open_in or now >= self._next_dump.get(ns, 0.0)
-                        or diag.table_changed()):
-                    live = diag.dump()
+                due = first_poll or final or ns in open_in or now >= self._next_dump.get(ns, 0.0)
+                live = diag.dump() if due else diag.dump_if_moved()
+                if live is not None:
                     self._dumps += 1
                     self._next_dump[ns] = now + FULL_DUMP_S
                 gone = diag.destroyed()
             except OSError as e:
                 self._error(f"sock_diag in {ns}: {e.strerror or e}")
                 continue
-            for s in live:
+            for s in live or []:
                 key = (ns, s.cookie)
                 t = self.tracked.get(key)
                 counters = _counters(s)
