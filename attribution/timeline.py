@@ -94,7 +94,8 @@ class Timeline:
 
 
 def _rates(readings: list[ProcReading], pid: int, origin: float) -> tuple[list[Rate], str]:
-    """Rates between successive changes of the target's running byte totals (TCP + UDP)."""
+    """Rates between successive changes of the target's running byte totals (TCP + UDP). Totals are
+    zero at the run's first reading, so the first change (UDP's first print comes ~1 s in) has a rate."""
     kinds: set[str] = set()
     points: list[tuple[float, float, float]] = []
     for r in readings:
@@ -106,7 +107,7 @@ def _rates(readings: list[ProcReading], pid: int, origin: float) -> tuple[list[R
                 sent, received, seen = sent + v[0], received + v[1], True
                 if v[0] or v[1]:
                     kinds.add(kind)
-        if seen:
+        if seen or not points:  # the totals count from the run's start: nothing moved before the first
             points.append((r.mono - origin, sent, received))
     rates, prev = [], points[0] if points else None
     for p in points[1:]:

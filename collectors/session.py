@@ -287,7 +287,7 @@ class AttachSession:
         self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
-        self.traffic.finish(time.monotonic(), self.probes.live_maps())
+        self._last_reading(out)
         self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
         self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
@@ -396,6 +396,15 @@ class AttachSession:
         if self.cgroups is not None:
             self.cgroups.release()
             self.cgroups = None
+
+    def _last_reading(self, out: Path) -> None:
+        """One reading after the probes stopped: their last print holds the final UDP totals (the one
+        before it may be a second old, half of a short transfer), and the sockets closed at the end."""
+        assert self.probes is not None and self.traffic is not None
+        reading = procfs.reading(self.opts.pids)
+        reading.update(self.traffic.finish(time.monotonic(), self.probes.live_maps()))
+        with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
+            procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
 
     def _poll(self, out: Path, start: float) -> None:
         opts = self.opts

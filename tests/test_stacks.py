@@ -17,6 +17,7 @@ each side's samples on their own.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,13 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 MAX_UNCATEGORIZED = 0.05
 MAX_PROBE_SHARE = 0.02  # the report's own limit (attribution.profile.PROBE_SHARE_LIMIT)
 CRYPTO_FILES = {"ring", "rustls", "aws-lc", "boringssl", "crypto"}
+
+
+def at_least(share: float, floor: float, samples: int) -> bool:
+    """Whether a sampled share is consistent with a true share of at least `floor`: it may fall under it
+    by 3 binomial standard deviations at the side's sample count (aioquic's ~1,100 samples: 1.2 pp at 2%;
+    the 1 GiB transfers' ~4,000: 0.7 pp), never to zero."""
+    return share > max(0.0, floor - 3 * math.sqrt(floor * (1 - floor) / max(samples, 1)))
 
 
 @dataclass(frozen=True)
@@ -98,13 +106,14 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         top_unknown = [(s["symbol"], s["share"]) for s in p["top_symbols"][UNCATEGORIZED][:5]]
         assert unplaced <= MAX_UNCATEGORIZED, (role, unplaced, top_unknown)
         assert p["probe_share"] <= MAX_PROBE_SHARE, (role, p["probe_share"])
-        assert shares["Packet I/O"] > 0.02 and shares["Crypto"] > 0.02, (role, shares)
-        assert shares["Connection Mgmt"] > 0.05, (role, shares)
+        n = p["samples"]
+        assert at_least(shares["Packet I/O"], 0.02, n) and at_least(shares["Crypto"], 0.02, n), (role, shares)
+        assert at_least(shares["Connection Mgmt"], 0.05, n), (role, shares)
         if want.runtime:  # runtime overhead is named apart, not counted as connection management
             assert named.get(want.runtime, 0) > 0, (role, p["subcategories"][UNCATEGORIZED])
         assert p["dso_only_share"] <= want.max_dso_only, "no rule may cover a whole application binary"
         subs = p["subcategories"]["Crypto"]
-        assert subs.get("aead", 0) > 0.02, subs
+        assert at_least(subs.get("aead", 0), 0.02, n), (n, subs)
         if role == "client" or want.hp_both_sides:
             assert subs.get("header protection", 0) > 0, subs
 

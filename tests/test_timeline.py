@@ -17,6 +17,7 @@ from conftest import qprof
 from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
 from qprof.collectors import archive
+from qprof.collectors.traffic import udp_totals
 from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
@@ -68,6 +69,26 @@ def test_report_timeline_json_has_the_known_answer(run: Path) -> None:
     proc = doc["processes"][0]
     for c in CATEGORIES:
         assert sum(t["cpu_cores"][c]) * tl["bin_s"] == pytest.approx(proc["category_cpu_seconds"][c])
+
+
+def test_totals_start_at_zero_before_their_first_reading(run: Path) -> None:
+    """UDP totals come with the probes' first print, ~1 s in: a short transfer may change them once,
+    and that change is still a rate, from the run's first reading."""
+    lines = [_reading(0.0, 0), _reading(0.25, 125_000_000), _reading(0.5, 125_000_000)]
+    del lines[0]["tcp"]
+    (run / runfiles.PROC).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (t,) = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]["targets"]
+    assert t["goodput_gbps"] == [[0.0, 0.25, 4.0]]
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None:
+    """The run's last /proc reading is taken after the probes' last print (the final UDP totals)."""
+    run = ngtcp2_capture("gso")
+    final = udp_totals(json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"])
+    last = json.loads((run / runfiles.PROC).read_text().splitlines()[-1])
+    assert final and {int(p): v for p, v in last["udp"].items()} == final
 
 
 def test_report_timeline_text(run: Path) -> None:

@@ -161,7 +161,7 @@ register(EndpointSpec(
     build=_aioquic_build,
     server=lambda out, addr, cert, key: _aioquic_cmd(out, "server", addr, str(cert), str(key)),
     client=lambda out, addr, n: _aioquic_cmd(out, "client", addr, str(n)),
-    test_bytes=32 << 20,
+    test_bytes=64 << 20,  # ~2 s profiled: ~1,000 samples per side
     cleanup=_remove_perf_map,
     client_stop_env="QPROF_BULK_SELF_STOP",
 ))
