@@ -41,6 +41,7 @@ from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle
+STATS_FIRST_S = 0.25  # the first window opens at a random point of this: a sub-second run is measured
 QDISC_INTERVAL_S = 5.0
 # How often the probes' streamed output is cut back to its last snapshot. Maps keyed by port
 # (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
@@ -200,12 +201,12 @@ class ProbeCollector:
         # cost is measured from here: statistics windows start with the targets' real work
         self._probes_since = self._stats_since = time.monotonic()
         if self.procs:
-            fd, why = enable_bpf_stats()  # can the kernel measure? the first window opens at a random phase
+            fd, why = enable_bpf_stats()  # can the kernel measure? the first window opens soon, at a random phase
             if why:
                 self._unavailable("cost", why)
             else:
                 os.close(fd)
-                self._stats_next = self._probes_since + random.uniform(0, STATS_PERIOD_S - STATS_WINDOW_S)
+                self._stats_next = self._probes_since + random.uniform(0, STATS_FIRST_S)
         self._save()
 
     def live_maps(self) -> dict[str, Any]:
@@ -256,6 +257,10 @@ class ProbeCollector:
             if self._stats_fd is not None:
                 os.close(self._stats_fd)
                 self._stats_fd = None
+        elif self._stats_next is not None:
+            life = time.monotonic() - (self._probes_since or time.monotonic())
+            self._unavailable("cost", f"the probes ran {life:.2f} s, less than the wait for the first "
+                                      "run-time statistics window")
         for p in self.procs:
             rc = p.stop()
             maps = read_maps(p.output)
