@@ -31,6 +31,18 @@ def test_window_is_the_whole_period_while_the_hooks_fit_the_budget() -> None:
     assert windows.window_length(10**12, 0.2) == windows.MIN_WINDOW_S
 
 
+def test_window_grows_at_most_fourfold() -> None:
+    """A low rate seen in a short window (the first 20 ms, a handshake) opens a window four times as
+    long, not the whole period: the transfer that follows meets the budget within two windows."""
+    first = windows.START_PERIOD_S
+    assert windows.window_length(10, first, 0.1) == pytest.approx(windows.GROWTH * first)
+    assert windows.window_length(0, first, 0.1) == pytest.approx(windows.GROWTH * first)
+    assert windows.window_length(10, windows.GROWTH * first, 0.1) == 0.1
+    # a high rate still shortens it below the cap
+    budget = windows.CPU_BUDGET / windows.EVENT_COST_S
+    assert windows.window_length(int(budget * first * 10), first, 0.1) == pytest.approx(0.01, rel=1e-3)
+
+
 @given(st.integers(0, 10**9), st.integers(0, 10**9))
 @settings(max_examples=examples(200))
 def test_window_never_grows_with_the_rate(a: int, b: int) -> None:

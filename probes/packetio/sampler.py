@@ -313,7 +313,7 @@ class Sampler:
         self.out.flush()
         t0 = start = opened  # the period's start; the open window's start
         cpu_at, cpu = opened, self.targets_cpu()
-        P = windows.period_length(0.0)
+        P = windows.START_PERIOD_S
         counting, w = True, P  # the first period is counted whole
         pending: Window | None = None
         next_print = start + PRINT_S
