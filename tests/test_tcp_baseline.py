@@ -119,13 +119,17 @@ def test_tcp_bytes_are_the_kernels_and_the_file(runs: dict[str, Path]) -> None:
         subs = procs[role]["subcategories"]["Crypto"]
         assert max(subs, key=subs.get) == "tls record", (role, subs)
         assert subs["tls record"] > 0.5 * procs[role]["categories"]["Crypto"], (role, subs)
-        # the call is the largest part of Packet I/O, and more than chance: its share's 3-sigma lower
-        # bound over the process's samples is above zero. Not a fixed share: with one busy process on
-        # the host the server's Packet I/O fell from 42% to 10-14% (the loopback receive softirq ran
-        # elsewhere) while its send call stayed 96% of it
+        # the call is the largest part of Packet I/O as far as the samples can tell (no other part above
+        # it by 3 standard deviations of the two shares' difference), and more than chance: its share's
+        # 3-sigma lower bound is above zero. Not a fixed share: with one busy process on the host the
+        # server's Packet I/O fell from 42% to 10-14% (the loopback receive softirq ran elsewhere) while
+        # its send call stayed 96% of it; and the client can be as small as 159 samples (fresh-clone
+        # run94, busy: its softirq 36 samples, its receive call 35)
         pio = procs[role]["subcategories"]["Packet I/O"]
         share, n = pio.get(call, 0.0), procs[role]["samples"]
-        assert max(pio, key=pio.get) == call and share - 3 * (share * (1 - share) / n) ** 0.5 > 0, (role, n, pio)
+        top = max(pio.values())
+        assert top - share <= 3 * ((top + share - (top - share) ** 2) / n) ** 0.5, (role, n, pio)
+        assert share - 3 * (share * (1 - share) / n) ** 0.5 > 0, (role, n, pio)
         # at most 10% (server 1-6%, client 6-9% measured) plus four standard errors of a share
         # estimated from this side's samples (curl runs ~0.4 s: ~400 samples, 1.5 pp)
         n = procs[role]["samples"]
