@@ -32,9 +32,10 @@ from qprof.probes.children import die_with_parent, interrupt_and_wait
 
 UNWIND_MODES = ("fp", "dwarf")
 # Hz, off 500 so samples do not lock onto 2 and 4 ms timers (their phase drifts, once a second).
-# A sample costs the task it interrupts 15-28 us on qprof's 2-vCPU test VM (timer exit, 8 KiB stack copy; two spin loops timed sampled
-# and not): 1.5-2.8% of every busy CPU at 999 Hz, half that here. 499 Hz still gives ~1500 samples
-# per busy CPU in a 3 s transfer: a category's share within ~1.3 pp (one standard error).
+# A sample costs the task it interrupts 15-28 us on qprof's 2-vCPU test VM (timer exit, 8 KiB stack
+# copy; two spin loops timed sampled and not): 1.5-2.8% of every busy CPU at 999 Hz, half that here.
+# 499 Hz still gives ~1500 samples per busy CPU in a 3 s transfer: a category's share within ~1.3 pp
+# (one standard error).
 DEFAULT_FREQUENCY = 499
 # Bytes of user stack copied per sample for DWARF unwinding (perf's default).
 DWARF_STACK_BYTES = 8192

@@ -78,13 +78,12 @@ def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
     """The next window's length from the hook runs counted in the last window (all tasks, `counted_s`
     long): the whole period when that rate fits the budget, else the budget's share of it; never more
     than GROWTH times the last window."""
-    cap = max(min_window_s, GROWTH * counted_s) if counted_s > 0 else period_s
-    if counted_s <= 0 or events <= 0:
-        return min(period_s, cap)
+    if counted_s <= 0:
+        return period_s
     rate = events / counted_s
-    if rate <= budget_events_s:
-        return min(period_s, cap)
-    return min(period_s, cap, max(min_window_s, period_s * budget_events_s / rate))
+    fits = rate <= budget_events_s  # (no events: fits)
+    want = period_s if fits else max(min_window_s, period_s * budget_events_s / rate)
+    return min(period_s, want, max(min_window_s, GROWTH * counted_s))
 
 
 def tri_index(i: int, j: int, n: int) -> int:
