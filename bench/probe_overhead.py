@@ -14,6 +14,7 @@ Configurations (qprof's in-process attach, AttachSession, with default options):
   default-server   the same on the server only
   default-client   the same on the client only
   sampling-both    perf only (probes none) on both: what sampling alone costs
+  system-both      default-both with --scope system (perf samples every CPU on wall-clock ticks)
   <group>-both     perf + an opt-in group (softirq, syscalls, crypto), when asked for with --configs
 
 A pair = one baseline run (nothing attached) and one run of the configuration,
@@ -94,12 +95,13 @@ class Config:
     groups: tuple[str, ...] = ()
 
 
-def qprof_attach(probes: tuple[str, ...], sides: str = "both") -> AttachFn:
-    """qprof's in-process attach on these sides with these probe groups, default options otherwise."""
+def qprof_attach(probes: tuple[str, ...], sides: str = "both", scope: str = "auto") -> AttachFn:
+    """qprof's in-process attach on these sides with these probe groups and sampling scope, default
+    options otherwise."""
     def attach(xfer: Transfer, server: int, client: int, release: Callable[[], None], out: Path,
                timeout: float) -> dict[str, Any]:
         roles = {pid: role for pid, role in ((server, "server"), (client, "client")) if role in ROLES[sides]}
-        opts = AttachOptions(pids=list(roles), out=out, probes=probes, duration=timeout, roles=roles)
+        opts = AttachOptions(pids=list(roles), out=out, probes=probes, duration=timeout, roles=roles, scope=scope)
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         with interrupt_guard():
             run = AttachSession(opts, on_ready=release, stop_when=xfer.client_done).run()
@@ -142,6 +144,8 @@ def configurations() -> list[Config]:
                       f"perf + {','.join(DEFAULT_GROUPS)} on {sides}", tuple(DEFAULT_GROUPS))
                for sides in ("both", "server", "client")]
     configs.append(Config("sampling-both", qprof_attach((), "both"), "perf only on both"))
+    configs.append(Config("system-both", qprof_attach(DEFAULT_GROUPS, "both", "system"),
+                          "perf (--scope system) + default probes on both", tuple(DEFAULT_GROUPS)))
     for g in GROUPS:
         if g not in DEFAULT_GROUPS:
             configs.append(Config(f"{g}-both", qprof_attach((g,), "both"), f"perf + {g} alone on both", (g,)))

@@ -1,11 +1,12 @@
 """Drive `perf record` and `perf script`.
 
-Sampling uses per-CPU events (-a), filtered by pid when folding (and, with
---scope cgroup, in the kernel to the targets' cgroup: collectors.perfcgroup).
-Per-task sampling (-p) was the first choice, but perf 6.1 spins a whole core
-after any thread that existed at attach time exits (tens of millions of
-wake-ups, measured here): that steals the CPU the endpoints are measured on.
-Per-CPU events never hang up.
+Sampling uses per-CPU events (-a), kept in the kernel to the targets' cgroup
+(the default scope: collectors.perfcgroup), so perf's timer runs on the
+targets' own CPU time, or unfiltered with --scope system and filtered by pid
+when folding. Per-task sampling (-p) keeps the same clock and was the first
+choice, but perf 6.1 spins a whole core after any thread that existed at
+attach time exits (tens of millions of wake-ups, measured here): that steals
+the CPU the endpoints are measured on. Per-CPU events never hang up.
 
 perf is started disabled (-D -1) with a control FIFO and enabled through it,
 so qprof knows the moment sampling really runs (perf's ack), and a caller can

@@ -1,22 +1,26 @@
-"""Filter perf's samples to the targets inside the kernel: a perf_event cgroup (`--scope cgroup`).
+"""Sample the targets on their own CPU time: a perf_event cgroup (`--scope auto|cgroup`).
 
-System-wide sampling (-a, the default) interrupts every CPU 499 times a
-second and copies 8 KiB of user stack per sample for DWARF unwinding, for
-every task: the peer endpoint on the other core pays for samples qprof throws
-away. Per-task events (-p) filter in the kernel but perf 6.1 spins a core
-after a pre-existing thread exits (see collectors.perf). A cgroup-filtered
-per-CPU event (`perf record -a -G CG`) counts only while a task of CG runs:
-filtered in the kernel, no per-task event to hang up, and threads or children
-a target creates later are in the cgroup from birth.
+A cgroup-filtered per-CPU event (`perf record -a -G CG`) counts only while a
+task of CG runs: its timer stops when a target is switched out and resumes
+with the rest of its period when one is switched in, so samples fall on the
+targets' CPU time evenly. System-wide sampling (`--scope system`: -a, every
+task, filtered by pid when folding) ticks on wall-clock time instead, and a
+target's work that starts when it wakes falls at a fixed phase of the ticks:
+tquic's client spent 12.4% of its CPU hashing what it received; system-wide
+samples put 6.8-13.1% there, cgroup samples 11.4-12.6% (6 runs each,
+interleaved). Per-task events (-p) keep the same clock but perf 6.1 spins a
+core after a pre-existing thread exits (see collectors.perf). The cgroup also
+filters in the kernel, has no per-task event to hang up, and holds threads or
+children a target creates later from birth.
 
-Why it is opt-in: every context switch between a task inside CG and one
-outside schedules the events out or in, which re-arms the sampling timer (or
+The cost: every context switch between a task inside CG and one outside
+schedules the events out or in, which re-arms the sampling timer (or
 reprograms the PMU). Measured on qprof's 2-vCPU VM with a pipe ping-pong
 pinned to one CPU, one side in CG: 1.7 us a round trip without perf, 1.7 us
 with system-wide sampling, 9-10 us with cgroup sampling (cpu-clock; 13-20 us
-with cycles). QUIC endpoints that sleep and wake per packet batch switch that
-often; a 1 GiB ngtcp2 transfer ran ~8 pp slower than with -a. On hosts where
-re-arming a timer does not exit to a hypervisor it may be the cheaper choice.
+with cycles). A 1 GiB ngtcp2 transfer with both ends attached was not
+measurably slower for it (bench/probe_overhead.py, default-both against
+system-both).
 
 The targets are moved into a fresh child of the cgroup they are in
 (`<their cgroup>/qprof-sample-<owner>-<n>`) in the hierarchy perf resolves -G

@@ -63,15 +63,16 @@ class AttachOptions:
     proc_interval: float = 0.25  # s between /proc readings (an exited target keeps its last one)
     roles: dict[int, str] = field(default_factory=dict)
     probes: tuple[str, ...] = DEFAULT_GROUPS  # eBPF probe groups beside sampling (probes.registry)
-    scope: str = "system"  # system | cgroup: how perf's samples are kept to the targets (SCOPES)
+    scope: str = "auto"  # auto | system | cgroup: how perf's samples are kept to the targets (SCOPES)
     keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
     raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
     chunk_bytes: int = chunks.CHUNK_BYTES  # perf data file size at which perf starts a new chunk
 
 
-# system: every task sampled, the targets' kept when folding; cgroup: filtered in the kernel, at a
-# cost per context switch between a target and another task (collectors.perfcgroup), so opt-in
-SCOPES = ("system", "cgroup")
+# cgroup: filtered in the kernel, each target sampled on its own CPU time (collectors.perfcgroup);
+# system: every CPU sampled on wall-clock ticks, the targets' samples kept when folding, which
+# misplaces work that starts when a target wakes; auto: cgroup when one can be set up, else system
+SCOPES = ("auto", "system", "cgroup")
 
 
 def _now() -> str:
@@ -371,10 +372,13 @@ class AttachSession:
         return True
 
     def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
-        """perf -G names that keep sampling to `pids` in the kernel (--scope cgroup), or None for
-        system-wide sampling. Recorded in meta.json's sampling.scope."""
-        scope = self.meta["sampling"].setdefault("scope", {"mode": self.opts.scope, "cgroups": []})
-        if self.opts.scope == "system":
+        """perf -G names that keep sampling to `pids` in the kernel (scope cgroup, or auto when a
+        cgroup can be set up), or None for system-wide sampling. Recorded in meta.json's
+        sampling.scope: the mode in effect, and with auto the reason it fell back to system."""
+        want = self.opts.scope
+        scope = self.meta["sampling"].setdefault(
+            "scope", {"mode": "system" if want == "system" else "cgroup", "requested": want, "cgroups": []})
+        if scope["mode"] == "system":
             return None
         h = find_hierarchy()
         try:
@@ -386,8 +390,14 @@ class AttachSession:
                 self.cgroups = SampleCgroups(h)
             names = self.cgroups.place(pids)
         except OSError as e:
-            raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
-                             "use --scope system") from None
+            if want == "cgroup" or scope["cgroups"]:
+                # a later recorder cannot change mode: its targets' samples would follow another clock
+                raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
+                                 "use --scope system") from None
+            scope.update(mode="system", fallback=str(e))
+            self.status(f"sampling system-wide: no cgroup for the targets ({e}); shares of work that "
+                        "starts when a target wakes can be off (README: The report)")
+            return None
         scope.update(hierarchy=f"{h.version} {h.mount}")
         scope["cgroups"] += names
         return names

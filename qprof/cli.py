@@ -89,10 +89,11 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Samples per second per busy CPU (each costs the task it interrupts ~20 us on a VM)."),
         click.option("--unwind", type=click.Choice(["auto", "fp", "dwarf"]), default="auto", show_default=True,
                      help="Stack unwinding: auto picks frame pointers when the binary keeps them, DWARF otherwise."),
-        click.option("--scope", type=click.Choice(["system", "cgroup"]), default="system", show_default=True,
-                     help="system: perf samples every CPU and qprof keeps the targets' samples; cgroup: perf "
-                          "samples only while a target runs (through a perf_event cgroup), which costs each "
-                          "context switch between a target and another task (~4 us measured on a VM)."),
+        click.option("--scope", type=click.Choice(["auto", "cgroup", "system"]), default="auto", show_default=True,
+                     help="cgroup: perf samples each target on its own CPU time (through a perf_event cgroup "
+                          "qprof moves it into and back out of); system: perf samples every CPU on wall-clock "
+                          "ticks and qprof keeps the targets' samples, which misplaces work that starts when a "
+                          "target wakes; auto: cgroup when one can be set up, else system."),
         click.option("--probes", "probes", default="default", show_default=True,
                      help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
                           "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "

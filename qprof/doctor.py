@@ -74,8 +74,9 @@ def run_checks(pid: int | None = None) -> list[Check]:
                         "apt-get install clang libbpf-dev (needed by the default packetio probes)"))
     h = find_hierarchy()
     checks.append(Check("sampling cgroup", h is not None,
-                        f"--scope cgroup can keep sampling to the targets through {h.version} {h.mount}" if h
-                        else "no cgroup hierarchy: only --scope system (the default) works",
+                        f"samples follow the targets' own CPU time through {h.version} {h.mount}" if h
+                        else "no cgroup hierarchy: attach samples system-wide, which misplaces work that "
+                             "starts when a target wakes",
                         "mount cgroup2 (or a v1 perf_event hierarchy)", "information"))
     try:
         for group, tps in ((name, g.tracepoints) for name, g in GROUPS.items() if g.tracepoints):

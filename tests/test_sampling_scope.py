@@ -80,6 +80,48 @@ def test_system_scope_samples_everything_and_keeps_the_target(kernel_facing: Non
     assert [p["pid"] for p in rep["processes"]] == [target.pid]
 
 
+def test_default_scope_samples_the_targets_own_cpu_time(kernel_facing: None, tmp_path: Path,
+                                                         busy_pair: tuple) -> None:
+    if find_hierarchy() is None:
+        pytest.skip("no cgroup hierarchy mounted: the default falls back to system-wide (tested below)")
+    target, _ = busy_pair
+    run = tmp_path / "run"
+    qprof("attach", str(target.pid), "-d", "1", "-o", str(run), "--probes", "none", "-q")
+    scope = json.loads((run / "meta.json").read_text())["sampling"]["scope"]
+    assert (scope["mode"], scope["requested"]) == ("cgroup", "auto") and scope["cgroups"], scope
+
+
+def test_default_scope_falls_back_to_system_without_a_cgroup_hierarchy(kernel_facing: None, tmp_path: Path,
+                                                                       busy_pair: tuple) -> None:
+    """No cgroup hierarchy in qprof's mount namespace (as in some containers): attach still samples,
+    system-wide, says why, and records it; an explicit --scope cgroup refuses."""
+    target, _ = busy_pair
+    unmount = "; ".join(f"umount -l {m}" for m in _cgroup_mounts())
+    run = tmp_path / "run"
+    att = [sys.executable, "-m", "qprof.cli", "attach", str(target.pid), "-d", "1", "--probes", "none"]
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'{unmount}; exec "$@"', "sh", *att, "-o", str(run)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())  # the console wraps long lines
+    assert "sampling system-wide: no cgroup for the targets (no cgroup hierarchy is mounted)" in said, said
+    scope = json.loads((run / "meta.json").read_text())["sampling"]["scope"]
+    assert (scope["mode"], scope["requested"], scope["cgroups"]) == ("system", "auto", []), scope
+    assert scope["fallback"] == "no cgroup hierarchy is mounted"
+    rep = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    assert [p["pid"] for p in rep["processes"]] == [target.pid] and rep["processes"][0]["samples"] > 0
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'{unmount}; exec "$@"', "sh", *att, "--scope", "cgroup", "-o", str(tmp_path / "refused")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "use --scope system" in r.stderr, r.stderr
+
+
+def _cgroup_mounts() -> list[str]:
+    """Mount points of every cgroup filesystem, deepest first (so an outer tmpfs holding them goes last)."""
+    mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()
+              if ln.split()[2] in ("cgroup", "cgroup2")]
+    return sorted(mounts, key=len, reverse=True)
+
+
 def test_a_leftover_of_a_killed_owner_is_removed_and_its_tasks_put_back(kernel_facing: None) -> None:
     h = find_hierarchy()
     if h is None:

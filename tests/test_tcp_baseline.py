@@ -163,12 +163,15 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
             assert per_gb <= proc_per_gb * (1 + CPU_TOLERANCE) + tail, (pair["key"], side)
             assert per_gb <= file_per_gb * (1 + CPU_TOLERANCE) + tail, (pair["key"], side)
             if per_gb < proc_per_gb / (1 + CPU_TOLERANCE) or per_gb < file_per_gb / (1 + overhead) / (1 + CPU_TOLERANCE):
-                # sampled CPU short of the kernel's: system-wide cpu-clock sampling misses work that
-                # starts when a process wakes on a timer (more so on a loaded host); the report must say so
+                # sampled CPU short of the kernel's (system-wide cpu-clock sampling misses work that
+                # starts when a process wakes on a timer, more so on a loaded host): the report must say so
                 # (it does once the shortfall is beyond the samples' own error, by its /proc figure)
                 p = procs[side][s["pid"]]
-                if cpu_shortfall_note(p["cpu_seconds"], p["samples"], p["proc_cpu_seconds"], "system"):
-                    assert p["cpu_note"] and "--scope cgroup" in p["cpu_note"], (pair["key"], side, p)
+                run = runs["quic" if side == "a" else "tcp"]
+                scope = json.loads((run / "meta.json").read_text())["sampling"]["scope"]["mode"]
+                if cpu_shortfall_note(p["cpu_seconds"], p["samples"], p["proc_cpu_seconds"], scope):
+                    assert p["cpu_note"] and ("--scope cgroup" in p["cpu_note"]) == (scope == "system"), \
+                        (pair["key"], side, p)
                 else:
                     print(f"  short of schedstat, within the report's sampling error ({p['samples']} samples)")
         # the QUIC estimate of the bytes moved holds the file and its QUIC overhead
