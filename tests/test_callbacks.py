@@ -36,15 +36,16 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 # passes over each received byte: 12-20% of each client's CPU
 PASSES = {"quicgo": 2, "tquic": 1, "h3client": 1}
-# bytes per transfer at 999 Hz, scaled to the default frequency: about 4000 samples of the client
-# (a share's standard error ~0.6 pp binomial; at ~1800 samples tquic's application share strayed
-# 1.3 pp (SD of 6 runs) from its own clock, and 4 pp once: samples of a bulk transfer are not
-# independent, so the sample count is held, not the bytes)
+# bytes per transfer at 999 Hz, scaled to the default frequency: 2500-3500 samples of the client
+# (a share's standard error ~0.8 pp binomial). Sampled system-wide (--scope system), tquic's share
+# strayed 3.5-4.5 pp below its own clock (CI, fresh-clone run93): wall-clock ticks fall at a fixed
+# phase of the work; sampled on the client's own CPU time (the default) it is within ~1 pp.
 BYTES = {name: bytes_for_samples(size) for name, size in {"quicgo": 1 << 30, "tquic": 1 << 30,
                                                           "h3client": 2 << 30}.items()}
 MIN_SAMPLES = 2000  # below this BYTES is wrong for the host, whatever its load
 # qprof's share against the client's own clock: 1.3 pp standard deviation at 1800 samples (6 tquic
-# runs), shrinking as 1/sqrt(samples); the test allows 3 of them, and never under 3 pp. A busy host
+# runs, system-wide sampling then; the default scope's spread is smaller), shrinking as
+# 1/sqrt(samples); the test allows 3 of them, and never under 3 pp. A busy host
 # takes CPU from the client, and with it samples (fresh-clone run72: 2987 where a quiet host gives
 # ~4000), so the allowance follows the samples the run really got.
 SD_AT_1800 = 0.013
