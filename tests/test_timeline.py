@@ -155,8 +155,13 @@ def test_html_timeline_in_chromium(ngtcp2_capture: Any, tmp_path: Path) -> None:
     for t in tl["targets"]:
         chart = p.charts[str(t["pid"])]
         assert set(chart["areas"]) == set(CATEGORIES)
-        busy = [c for c in CATEGORIES if sum(t["cpu_cores"][c]) > 0.05 * tl["bins"]]
-        assert PACKET_IO in busy and CRYPTO in busy
+        # categories with at least 5% of the target's CPU in the timeline: server and client share one
+        # CPU, and bins before and after the transfer are idle, so a share, not cores, says which are
+        # busy (Crypto 14-20% of each side in 4 captures, 0.066-0.093 cores a bin: a 0.05-core floor
+        # failed fresh-clone run112)
+        total = sum(sum(t["cpu_cores"][c]) for c in CATEGORIES)
+        busy = [c for c in CATEGORIES if sum(t["cpu_cores"][c]) >= 0.05 * total]
+        assert PACKET_IO in busy and CRYPTO in busy, {c: sum(t["cpu_cores"][c]) / total for c in CATEGORIES}
         for c in busy:  # an area with CPU time spans a height; an empty one is flat
             ys = _heights(chart["areas"][c][0])
             assert ys and max(ys) - min(ys) > 1, c
