@@ -12,6 +12,7 @@ import pytest
 
 from conftest import QPROF, at_most, qprof
 from qprof.attribution.profile import PROBE_SHARE_LIMIT
+from qprof.collectors.archive import Run
 from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES
 from lab.transfers import Ngtcp2Transfer
@@ -58,7 +59,7 @@ def test_demo_1gib_download_server_and_client(ngtcp2_tools: None, tmp_path: Path
     # saying so, whatever the scope: system-wide cpu-clock sampling misses work that starts when a
     # process wakes on a timer (the server: -19% to +3%, 6 of 13 runs short beyond chance here), and
     # then the note names the cure: no tolerance may hide it.
-    scope = json.loads((run / "meta.json").read_text())["sampling"]["scope"]["mode"]
+    scope = Run.open(run).info.sampling.scope
     for p in (srv, cli):
         chance = 3 / p["samples"] ** 0.5
         sampled, proc = p["cpu_seconds"], p["proc_cpu_seconds"]

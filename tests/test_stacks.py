@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, at_least, at_most, qprof
+from qprof.attribution.profile import PROBE_SHARE_LIMIT
 from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED, is_named_other
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 MAX_UNCATEGORIZED = 0.05
-MAX_PROBE_SHARE = 0.02  # the report's own limit (attribution.profile.PROBE_SHARE_LIMIT)
 CRYPTO_FILES = {"ring", "rustls", "aws-lc", "boringssl", "crypto"}
 
 
@@ -99,7 +99,7 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         top_unknown = [(s["symbol"], s["share"]) for s in p["top_symbols"][UNCATEGORIZED][:5]]
         assert unplaced <= MAX_UNCATEGORIZED, (role, unplaced, top_unknown)
         n = p["samples"]
-        assert at_most(p["probe_share"], MAX_PROBE_SHARE, n), (role, p["probe_share"], n)
+        assert at_most(p["probe_share"], PROBE_SHARE_LIMIT, n), (role, p["probe_share"], n)
         assert at_least(shares["Packet I/O"], 0.02, n) and at_least(shares["Crypto"], 0.02, n), (role, shares)
         assert at_least(shares["Connection Mgmt"], 0.05, n), (role, shares)
         if want.runtime:  # runtime overhead is named apart, not counted as connection management

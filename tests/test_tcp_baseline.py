@@ -28,6 +28,7 @@ import pytest
 
 from conftest import QPROF, bytes_for_samples, qprof
 from qprof.attribution.profile import cpu_shortfall_note
+from qprof.collectors.archive import Run
 from qprof.endpoints import make_certificate, make_payload
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -168,7 +169,7 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
                 # (it does once the shortfall is beyond the samples' own error, by its /proc figure)
                 p = procs[side][s["pid"]]
                 run = runs["quic" if side == "a" else "tcp"]
-                scope = json.loads((run / "meta.json").read_text())["sampling"]["scope"]["mode"]
+                scope = Run.open(run).info.sampling.scope
                 if cpu_shortfall_note(p["cpu_seconds"], p["samples"], p["proc_cpu_seconds"], scope):
                     assert p["cpu_note"] and ("--scope cgroup" in p["cpu_note"]) == (scope == "system"), \
                         (pair["key"], side, p)
