@@ -62,6 +62,7 @@ THRESHOLDS: dict[str, float] = {
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
 }
 MIN_WINDOW_S = 0.5
+FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
 CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "flow-control/application")
 # kernel drop reasons (skb_drop_reason) meaning the socket had no room
 RECEIVE_BUFFER_REASONS = {"SOCKET_RCVBUFF", "SOCKET_BACKLOG", "PROTO_MEM"}
@@ -89,7 +90,7 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {"cause": self.cause, "threshold": self.threshold, "limit": THRESHOLDS[self.threshold],
-                "value": round(self.value, 4), "met": self.met, "text": self.text}
+                "value": round(self.value, FINDING_PLACES), "met": self.met, "text": self.text}
 
 
 @dataclass
@@ -342,8 +343,12 @@ def _judge(ev: SideEvidence) -> None:
     name = f"{ev.busiest_thread} ({ev.busiest_tid})"
 
     def add(cause: str, key: str, value: float, text: str) -> bool:
+        # decided on the value as the report prints it (4 places): evidence never reads "0.4 >= 0.4, not met"
+        value = round(value, FINDING_PLACES)
         met = value >= th[key]
-        ev.findings.append(Finding(cause, key, value, met, f"{text} {'>=' if met else '<'} {th[key]:.0%}"))
+        shown = f"{value:.0%}" == f"{th[key]:.0%}" and value != th[key]
+        ev.findings.append(Finding(cause, key, value, met, f"{text}{f' ({value:.2%})' if shown else ''} "
+                                                           f"{'>=' if met else '<'} {th[key]:.0%}"))
         return met
 
     busy = add("cpu-busy", "thread_on_cpu", t_on, f"busiest thread {name} on a CPU {t_on:.0%} of the time")
@@ -356,9 +361,8 @@ def _judge(ev: SideEvidence) -> None:
                  f"runnable {t_on + t_rq:.0%} = {full:.0%}")
     starved = False
     if ev.stalled is not None and ev.stall_ratio is not None:
-        add("cpu-starved", "stalled", ev.stalled,
-            f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})")
-        starved = ev.stalled >= th["stalled"] and add(
+        starved = add("cpu-starved", "stalled", ev.stalled,
+                      f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})") and add(
             "cpu-starved", "stall_ratio", ev.stall_ratio,
             f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} stalled, "
             f"{on:.2f} cores on a CPU)")
