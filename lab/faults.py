@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import unprivileged
+from qprof.probes.children import die_with_parent
 from qprof.probes.leftovers import Leftovers, bpf_programs, leftovers
 
 QPROF = [sys.executable, "-m", "qprof.cli"]
@@ -52,7 +53,10 @@ class Outcome:
 
 
 def _busy(secs: float = 120) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", BUSY.format(secs=secs)])
+    """A CPU-bound target that dies with the thread that started it: a fault run stopped
+    anywhere leaves no target spinning."""
+    return subprocess.Popen([sys.executable, "-c", BUSY.format(secs=secs)],
+                            preexec_fn=die_with_parent(signal.SIGKILL))
 
 
 def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 from qprof.endpoints import (Placement, StoppedProcess, free_udp_port, make_certificate, make_payload,
                              ngtcp2_client_command, ngtcp2_server_command, work_dir)
 from qprof.errors import QprofError
+from qprof.probes.children import die_with_parent
 from qprof.ready import port_bound
 
 
@@ -76,10 +78,20 @@ class Transfer:
             where.check(pid)
 
     def start_server(self, timeout: float = 30.0) -> int:
+        """Start the server and wait until its UDP port is bound. It dies with the thread that started
+        it (PR_SET_PDEATHSIG): a test run killed or stopped by a second Ctrl-C in `close` leaves no server."""
         key, cert = make_certificate(self.workdir, (self.host,))
+        kw = self._placed("server")
+        placed, orphan_guard = kw.pop("preexec_fn", None), die_with_parent(signal.SIGKILL)
+
+        def preexec() -> None:
+            orphan_guard()
+            if placed is not None:
+                placed()
+
         with open(self.workdir / "server.err", "wb") as err:
             self.server = subprocess.Popen(self.server_command(key, cert), stdin=subprocess.DEVNULL,
-                                           stdout=subprocess.DEVNULL, stderr=err, **self._placed("server"))
+                                           stdout=subprocess.DEVNULL, stderr=err, preexec_fn=preexec, **kw)
         self._check_placed("server", self.server.pid)
         deadline = time.monotonic() + timeout
         while not port_bound("udp", self.port, self.server.pid):
