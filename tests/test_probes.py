@@ -117,17 +117,23 @@ def test_ngtcp2_server_sends_with_gso(probes_available: None, ngtcp2_tools: None
     assert cost["bpf_run_cnt"] > 0 and cost["bpf_run_time_ns"] > 0, "probe cost is measured"
 
 
-@pytest.mark.parametrize("segs,gro", [(8, False), (1, False), (8, True)], ids=["gso", "plain", "gso-gro"])
-def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, segs: int, gro: bool) -> None:
+@pytest.mark.parametrize("segs,gro,late", [(8, False, 0.0), (1, False, 0.0), (8, True, 0.0), (1, False, 1.1)],
+                         ids=["gso", "plain", "gso-gro", "plain-late"])
+def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, segs: int, gro: bool,
+                                       late: float) -> None:
     """A UDP stream fast enough to be sampled (tests/workloads/udp_stream.c prints its own exact counts):
-    every figure the report estimates agrees with what sender and receiver counted themselves."""
+    every figure the report estimates agrees with what sender and receiver counted themselves.
+    `late`: the stream starts that long after the probes, in a period counted whole while the host
+    was quiet; the overrun check ends that period early (windows.overran)."""
     exe = build_c(UDP_STREAM, "udp_stream", [])
     sink = subprocess.Popen([str(exe), "sink", *(["gro"] if gro else [])], stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None
         port = int(sink.stdout.readline())
-        sender = StoppedProcess([str(exe), "send", str(port), "2", "1200", str(segs)], stdout=subprocess.PIPE,
-                                text=True)
+        send = [str(exe), "send", str(port), "2", "1200", str(segs)]
+        if late:  # the same process (pid), execing the sender once the wait is over
+            send = ["sh", "-c", f'sleep {late}; exec "$@"', "sh", *send]
+        sender = StoppedProcess(send, stdout=subprocess.PIPE, text=True)
         run = tmp_path / "run"
         AttachSession(AttachOptions(pids=[sink.pid, sender.pid], out=run, frequency=99), on_ready=sender.release,
                       stop_when=lambda: sink.poll() is not None and sender.poll() is not None).run()
@@ -138,6 +144,8 @@ def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, s
         sink.wait()
     pio = report_json(run)["packet_io"]
     assert not pio["sampling"]["exact"], "a stream of ~10^5 datagrams a second is sampled, not counted whole"
+    if late:
+        assert pio["sampling"]["budget"]["overruns"] >= 1, "the stream began in a whole period: it ended early"
     snd, rcv = pio["processes"][str(sender.pid)]["estimates"], pio["processes"][str(sink.pid)]["estimates"]
     # the end marker (one 1-byte datagram) is the workload's, not counted by it
     truth = [(snd, "tx.datagrams", tx[0] + 1), (snd, "tx.bytes", tx[1] + 1), (snd, "tx.messages", tx[2] + 1),

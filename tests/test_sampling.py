@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from qprof.attribution.sampling import Estimate, GroupSample, t975
+from qprof.attribution.sampling import MIN_SEEN, Estimate, GroupSample, t975
 from qprof.probes.packetio import windows
 from qprof.probes.packetio.sampler import NetnsCounters
 from qprof.probes.packetio.record import PacketioRecord, Windows, kernel_counters_for
@@ -75,8 +75,35 @@ def test_budget_scale_stays_within_its_bounds(cpu: float, elapsed: float, n: int
 
 def test_periods_start_short_and_grow() -> None:
     assert windows.period_length(0) == windows.FIRST_PERIOD_S
-    assert windows.period_length(1.5) == pytest.approx(0.15)
+    assert windows.period_length(3.5) == pytest.approx(0.35)
     assert windows.period_length(3600) == windows.PERIOD_S
+    # a 2 s transfer still gets the windows a variance estimate needs (attribution.sampling.MIN_SEEN)
+    t, n = 0.0, 0
+    while t < 2.0:
+        t += windows.period_length(t)
+        n += 1
+    assert n >= 2 * MIN_SEEN
+
+
+def test_a_whole_period_ends_when_the_hooks_overrun_the_budget() -> None:
+    """A transfer starting in a whole-period window is cut off at the next check, not counted to the
+    period's end; a rate within the budget, or a short burst, is not."""
+    budget = windows.CPU_BUDGET / windows.EVENT_COST_S
+    assert not windows.overran(0, windows.CHECK_S, budget)
+    assert not windows.overran(int(budget * windows.CHECK_S), windows.CHECK_S, budget)
+    assert not windows.overran(int(budget * windows.CHECK_S), 0.0, budget)
+    # a 1 GiB ngtcp2 transfer's ~900k hook runs a second, one check into the window
+    assert windows.overran(int(900e3 * windows.CHECK_S), windows.CHECK_S, budget)
+    # a handshake's few dozen runs in the first check do not end a period
+    assert not windows.overran(50, windows.CHECK_S, budget)
+
+
+@given(st.integers(0, 10**9), st.floats(0, 10), st.floats(1, 1e7))
+@settings(max_examples=examples(200))
+def test_overrun_is_monotone_in_the_runs(events: int, counted_s: float, budget: float) -> None:
+    if windows.overran(events, counted_s, budget):
+        assert windows.overran(events + 1, counted_s, budget)
+        assert events > budget * counted_s  # never below the budget's own rate
 
 
 def test_triangle_index_covers_the_matrix_once() -> None:

@@ -19,6 +19,7 @@ Output, one JSON line each, every second and a last time at SIGINT/SIGTERM:
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import random
@@ -152,6 +153,7 @@ class Sampler:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
         self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
+        self.overruns = 0  # whole periods ended early by windows.overran
 
     @property
     def stop(self) -> bool:
@@ -255,7 +257,7 @@ class Sampler:
         data = {**self.stats.to_json(), "netns": netns, "final": final,
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
                 "budget": {"cpu_share": windows.CPU_BUDGET, "event_cost_ns": windows.EVENT_COST_S * 1e9,
-                           "period_s": windows.PERIOD_S,
+                           "period_s": windows.PERIOD_S, "overruns": self.overruns,
                            **({"scale_mean": round(self.scale_sum / self.scale_n, 3),
                                "scale_min": round(self.scale_min, 3)} if self.scale_n else {})}}
         lines = [{"type": "stats", "data": {"@windows": data}}]
@@ -300,6 +302,21 @@ class Sampler:
             except BlockingIOError:
                 pass
 
+    def _count_whole(self, end: float, opened: float, budget_events_s: float, wake: int) -> tuple[int, bool]:
+        """Wait for the end of a whole-period window, checking the hook rate every windows.CHECK_S:
+        (hook runs so far, whether they overran the budget and the period ends now)."""
+        runs = 0
+        while not self.stop:
+            now = time.monotonic()
+            if now >= end:
+                break
+            self._sleep_until(min(end, now + windows.CHECK_S), wake)
+            runs += self.hook_runs()
+            if windows.overran(runs, time.monotonic() - opened, budget_events_s):
+                self.overruns += 1
+                return runs, True
+        return runs, False
+
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
         opens (the period is over then), or at the stop, which extends the last period to it."""
@@ -315,6 +332,7 @@ class Sampler:
         cpu_at, cpu = opened, self.targets_cpu()
         P = windows.START_PERIOD_S
         counting, w = True, P  # the first period is counted whole
+        budget_events_s = windows.CPU_BUDGET / windows.EVENT_COST_S
         pending: Window | None = None
         next_print = start + PRINT_S
 
@@ -337,13 +355,14 @@ class Sampler:
 
         while not self.stop:
             mib_s = self.mibs()
+            runs, early = 0, False
             if w >= P:  # the window is the whole period
                 if not counting:
                     prog.attach(HOT)
                     opened, mib_a = self.flip_gate(1)
                     counting = True
                 commit(start, mib_s)
-                self._sleep_until(start + P, wake)
+                runs, early = self._count_whole(start + P, opened, budget_events_s, wake)
             else:
                 self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
                 if self.stop:
@@ -354,7 +373,7 @@ class Sampler:
                 counting = True
                 self._sleep_until(opened + w, wake)
             # the window ends: decide the next one before closing, so nothing is counted in between
-            runs = self.hook_runs()
+            runs += self.hook_runs()
             now = time.monotonic()
             cpu_now = self.targets_cpu()  # a target that exited meanwhile counts no more
             scale = windows.budget_scale(sum(c - cpu[p] for p, c in cpu_now.items() if p in cpu),
@@ -363,15 +382,15 @@ class Sampler:
             self.scale_sum, self.scale_n, self.scale_min = \
                 self.scale_sum + scale, self.scale_n + 1, min(self.scale_min, scale)
             P_next = windows.period_length(now - t0)
-            w_next = windows.window_length(runs, now - opened, P_next,
-                                           windows.CPU_BUDGET * scale / windows.EVENT_COST_S)
+            budget_events_s = windows.CPU_BUDGET * scale / windows.EVENT_COST_S
+            w_next = windows.window_length(runs, now - opened, P_next, budget_events_s)
             if w < P or w_next < P_next or self.stop:
                 closed, mib_b = self.flip_gate(0)
                 counting = False
             else:
                 closed, mib_b = time.monotonic(), self.mibs()
             pending = Window(start, w >= P, closed - opened, self.window_deltas(), window_aux(mib_a, mib_b))
-            nxt = max(start + P, time.monotonic())
+            nxt = time.monotonic() if early else max(start + P, time.monotonic())  # early: the period ends here
             opened, mib_a, w, P = closed, mib_b, w_next, P_next
             if not counting:
                 prog.detach(HOT)
@@ -422,6 +441,10 @@ def main(argv: list[str]) -> int:
     try:
         sampler = Sampler(Path(argv[0]), config, sys.stdout, stop)
         if not stop.requested:
+            # what loading made lives to the end: the collector need not walk it again (it was up
+            # to 15% of the loader's CPU during a transfer)
+            gc.collect()
+            gc.freeze()
             sampler.run(r)
     except (Unavailable, layouts.LayoutError, OSError) as e:
         print(f"qprof: error: {e}", file=sys.stderr, flush=True)

@@ -25,20 +25,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PERIOD_S = 0.2  # one window per period; 5 windows a second once a run is long enough
-FIRST_PERIOD_S = 0.1  # shorter periods for the first seconds: a run of a second still gets ~10 windows
+FIRST_PERIOD_S = 0.2  # periods while a run is young: a run of 2 s gets ~10 windows, enough for a variance
+PERIOD_S = 0.5  # ... growing to this from 2 s on (elapsed / 10): 2 windows a second in a long run
+# Each window costs the loader an attach and a detach of the four hooks (~1.5 ms of CPU here, with IPIs
+# to every CPU as the kernel patches the tracepoints' static keys: they interrupt the targets too), so
+# windows come no more often than the estimates need. (0.1 s first periods, ~19 windows in a 2 s
+# transfer, had the loader at 1.6-2.8% of a CPU.) What a period costs the targets does not depend on
+# its length: the window is the budget's share of it.
 # The run's first period is short and counted whole: nothing is known of the rate yet. Attached to a
-# running 1 GiB ngtcp2 transfer (~900k hook runs a second, all tasks), a whole first period of
-# FIRST_PERIOD_S counts ~90k runs (27 ms of CPU at EVENT_COST_S); START_PERIOD_S counts a fifth of that.
+# running 1 GiB ngtcp2 transfer (~900k hook runs a second, all tasks), a whole period of FIRST_PERIOD_S
+# would count ~180k runs (54 ms of CPU at EVENT_COST_S); START_PERIOD_S counts a tenth of that.
 START_PERIOD_S = 0.02
 # A window is at most GROWTH times the last one, so a low rate measured in a short window grows to a
 # whole period in steps. (It does not cover a transfer that starts after a quiet window: in
 # `qprof demo` the client starts ~0.1 s after the hooks, and that window, whole, counts ~80k runs,
 # as many as all the later windows of the 2 s transfer together.)
 GROWTH = 4.0
-# Attaching and detaching the four hooks costs the loader ~1.4 ms of CPU here (and waits ~10 ms for
-# RCU grace periods as the tracepoints' static keys flip): 0.7% of a CPU at 5 windows a second.
+# Attaching and detaching the four hooks costs the loader ~1.5 ms of CPU here (and waits ~10 ms for
+# RCU grace periods as the tracepoints' static keys flip): a window shorter than this measures little.
 MIN_WINDOW_S = 0.002
+# A whole-period window looks at the hook rate every CHECK_S (one map lookup, ~10 us): a transfer
+# starting mid-period at OVERRUN times the budget's rate or more ends the period there, counted whole,
+# instead of running unsampled to its end (~135 ms of hook CPU for a 0.5 s period of a 1 GiB
+# ngtcp2 transfer; at most ~14 ms with these checks).
+CHECK_S = 0.05
+OVERRUN = 2.0
 # Hook runs the windows may cost, all tasks together: CPU_BUDGET of one CPU at EVENT_COST_S a run.
 # EVENT_COST_S is what one hook run costs a target on qprof's 2-vCPU test VM as its own samples see it:
 # in a fresh-clone `qprof demo` (1 GiB) the client's probe frames were 18 of 877 samples (36 ms) for
@@ -61,7 +72,8 @@ AUX = ("mib_in", "mib_out", "ip_out_octets")
 
 def period_length(elapsed_s: float) -> float:
     """Periods start short and grow to PERIOD_S: the variance estimate needs many periods, and
-    each sampled one costs an attach and a detach of the hooks."""
+    each sampled one costs an attach and a detach of the hooks (a tenth of the time elapsed: a run
+    gets ~10 more periods each time its length grows e-fold)."""
     return min(PERIOD_S, max(FIRST_PERIOD_S, elapsed_s / 10))
 
 
@@ -84,6 +96,12 @@ def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
     fits = rate <= budget_events_s  # (no events: fits)
     want = period_s if fits else max(min_window_s, period_s * budget_events_s / rate)
     return min(period_s, want, max(min_window_s, GROWTH * counted_s))
+
+
+def overran(events: int, counted_s: float, budget_events_s: float) -> bool:
+    """Whether a whole-period window's hook runs so far (`counted_s` into it) went past OVERRUN times
+    the budget: the period ends there (it is counted whole up to then, so nothing is estimated)."""
+    return counted_s > 0 and events > OVERRUN * budget_events_s * counted_s
 
 
 def tri_index(i: int, j: int, n: int) -> int:
