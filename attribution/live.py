@@ -4,7 +4,10 @@ Rates are differences of cumulative counters between two ticks, over the time
 between the two /proc readings (not the tick period, which drifts), so a late
 tick neither inflates nor deflates them. Packet counts go through the same
 analysis as the report (attribution.packetio), so the live numbers and the
-final report agree on what a datagram is.
+final report agree on what a datagram is. They are printed by the probe loader
+about once a second, on its own clock, and cover the sampling periods committed
+so far: their rates are taken over those periods' time (the windows' span), and
+a tick that finds no new print keeps the last rates instead of showing zero.
 """
 
 from __future__ import annotations
@@ -43,13 +46,31 @@ class LiveFrame:
     probes: bool = False
 
 
+Packets = tuple[float, float, float, float, float, float]  # tx dgrams/bytes/skbs, rx dgrams/bytes/msgs
+
+
 @dataclass
 class _Counters:
     mono: float
     on_cpu: dict[int, dict[int, float]]  # pid -> tid -> on-CPU seconds
-    packets: dict[int, tuple[int, int, int, int, int, int]]  # pid -> tx dgrams/bytes/skbs, rx dgrams/bytes/msgs
     softirq_s: float
     cpus: int
+
+
+@dataclass
+class _PacketCounts:
+    time_s: float  # the counts' own time: the sampling windows' span, or the reading's clock (counted whole)
+    by_pid: dict[int, Packets]
+
+
+@dataclass
+class _PacketRates:
+    tx_dgrams_s: float | None
+    rx_dgrams_s: float | None
+    tx_gbit_s: float
+    rx_gbit_s: float
+    gso: float | None
+    gro: float | None
 
 
 def _on_cpu(reading: ProcReading) -> dict[int, dict[int, float]]:
@@ -66,15 +87,40 @@ class LiveMonitor:
 
     def __init__(self) -> None:
         self._prev: _Counters | None = None
+        self._packets: _PacketCounts | None = None  # the counts the last packet rates ended at
+        self._packet_rates: dict[int, _PacketRates] = {}
+
+    def _update_packets(self, counts: _PacketCounts) -> None:
+        """New packet rates when the counts' time moved on since the last ones; else keep them."""
+        before = self._packets
+        if before is not None and counts.time_s <= before.time_s:
+            return
+        self._packets = counts
+        if before is None:
+            return
+        dt = counts.time_s - before.time_s
+        for pid, now in counts.by_pid.items():
+            if pid not in before.by_pid:
+                continue
+            (txd, txb, txs, rxd, rxb, rxm), (ptxd, ptxb, ptxs, prxd, prxb, prxm) = now, before.by_pid[pid]
+            self._packet_rates[pid] = _PacketRates(
+                _rate(txd, ptxd, dt), _rate(rxd, prxd, dt),
+                (_rate(txb, ptxb, dt) or 0.0) * 8 / 1e9, (_rate(rxb, prxb, dt) or 0.0) * 8 / 1e9,
+                (txd - ptxd) / (txs - ptxs) if txs > ptxs else None,
+                (rxd - prxd) / (rxm - prxm) if rxm > prxm else None)
 
     def update(self, d: LiveData) -> LiveFrame:
         pids = [t.pid for t in d.targets]
         maps = schema.probe_maps(d.maps)
         pio = analyse(ProbeRecord.of_maps({"packetio": maps}).doc, pids) if maps else None
-        packets = {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
-                   for p, v in (pio.processes.items() if pio else [])}
-        now = _Counters(d.reading.mono, _on_cpu(d.reading), packets,
-                        sum(d.softirq_seconds.values()), max(1, len(d.softirq_seconds)))
+        if pio is not None:
+            span = pio.sampling.get("span_s") if pio.sampling else None
+            self._update_packets(_PacketCounts(
+                float(span) if isinstance(span, (int, float)) else d.reading.mono,
+                {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
+                 for p, v in pio.processes.items()}))
+        now = _Counters(d.reading.mono, _on_cpu(d.reading), sum(d.softirq_seconds.values()),
+                        max(1, len(d.softirq_seconds)))
         prev, self._prev = self._prev, now
         dt = now.mono - prev.mono if prev is not None else 0.0
         frame = LiveFrame(d.elapsed_s, d.duration_s, probes=pio is not None)
@@ -94,11 +140,7 @@ class LiveMonitor:
             if per_thread:
                 r.cpu = sum(per_thread.values())
                 r.busiest_tid, r.busiest_cpu = max(per_thread.items(), key=lambda kv: kv[1])
-            if pid in now.packets and pid in prev.packets:
-                (txd, txb, txs, rxd, rxb, rxm), (ptxd, ptxb, ptxs, prxd, prxb, prxm) = now.packets[pid], prev.packets[pid]
-                r.tx_dgrams_s, r.rx_dgrams_s = _rate(txd, ptxd, dt), _rate(rxd, prxd, dt)
-                r.tx_gbit_s = (_rate(txb, ptxb, dt) or 0.0) * 8 / 1e9
-                r.rx_gbit_s = (_rate(rxb, prxb, dt) or 0.0) * 8 / 1e9
-                r.gso = (txd - ptxd) / (txs - ptxs) if txs > ptxs else None
-                r.gro = (rxd - prxd) / (rxm - prxm) if rxm > prxm else None
+            if (pr := self._packet_rates.get(pid)) is not None:
+                r.tx_dgrams_s, r.rx_dgrams_s, r.tx_gbit_s, r.rx_gbit_s, r.gso, r.gro = \
+                    pr.tx_dgrams_s, pr.rx_dgrams_s, pr.tx_gbit_s, pr.rx_gbit_s, pr.gso, pr.gro
         return frame

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from conftest import QPROF, examples
 from qprof.attribution.live import LiveMonitor
 from qprof.collectors.records import LiveData, ProcReading, Target
+from qprof.probes.packetio import windows
 
 TARGETS = [{"pid": 10, "comm": "srv", "role": "server"}]
 
@@ -50,6 +51,43 @@ def test_without_probes_packet_columns_stay_empty() -> None:
         d.maps = {}
         f = m.update(d)
     assert not f.probes and f.targets[0].tx_dgrams_s is None and f.targets[0].cpu == pytest.approx(1.0)
+
+
+COUNTERS = ("tx_msgs", "tx_bytes", "tx_errors", "tx_gso_sockopt_msgs", "tx_skbs", "tx_gso_skbs", "tx_dgrams",
+            "rx_msgs", "rx_bytes", "rx_empty", "rx_gro_socket_msgs", "rx_gro_skbs", "rx_gro_dgrams")
+
+
+def _printed(stats: windows.WindowStats) -> dict:
+    """What the probe loader prints of its windows (probes/packetio/sampler.py, Sampler.snapshot)."""
+    return {"@windows": {**stats.to_json(), "netns": {"ns": {"pids": [10], "mib_in": 0, "mib_out": 0,
+                                                            "ip_out_octets": 0}},
+                         "final": False, "events": {}, "budget": {}}}
+
+
+def test_packet_rates_follow_the_loaders_prints_not_the_ticks() -> None:
+    """The loader prints on its own clock: a tick that finds no new print keeps the last rates (not
+    zero), and a print's rates are over the periods it added (not the ticks' interval)."""
+    stats = windows.WindowStats(COUNTERS)
+
+    def period(length: float, dgrams: int) -> None:  # one whole-period window of the target's sends
+        y = [0] * len(COUNTERS)
+        y[COUNTERS.index("tx_msgs")] = y[COUNTERS.index("tx_skbs")] = y[COUNTERS.index("tx_dgrams")] = dgrams
+        y[COUNTERS.index("tx_bytes")] = dgrams * 1200
+        stats.add_window(length, length, {"10": ("ns", y)}, {"ns": (0.0, float(dgrams), dgrams * 1228.0)})
+
+    m = LiveMonitor()
+    rates = []
+    for mono, new_periods in ((100.0, [(0.5, 500)] * 2), (101.0, [(0.5, 1000)] * 2), (102.0, []),
+                              (103.0, [(0.5, 1500)] * 3)):
+        for length, n in new_periods:
+            period(length, n)
+        d = _data(mono, {11: mono}, 0, 0, 0, 0, 0.0)
+        f = m.update(LiveData(mono, 30.0, d.reading, _printed(stats), {}, d.targets))
+        rates.append(f.targets[0].tx_dgrams_s)
+    assert rates[0] is None
+    assert rates[1] == pytest.approx(2000 / 1.0)  # 2000 datagrams in 1 s of periods
+    assert rates[2] == pytest.approx(2000)  # no new print: the last rate, not zero
+    assert rates[3] == pytest.approx(4500 / 1.5)  # over the 1.5 s of periods the print added
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
