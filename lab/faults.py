@@ -493,17 +493,25 @@ def case_stop_delivered_twice(rig: FaultRig) -> CaseResult:
     return _ends_complete(att, run, "interrupted (SIGINT)")
 
 
+# `perf script` (the final fold) starts FOLD_DELAY_S late: the same process sleeps, then execs the real
+# perf, so nothing outlives it when qprof kills it. A fold of real samples takes ~0.5 s here, about
+# when a person's second Ctrl-C may come (REPEAT_WINDOW_S): without the delay the case raced it.
+FOLD_DELAY_S = 5
+SLOW_SCRIPT = ('[ "$1" = script ] && exec python3 -c "import os, sys, time; time.sleep(%d); '
+               'os.execv(sys.argv[1], sys.argv[1:])" "$REAL" "$@"' % FOLD_DELAY_S)
+
+
 def case_second_ctrl_c(rig: FaultRig) -> CaseResult:
     """A person's second Ctrl-C, after qprof said it is stopping: it still aborts the writing."""
     from qprof.collectors.session import REPEAT_WINDOW_S
 
     t = rig.target()
     run = rig.root / "run"
-    att = rig.attach([t.pid], run, "-d", "60", "-F", "2999", "--unwind", "dwarf", "--chunk-size", "1G",
-                     quiet=False)
+    att = rig.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "1G", quiet=False,
+                     path=rig.wrapper_path("perf-slow-fold", "perf", SLOW_SCRIPT))
     lines, reader = _stderr_reader(att)
     _wait_probes(run, att)
-    time.sleep(6)  # samples enough (one chunk, folded at the end) that the final fold takes seconds
+    time.sleep(2)  # samples, in one chunk folded at the end
     att.send_signal(signal.SIGINT)
     first = time.monotonic()
     _wait_final_fold(lines, att)
@@ -512,8 +520,10 @@ def case_second_ctrl_c(rig: FaultRig) -> CaseResult:
     if not _exits(att):
         return False, "hung after the second Ctrl-C", run
     reader.join(10)
+    took = time.monotonic() - first
     ok, detail = _expect(att.returncode, "".join(lines), 2, "interrupted while writing")
-    return ok, f"{detail}; second Ctrl-C {time.monotonic() - first:.1f} s after the first", run
+    # ended by the second Ctrl-C, not by a fold that finished first
+    return ok and took < FOLD_DELAY_S, f"{detail}; second Ctrl-C; qprof exited {took:.1f} s after the first", run
 
 
 # busy until told to go on (the file argv[1] exists), busy 2 s more, then exec a busy shell
