@@ -237,7 +237,10 @@ def test_vendored_files_match_their_note_and_ship_as_package_data() -> None:
     assert "d3-flame-graph" in note and "5.0.0" in note and "7.9.2" in note
     assert "Apache License" in (vendor / "d3-flame-graph" / "LICENSE").read_text()
     assert "ISC" in note and "Permission to use" in (vendor / "d3" / "LICENSE").read_text()
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["qprof.viewer"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    # each package's globs are relative to its folder under viewer/ (qprof.viewer.vendor.d3: vendor/d3)
+    globs = ["/".join([*pkg.split(".")[2:], g]) for pkg, gs in setuptools["package-data"].items()
+             if pkg.startswith("qprof.viewer") and pkg in setuptools["packages"] for g in gs]
     for f in files + ["README.md"]:
         assert any(fnmatch(f"vendor/{f}", g) for g in globs), f"vendor/{f} is not package data"
 
