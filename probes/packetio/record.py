@@ -9,6 +9,7 @@ is checked by collectors.schema before this).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,11 @@ def _ints(key: Any) -> list[int] | None:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number, else None: a damaged archive's infinities and NaNs are dropped like its strings."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
 
 
 @dataclass(frozen=True)

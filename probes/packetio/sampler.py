@@ -153,7 +153,7 @@ class Sampler:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
         self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
-        self.overruns = 0  # whole periods ended early by windows.overran
+        self.overruns = 0  # whole-period windows whose hooks passed windows.overran (ended at that check)
 
     @property
     def stop(self) -> bool:
