@@ -332,7 +332,7 @@ class Sampler:
         cpu_at, cpu = opened, self.targets_cpu()
         P = windows.START_PERIOD_S
         counting, w = True, P  # the first period is counted whole
-        budget_events_s = windows.CPU_BUDGET / windows.EVENT_COST_S
+        budget_events_s = windows.budget_rate()  # the whole budget until the targets' CPU is known
         pending: Window | None = None
         next_print = start + PRINT_S
 
@@ -382,7 +382,7 @@ class Sampler:
             self.scale_sum, self.scale_n, self.scale_min = \
                 self.scale_sum + scale, self.scale_n + 1, min(self.scale_min, scale)
             P_next = windows.period_length(now - t0)
-            budget_events_s = windows.CPU_BUDGET * scale / windows.EVENT_COST_S
+            budget_events_s = windows.budget_rate(scale)
             w_next = windows.window_length(runs, now - opened, P_next, budget_events_s)
             if w < P or w_next < P_next or self.stop:
                 closed, mib_b = self.flip_gate(0)

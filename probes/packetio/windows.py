@@ -37,9 +37,9 @@ PERIOD_S = 0.5  # ... growing to this from 2 s on (elapsed / 10): 2 windows a se
 # would count ~180k runs (54 ms of CPU at EVENT_COST_S); START_PERIOD_S counts a tenth of that.
 START_PERIOD_S = 0.02
 # A window is at most GROWTH times the last one, so a low rate measured in a short window grows to a
-# whole period in steps. (It does not cover a transfer that starts after a quiet window: in
-# `qprof demo` the client starts ~0.1 s after the hooks, and that window, whole, counts ~80k runs,
-# as many as all the later windows of the 2 s transfer together.)
+# whole period in steps. (A transfer that starts in one of those growing windows, which are parts of
+# a period, is counted until the window ends: the overrun check below covers whole periods only. In
+# `qprof demo` the client starts ~0.1 s after the hooks, in the 0.08 s window after the first period.)
 GROWTH = 4.0
 # Attaching and detaching the four hooks costs the loader ~1.5 ms of CPU here (and waits ~10 ms for
 # RCU grace periods as the tracepoints' static keys flip): a window shorter than this measures little.
@@ -85,8 +85,13 @@ def budget_scale(targets_cpu_s: float, elapsed_s: float, ntargets: int) -> float
     return min(1.0, max(MIN_BUDGET_SCALE, targets_cpu_s / elapsed_s / ntargets))
 
 
+def budget_rate(scale: float = 1.0) -> float:
+    """Hook runs a second the windows may cost: `scale` (budget_scale) of CPU_BUDGET at EVENT_COST_S a run."""
+    return CPU_BUDGET * scale / EVENT_COST_S
+
+
 def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
-                  budget_events_s: float = CPU_BUDGET / EVENT_COST_S, min_window_s: float = MIN_WINDOW_S) -> float:
+                  budget_events_s: float = budget_rate(), min_window_s: float = MIN_WINDOW_S) -> float:
     """The next window's length from the hook runs counted in the last window (all tasks, `counted_s`
     long): the whole period when that rate fits the budget, else the budget's share of it; never more
     than GROWTH times the last window."""
