@@ -7,7 +7,8 @@ analysis as the report (attribution.packetio), so the live numbers and the
 final report agree on what a datagram is. They are printed by the probe loader
 about once a second, on its own clock, and cover the sampling periods committed
 so far: their rates are taken over those periods' time (the windows' span), and
-a tick that finds no new print keeps the last rates instead of showing zero.
+a tick that finds no new print keeps the last rates instead of showing zero; the
+first print's rates are its averages since the probes started.
 """
 
 from __future__ import annotations
@@ -114,9 +115,12 @@ class LiveMonitor:
         maps = schema.probe_maps(d.maps)
         pio = analyse(ProbeRecord.of_maps({"packetio": maps}).doc, pids) if maps else None
         if pio is not None:
-            span = pio.sampling.get("span_s") if pio.sampling else None
+            if pio.sampling is not None and self._packets is None:
+                # the windows' counts and their span start at zero with the probes: the first print's
+                # rates are its averages since then (a second print can be 2 s later)
+                self._packets = _PacketCounts(0.0, {p: (0.0,) * 6 for p in pio.processes})
             self._update_packets(_PacketCounts(
-                float(span) if isinstance(span, (int, float)) else d.reading.mono,
+                pio.sampling["span_s"] if pio.sampling is not None else d.reading.mono,
                 {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
                  for p, v in pio.processes.items()}))
         now = _Counters(d.reading.mono, _on_cpu(d.reading), sum(d.softirq_seconds.values()),

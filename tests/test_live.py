@@ -69,7 +69,7 @@ def test_packet_rates_follow_the_loaders_prints_not_the_ticks() -> None:
     zero), and a print's rates are over the periods it added (not the ticks' interval)."""
     stats = windows.WindowStats(COUNTERS)
 
-    def period(length: float, dgrams: int) -> None:  # one whole-period window of the target's sends
+    def period(stats: windows.WindowStats, length: float, dgrams: int) -> None:  # one whole period's sends
         y = [0] * len(COUNTERS)
         y[COUNTERS.index("tx_msgs")] = y[COUNTERS.index("tx_skbs")] = y[COUNTERS.index("tx_dgrams")] = dgrams
         y[COUNTERS.index("tx_bytes")] = dgrams * 1200
@@ -80,7 +80,7 @@ def test_packet_rates_follow_the_loaders_prints_not_the_ticks() -> None:
     for mono, new_periods in ((100.0, [(0.5, 500)] * 2), (101.0, [(0.5, 1000)] * 2), (102.0, []),
                               (103.0, [(0.5, 1500)] * 3)):
         for length, n in new_periods:
-            period(length, n)
+            period(stats, length, n)
         d = _data(mono, {11: mono}, 0, 0, 0, 0, 0.0)
         f = m.update(LiveData(mono, 30.0, d.reading, _printed(stats), {}, d.targets))
         rates.append(f.targets[0].tx_dgrams_s)
@@ -88,6 +88,16 @@ def test_packet_rates_follow_the_loaders_prints_not_the_ticks() -> None:
     assert rates[1] == pytest.approx(2000 / 1.0)  # 2000 datagrams in 1 s of periods
     assert rates[2] == pytest.approx(2000)  # no new print: the last rate, not zero
     assert rates[3] == pytest.approx(4500 / 1.5)  # over the 1.5 s of periods the print added
+    # one print seen by two ticks (the loader's second print can come 2 s after its first): the
+    # second tick shows the first print's averages since the probes started, not nothing
+    first = windows.WindowStats(COUNTERS)
+    period(first, 0.5, 300)
+    period(first, 0.5, 700)
+    m = LiveMonitor()
+    for mono in (100.0, 101.0):
+        d = _data(mono, {11: mono}, 0, 0, 0, 0, 0.0)
+        f = m.update(LiveData(mono, 30.0, d.reading, _printed(first), {}, d.targets))
+    assert f.targets[0].tx_dgrams_s == pytest.approx(1000 / 1.0)
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
