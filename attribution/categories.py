@@ -11,7 +11,8 @@ UNCATEGORIZED = "Uncategorized"
 CATEGORIES: tuple[str, ...] = (PACKET_IO, CRYPTO, CONNECTION, IO, UNCATEGORIZED)
 
 # Named parts of Uncategorized that the code itself relies on (the mapping files use the same words).
-PROBE_COST = "eBPF probes"  # samples inside probe handlers (qprof's own or other tools')
+PROBE_COST = "eBPF probes"  # programs on tracepoints and uprobes, the kinds qprof attaches (its own or another tool's)
+OTHER_BPF = "other eBPF programs"  # entered through a kprobe or a BPF trampoline: kinds qprof never attaches
 SKID = "interrupt skid"  # samples that landed where interrupts came back on (attribution.skid)
 APPLICATION = "application"  # the target's own code, also when a library calls it back
 RUNTIME = "runtime: "  # prefix of language-runtime overhead: "runtime: go scheduler", "runtime: tokio"...

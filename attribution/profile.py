@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qprof.attribution.application import application_rule
-from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED
+from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.skid import SkidSplitter
@@ -26,8 +26,7 @@ from qprof.collectors.stacks import StackRecord
 Visitor = Callable[[StackRecord, Decision], None]
 
 NS_EVENTS = ("cpu-clock", "task-clock")
-# where the mappings put probe frames (mappings/common.toml), and the share past which the report warns
-PROBES = (UNCATEGORIZED, PROBE_COST)
+# the share of probe frames past which the report warns
 PROBE_SHARE_LIMIT = 0.02
 # Batching system calls, as their kernel entry points show in samples: evidence that a process uses
 # sendmmsg/recvmmsg even when the opt-in syscall probes (which count calls) are off.
@@ -88,10 +87,19 @@ class ProcessProfile:
 
     @property
     def probe_share(self) -> float:
-        """Share of its sampled CPU time spent in eBPF probes (qprof's or any tool's): what
-        observing it cost it, and so how far every other share is off."""
-        return self.breakdown.subcategories[(PROBES[0], PROBES[1])] / self.breakdown.period \
-            if self.breakdown.period else 0.0
+        """Share of its sampled CPU time spent in eBPF probes (tracepoint and uprobe programs, the
+        kinds qprof attaches): what observing it cost it, and so how far every other share is off."""
+        return self._share(PROBE_COST)
+
+    @property
+    def other_bpf_share(self) -> float:
+        """Share spent in eBPF programs qprof cannot have attached (kprobes, trampolines): a cost the
+        target pays with or without qprof, which a user should know is there."""
+        return self._share(OTHER_BPF)
+
+    def _share(self, sub: str) -> float:
+        b = self.breakdown
+        return b.subcategories[(UNCATEGORIZED, sub)] / b.period if b.period else 0.0
 
 
 @dataclass

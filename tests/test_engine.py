@@ -315,6 +315,36 @@ def test_probe_handlers_are_kept_apart(shipped_clf: Classifier) -> None:
     assert (d.category, d.subcategory) == (UNCATEGORIZED, "eBPF probes")
 
 
+SEND = ("udp_sendmsg", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg", "do_syscall_64")
+
+
+@pytest.mark.parametrize("frames,sub", [
+    # qprof's tp_btf programs as perf unwinds them on its test VM
+    (("bpf_prog_894bd9ef255d2238_copy_datagram", "bpf_trace_run2", "skb_copy_datagram_iter", "udp_recvmsg"),
+     "eBPF probes"),
+    (("[unknown]", "bpf_trace_run3", "call_trace_sock_recv_length", "sock_recvmsg"), "eBPF probes"),
+    (("__htab_map_lookup_elem", "bpf_trace_run2", "dev_hard_start_xmit", "__dev_queue_xmit"), "eBPF probes"),
+    # a BPF trampoline on udp_send_skb (not qprof's): its program's frames are lost, helpers hang off
+    # the traced function's ftrace site
+    (("__bpf_prog_enter_recur", "udp_send_skb") + SEND, "other eBPF programs"),
+    (("__rcu_read_lock", "__bpf_prog_enter_recur", "udp_send_skb") + SEND, "other eBPF programs"),
+    (("sched_clock", "__bpf_prog_exit_recur", "udp_send_skb") + SEND, "other eBPF programs"),
+    (("copy_from_kernel_nofault", "bpf_probe_read_kernel", "udp_send_skb") + SEND, "other eBPF programs"),
+    (("htab_map_hash", "__htab_map_lookup_elem", "udp_send_skb") + SEND, "other eBPF programs"),
+    (("lookup_nulls_elem_raw", "udp_send_skb") + SEND, "other eBPF programs"),
+    # a kprobe's program: trace_call_bpf under kprobe handling is not a tracepoint's
+    (("bpf_probe_read_kernel", "bpf_prog_0123456789abcdef_kp", "trace_call_bpf", "kprobe_perf_func",
+      "kprobe_ftrace_handler", "udp_send_skb") + SEND, "other eBPF programs"),
+])
+def test_ebpf_frames_split_by_how_the_program_was_entered(shipped_clf: Classifier, frames: tuple[str, ...],
+                                                           sub: str) -> None:
+    """Tracepoint and uprobe programs (the kinds qprof attaches) are "eBPF probes"; kprobe and
+    trampoline programs, which qprof never attaches, are another tool's and shown apart."""
+    d = shipped_clf.classify(k(*frames))
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, sub), d
+    assert shipped_clf.classify(k("udp_send_skb", *SEND)).category == "Packet I/O", "the traced function itself"
+
+
 def test_cpu_shortfall_note_only_beyond_sampling_error() -> None:
     from qprof.attribution.profile import cpu_shortfall_note
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qprof.attribution.categories import CATEGORIES, PROBE_COST, UNCATEGORIZED, is_named_other
+from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 from qprof.attribution.timeline import Timeline
@@ -43,9 +43,9 @@ def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
 
 def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float:
     """A report process's Uncategorized share that qprof could not place: without what it names as the
-    program's own code or its language runtime (and, with `probes_apart`, without probe handlers)."""
+    program's own code or its language runtime (and, with `probes_apart`, without eBPF programs' frames)."""
     subs = process["subcategories"][UNCATEGORIZED]
-    named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s == PROBE_COST))
+    named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s in (PROBE_COST, OTHER_BPF)))
     return float(process["categories"][UNCATEGORIZED]) - named
 
 
@@ -61,6 +61,7 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
         d["probe_share"] = _r(p.probe_share)
         d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT
+        d["other_bpf_share"] = _r(p.other_bpf_share)
         d["mmsg_seen"] = sorted(p.mmsg_seen)
         d["interrupt_skid"] = p.skid
         d["mappings"] = p.mappings

@@ -253,6 +253,9 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
                 "every share here is off by about that much; fewer probe groups (--probes) cost less", "yellow")
         else:
             say(f"  eBPF probes: {p.probe_share:.2%} of its samples")
+        if p.other_bpf_share > 0:
+            say(f"  other eBPF programs: {p.other_bpf_share:.2%} of its samples (kprobes or BPF trampolines: "
+                "not qprof's, it attaches neither; they cost the target without qprof too)")
         if p.cpu_note:
             say(f"  note: {p.cpu_note}", "yellow")
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
