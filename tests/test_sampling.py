@@ -43,6 +43,28 @@ def test_window_grows_at_most_fourfold() -> None:
     assert windows.window_length(int(budget * first * 10), first, 0.1) == pytest.approx(0.01, rel=1e-3)
 
 
+def test_growing_windows_are_whole_periods_while_the_rate_fits() -> None:
+    """The steps from the first 20 ms to a whole period are periods of their own, counted whole (the
+    overrun check watches them); a window held short by the budget stays a part of its period."""
+    first, budget = windows.START_PERIOD_S, windows.budget_rate()
+    step = windows.GROWTH * first
+    assert windows.next_window(10, first, first) == pytest.approx((step, step))
+    assert windows.next_window(0, step, first + step) == (windows.FIRST_PERIOD_S, windows.FIRST_PERIOD_S)
+    # over the budget: a part of the full period, whatever the growth cap
+    assert windows.next_window(int(budget * first * 10), first, first) == \
+        pytest.approx((windows.FIRST_PERIOD_S, windows.FIRST_PERIOD_S / 10), rel=1e-3)
+    # a transfer ended: the window grows back in whole periods
+    assert windows.next_window(0, 0.005, 30.0) == pytest.approx((0.02, 0.02))
+
+
+@given(st.integers(0, 10**9), st.floats(0, 10), st.floats(0, 3600), st.floats(1, 1e7))
+@settings(max_examples=examples(200))
+def test_next_window_fits_its_period(events: int, counted_s: float, elapsed_s: float, budget: float) -> None:
+    period, window = windows.next_window(events, counted_s, elapsed_s, budget)
+    assert windows.MIN_WINDOW_S <= window <= period <= windows.PERIOD_S
+    assert window == period or events > budget * counted_s, "sampled only over the budget"
+
+
 @given(st.integers(0, 10**9), st.integers(0, 10**9))
 @settings(max_examples=examples(200))
 def test_window_never_grows_with_the_rate(a: int, b: int) -> None:
@@ -94,8 +116,11 @@ def test_a_whole_period_ends_when_the_hooks_overrun_the_budget() -> None:
     assert not windows.overran(int(budget * windows.CHECK_S), 0.0, budget)
     # a 1 GiB ngtcp2 transfer's ~900k hook runs a second, one check into the window
     assert windows.overran(int(900e3 * windows.CHECK_S), windows.CHECK_S, budget)
-    # a handshake's few dozen runs in the first check do not end a period
+    # a handshake's few dozen runs in the first check do not end a period, nor does a burst worth
+    # BURST_S of the budget at the lowest budget scale
     assert not windows.overran(50, windows.CHECK_S, budget)
+    low = windows.budget_rate(windows.MIN_BUDGET_SCALE)
+    assert not windows.overran(int(windows.OVERRUN * low * windows.BURST_S), windows.CHECK_S, low)
 
 
 @given(st.integers(0, 10**9), st.floats(0, 10), st.floats(1, 1e7))

@@ -381,9 +381,8 @@ class Sampler:
             cpu_at, cpu = now, cpu_now
             self.scale_sum, self.scale_n, self.scale_min = \
                 self.scale_sum + scale, self.scale_n + 1, min(self.scale_min, scale)
-            P_next = windows.period_length(now - t0)
             budget_events_s = windows.budget_rate(scale)
-            w_next = windows.window_length(runs, now - opened, P_next, budget_events_s)
+            P_next, w_next = windows.next_window(runs, now - opened, now - t0, budget_events_s)
             if w < P or w_next < P_next or self.stop:
                 closed, mib_b = self.flip_gate(0)
                 counting = False
