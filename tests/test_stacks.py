@@ -82,7 +82,7 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         print(f"  {role:6s} " + "  ".join(f"{c} {shares[c]:5.1%}" for c in CATEGORIES)
               + f"  (unplaced {unplaced:.1%}, skid {p['interrupt_skid'].get('share', 0):.1%}; "
               + "".join(f"{s} {v:.1%}, " for s, v in named.items())
-              + f"eBPF probes {p['probe_share']:.2%}, dso-only {p['dso_only_share']:.1%}, {p['samples']} samples, "
+              + f"eBPF probes {p['probe_share']:.2%}, other eBPF programs {p['other_bpf_share']:.2%}, dso-only {p['dso_only_share']:.1%}, {p['samples']} samples, "
               f"unwind {unwinding[str(p['pid'])]['mode']})")
         # the report's contract
         assert set(shares) == set(CATEGORIES)
