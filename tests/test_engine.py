@@ -324,6 +324,13 @@ SEND = ("udp_sendmsg", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg", "do
      "eBPF probes"),
     (("[unknown]", "bpf_trace_run3", "call_trace_sock_recv_length", "sock_recvmsg"), "eBPF probes"),
     (("__htab_map_lookup_elem", "bpf_trace_run2", "dev_hard_start_xmit", "__dev_queue_xmit"), "eBPF probes"),
+    # the crypto group's uprobe programs (bpftrace): helpers keep the uprobe dispatch in the stack
+    (("htab_map_update_elem_in_place", "[unknown]", "__uprobe_perf_func", "uprobe_dispatcher", "handler_chain",
+      "uprobe_notify_resume", "irqentry_exit_to_user_mode"), "eBPF probes"),
+    (("copy_from_user_nofault", "bpf_probe_read_user", "[unknown]", "__uprobe_perf_func", "uprobe_dispatcher"),
+     "eBPF probes"),
+    (("mtree_load", "find_active_uprobe_rcu", "uprobe_notify_resume", "irqentry_exit_to_user_mode"),
+     "eBPF probes"),
     # a BPF trampoline on udp_send_skb (not qprof's): its program's frames are lost, helpers hang off
     # the traced function's ftrace site
     (("__bpf_prog_enter_recur", "udp_send_skb") + SEND, "other eBPF programs"),
