@@ -117,10 +117,13 @@ def test_a_whole_period_ends_when_the_hooks_overrun_the_budget() -> None:
     # a 1 GiB ngtcp2 transfer's ~900k hook runs a second, one check into the window
     assert windows.overran(int(900e3 * windows.CHECK_S), windows.CHECK_S, budget)
     # a handshake's few dozen runs in the first check do not end a period, nor does a burst worth
-    # BURST_S of the budget at the lowest budget scale
+    # BURST_S of the whole budget from targets idle until then (the lowest budget scale): the plain
+    # sender's 3000 sends of test_probes, two hook runs each
     assert not windows.overran(50, windows.CHECK_S, budget)
     low = windows.budget_rate(windows.MIN_BUDGET_SCALE)
-    assert not windows.overran(int(windows.OVERRUN * low * windows.BURST_S), windows.CHECK_S, low)
+    burst = int(windows.OVERRUN * budget * windows.BURST_S)
+    assert not windows.overran(burst, windows.CHECK_S, low) and windows.overran(burst + 1, windows.CHECK_S, low)
+    assert not windows.overran(2 * 3000, windows.CHECK_S, low)
 
 
 @given(st.integers(0, 10**9), st.floats(0, 10), st.floats(1, 1e7))

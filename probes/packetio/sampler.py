@@ -332,7 +332,8 @@ class Sampler:
         cpu_at, cpu = opened, self.targets_cpu()
         P = windows.START_PERIOD_S
         counting, w = True, P  # the first period is counted whole
-        budget_events_s = windows.budget_rate()  # the whole budget until the targets' CPU is known
+        scale = 1.0  # the whole budget until the targets' CPU is known
+        budget_events_s = windows.budget_rate(scale)
         pending: Window | None = None
         next_print = start + PRINT_S
 
@@ -375,10 +376,11 @@ class Sampler:
             # the window ends: decide the next one before closing, so nothing is counted in between
             runs += self.hook_runs()
             now = time.monotonic()
-            cpu_now = self.targets_cpu()  # a target that exited meanwhile counts no more
-            scale = windows.budget_scale(sum(c - cpu[p] for p, c in cpu_now.items() if p in cpu),
-                                         now - cpu_at, len(cpu_now))
-            cpu_at, cpu = now, cpu_now
+            if now - cpu_at >= windows.SCALE_SPAN_S:  # else the last scale stays
+                cpu_now = self.targets_cpu()  # a target that exited meanwhile counts no more
+                scale = windows.budget_scale(sum(c - cpu[p] for p, c in cpu_now.items() if p in cpu),
+                                             now - cpu_at, len(cpu_now))
+                cpu_at, cpu = now, cpu_now
             self.scale_sum, self.scale_n, self.scale_min = \
                 self.scale_sum + scale, self.scale_n + 1, min(self.scale_min, scale)
             budget_events_s = windows.budget_rate(scale)

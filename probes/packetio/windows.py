@@ -48,11 +48,13 @@ MIN_WINDOW_S = 0.002
 # A whole-period window looks at the hook rate every CHECK_S (one map lookup, ~10 us): a transfer
 # starting mid-period at OVERRUN times the budget's rate or more ends the period there, counted whole,
 # instead of running unsampled to its end (~135 ms of hook CPU for a 0.5 s period of a 1 GiB
-# ngtcp2 transfer; ~3 ms with these checks). A burst worth BURST_S of the budget never ends a
-# period, however short the time it came in: a handshake in the first check stays counted exactly.
+# ngtcp2 transfer; ~5 ms with these checks). A burst worth BURST_S of the whole budget (whatever
+# budget_scale says) never ends a period, however short the time it came in: a handshake, or a few
+# thousand datagrams from a target idle until then (2 x 0.2 s x 16.7k = 6.7k hook runs, ~2 ms of
+# hook CPU), stay counted whole.
 CHECK_S = 0.01
 OVERRUN = 2.0
-BURST_S = 0.05
+BURST_S = 0.2
 # Hook runs the windows may cost, all tasks together: CPU_BUDGET of one CPU at EVENT_COST_S a run.
 # EVENT_COST_S is what one hook run costs a target on qprof's 2-vCPU test VM as its own samples see it:
 # in a fresh-clone `qprof demo` (1 GiB) the client's probe frames were 18 of 877 samples (36 ms) for
@@ -69,6 +71,9 @@ EVENT_COST_S = 300e-9
 # probe share (fresh-clone run72: tquic's client 2.16% of its samples beside one busy process).
 # At least MIN_BUDGET_SCALE of it: a mostly idle target's few packets are still counted whole.
 MIN_BUDGET_SCALE = 0.1
+# The targets' CPU time comes from /proc in clock ticks (10 ms): the scale is taken over at least
+# SCALE_SPAN_S, not over the first periods' 20 and 80 ms (one tick more or less is half the scale).
+SCALE_SPAN_S = 0.1
 # the namespace's kernel counters, in the order the sampler reads them (NetnsCounters.parse)
 AUX = ("mib_in", "mib_out", "ip_out_octets")
 
@@ -120,9 +125,9 @@ def next_window(events: int, counted_s: float, elapsed_s: float,
 
 def overran(events: int, counted_s: float, budget_events_s: float) -> bool:
     """Whether a whole-period window's hook runs so far (`counted_s` into it) went past OVERRUN times
-    the budget, with a burst of BURST_S's worth allowed: the period ends there (it is counted whole
-    up to then, so nothing is estimated)."""
-    return counted_s > 0 and events > OVERRUN * budget_events_s * max(counted_s, BURST_S)
+    the budget, with a burst of BURST_S of the whole budget allowed: the period ends there (it is
+    counted whole up to then, so nothing is estimated)."""
+    return counted_s > 0 and events > OVERRUN * max(budget_events_s * counted_s, budget_rate() * BURST_S)
 
 
 def tri_index(i: int, j: int, n: int) -> int:
