@@ -192,6 +192,9 @@ def test_html_data_round_trips_and_cannot_close_its_script(stacks: list) -> None
     doc = json.loads(data)  # the block ends where the JSON ends: no name closed it early
     assert _unnest(doc["tree"]) == [(d, n.name, n.period) for n, d in root.walk()]
     assert [x["category"] for x in doc["legend"]] == list(CATEGORIES)
+    # the page shows the legend text Python formatted (the terminal's rounding), not its own
+    shares = flame_of(root).shares()
+    assert [x["text"] for x in doc["legend"]] == [f"{c} {shares[c]:.1%}" for c in CATEGORIES]
 
 
 def test_writers_handle_very_deep_stacks() -> None:

@@ -99,7 +99,7 @@ _JS = """
     sw.className = "swatch";
     sw.style.background = item.colour;
     t.className = "legend-text";
-    t.textContent = item.category + " " + (100 * item.share).toFixed(1) + "%%";
+    t.textContent = item.text;
     span.appendChild(sw);
     span.appendChild(t);
     legend.appendChild(span);
@@ -205,7 +205,7 @@ def flame_html(flame: Flame) -> str:
         return {"name": n.name, "value": n.period, "samples": n.samples, "share": round(n.period / total, 6),
                 "category": n.category, "fill": n.colour, "tip": flame.describe(n)}
 
-    data = {"legend": [{"category": c, "share": s, "colour": category_colour(c)} for c, s in flame.shares().items()],
+    data = {"legend": [{"category": c, "text": text, "colour": category_colour(c)} for c, text in flame.legend()],
             "colours": {c: category_colour(c) for c in CATEGORIES},
             "timeline": flame.timeline.to_json() if flame.timeline is not None else None}
     doc = json.dumps(data)[:-1] + ',"tree":' + tree_json(flame.root, fields) + "}"

@@ -279,6 +279,6 @@ def render_svg(root: FrameNode, *, title: str, subtitle: str, fill: Callable[[Fr
 
 def flame_svg(flame: Flame) -> str:
     """A category-coloured flame graph with the legend of category shares."""
-    legend = [(f"{c} {s:.1%}", category_colour(c)) for c, s in flame.shares().items()]
+    legend = [(text, category_colour(c)) for c, text in flame.legend()]
     return render_svg(flame.root, title=flame.title, subtitle=flame.subtitle, fill=lambda n: n.colour,
                       describe=flame.describe, legend=legend)

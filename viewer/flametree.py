@@ -159,6 +159,11 @@ class Flame:
         total = self.root.period or 1
         return {c: self.root.categories[c] / total for c in CATEGORIES}
 
+    def legend(self) -> list[tuple[str, str]]:
+        """(category, its legend text): formatted here for every output, as the terminal report does,
+        so the HTML page does not round a share the other way (JavaScript's toFixed rounds ties up)."""
+        return [(c, f"{c} {s:.1%}") for c, s in self.shares().items()]
+
     def describe(self, node: FrameNode) -> str:
         """A frame's tooltip: name, samples, CPU time and share, category (and the mix), object."""
         share = node.period / (self.root.period or 1)
