@@ -98,6 +98,11 @@ def budget_rate(scale: float = 1.0) -> float:
     return CPU_BUDGET * scale / EVENT_COST_S
 
 
+def fits_budget(events: int, counted_s: float, budget_events_s: float) -> bool:
+    """Whether `events` hook runs in `counted_s` are within the budget's rate (nothing counted: they are)."""
+    return counted_s <= 0 or events <= budget_events_s * counted_s
+
+
 def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
                   budget_events_s: float = budget_rate(), min_window_s: float = MIN_WINDOW_S) -> float:
     """The next window's length from the hook runs counted in the last window (all tasks, `counted_s`
@@ -105,9 +110,8 @@ def window_length(events: int, counted_s: float, period_s: float = PERIOD_S,
     than GROWTH times the last window."""
     if counted_s <= 0:
         return period_s
-    rate = events / counted_s
-    fits = rate <= budget_events_s  # (no events: fits)
-    want = period_s if fits else max(min_window_s, period_s * budget_events_s / rate)
+    want = period_s if fits_budget(events, counted_s, budget_events_s) else \
+        max(min_window_s, period_s * budget_events_s * counted_s / events)
     return min(period_s, want, max(min_window_s, GROWTH * counted_s))
 
 
@@ -118,7 +122,7 @@ def next_window(events: int, counted_s: float, elapsed_s: float,
     period of its own: counted whole, so the overrun check watches it."""
     period = period_length(elapsed_s)
     window = window_length(events, counted_s, period, budget_events_s)
-    if window < period and (counted_s <= 0 or events <= budget_events_s * counted_s):
+    if window < period and fits_budget(events, counted_s, budget_events_s):
         return window, window
     return period, window
 
