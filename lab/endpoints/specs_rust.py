@@ -1,4 +1,5 @@
-"""Rust QUIC stacks: quinn (rustls + ring), s2n-quic (aws-lc), quiche (BoringSSL), tquic (optional).
+"""Rust QUIC stacks: quinn (rustls + ring), s2n-quic (aws-lc), quiche (BoringSSL), tquic (optional);
+quinn-mt and s2nquic-mt are quinn and s2n-quic on tokio's multi-thread runtime.
 
 Each of quinn, s2nquic, quiche and tquic is a small crate under tests/endpoints/<name>
 (Cargo.lock committed) with one binary taking `server ADDR CERT KEY` and
@@ -23,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .build import BuildError, BuildUnavailable, EndpointSpec, cache_root, register
+from .build import HERE, BuildError, BuildUnavailable, EndpointSpec, cache_root, register
 
 RUSTFLAGS = "-C force-frame-pointers=yes"
 CFLAGS = "-fno-omit-frame-pointer"
@@ -91,15 +92,18 @@ def _cargo_build(binary: str):  # type: ignore[no-untyped-def]
 
 
 def _rust_spec(name: str, binary: str, mapping: str, needs: tuple[tuple[str, str], ...] = (),
-               test_bytes: int = 1 << 30, env_options: dict[str, str] | None = None) -> EndpointSpec:
+               test_bytes: int = 1 << 30, env_options: dict[str, str] | None = None,
+               sources: str | None = None, flags: tuple[str, ...] = ()) -> EndpointSpec:
+    """`sources`: another stack's crate (a variant of it, run with `flags` before the subcommand)."""
     return register(EndpointSpec(
         name=name,
         mapping=mapping,
         toolchain=lambda: _rust_toolchain(*needs),
         build=_cargo_build(binary),
-        server=lambda out, addr, cert, key: [str(out / binary), "server", addr, str(cert), str(key)],
-        client=lambda out, addr, n: [str(out / binary), "client", addr, str(n)],
+        server=lambda out, addr, cert, key: [str(out / binary), *flags, "server", addr, str(cert), str(key)],
+        client=lambda out, addr, n: [str(out / binary), *flags, "client", addr, str(n)],
         test_bytes=test_bytes,
+        sources=HERE / sources if sources else None,
         env_options=env_options or {},
         notes={"unwind": "frame pointers (RUSTFLAGS -C force-frame-pointers=yes, CFLAGS -fno-omit-frame-pointer)",
                "profile": 'release, debug = "line-tables-only", strip = false'},
@@ -109,6 +113,12 @@ def _rust_spec(name: str, binary: str, mapping: str, needs: tuple[tuple[str, str
 QUINN = _rust_spec("quinn", "quinn-bulk", "quinn", test_bytes=2 << 30,
                    env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT"})
 S2NQUIC = _rust_spec("s2nquic", "s2n-quic-bulk", "s2n-quic", test_bytes=4 << 30)
+# the same crates on tokio's default multi-thread runtime (a worker per CPU and the blocking pool):
+# the runtime their users get from #[tokio::main]; one cargo build serves both variants
+QUINN_MT = _rust_spec("quinn-mt", "quinn-bulk", "quinn", test_bytes=2 << 30, sources="quinn",
+                      flags=("--multi-thread",), env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT"})
+S2NQUIC_MT = _rust_spec("s2nquic-mt", "s2n-quic-bulk", "s2n-quic", test_bytes=4 << 30, sources="s2nquic",
+                        flags=("--multi-thread",))
 # BoringSSL is built from boring-sys's bundled sources (cmake) and bound with bindgen (libclang)
 QUICHE = _rust_spec("quiche", "quiche-bulk", "quiche", needs=(("cmake", "cmake"), ("libclang", "libclang-dev")),
                     test_bytes=512 << 20)

@@ -1,7 +1,7 @@
 //! quinn-bulk: one-stream bulk transfer over quinn (rustls + ring), for qprof's tests.
 //!
-//!   quinn-bulk server ADDR CERT KEY   serve until killed
-//!   quinn-bulk client ADDR BYTES      download BYTES on one bidirectional stream
+//!   quinn-bulk [--multi-thread] server ADDR CERT KEY   serve until killed
+//!   quinn-bulk [--multi-thread] client ADDR BYTES      download BYTES on one bidirectional stream
 //!
 //! The client sends an 8-byte big-endian count; the server answers with that
 //! many bytes written from one reused buffer and finishes the stream. The
@@ -50,13 +50,24 @@ fn app_rate() -> Option<f64> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: quinn-bulk server ADDR CERT KEY | quinn-bulk client ADDR BYTES");
+    eprintln!("usage: quinn-bulk [--multi-thread] server ADDR CERT KEY | quinn-bulk [--multi-thread] client ADDR BYTES");
     std::process::exit(2)
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let mut args: Vec<String> = std::env::args().collect();
+    // `--multi-thread` first: tokio's default runtime (what `#[tokio::main]` builds: a worker per
+    // CPU plus the blocking pool); without it one current-thread runtime does all the work
+    let multi = args.get(1).map(String::as_str) == Some("--multi-thread");
+    if multi {
+        args.remove(1);
+    }
+    let rt = if multi {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    }
+    .expect("tokio runtime");
     let res = match args.get(1).map(String::as_str) {
         Some("server") if args.len() == 5 => rt.block_on(server(&args[2], &args[3], &args[4])),
         Some("client") if args.len() == 4 => rt.block_on(client(&args[2], &args[3])),

@@ -1,7 +1,7 @@
 //! s2n-quic-bulk: one-stream bulk transfer over s2n-quic (s2n-tls + aws-lc), for qprof's tests.
 //!
-//!   s2n-quic-bulk server ADDR CERT KEY   serve until killed
-//!   s2n-quic-bulk client ADDR BYTES      download BYTES on one bidirectional stream
+//!   s2n-quic-bulk [--multi-thread] server ADDR CERT KEY   serve until killed
+//!   s2n-quic-bulk [--multi-thread] client ADDR BYTES      download BYTES on one bidirectional stream
 //!
 //! The client sends an 8-byte big-endian count; the server answers with that
 //! many bytes (slices of one reused buffer) and closes the stream, waiting for
@@ -37,13 +37,24 @@ fn limits() -> Res<Limits> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: s2n-quic-bulk server ADDR CERT KEY | s2n-quic-bulk client ADDR BYTES");
+    eprintln!("usage: s2n-quic-bulk [--multi-thread] server ADDR CERT KEY | s2n-quic-bulk [--multi-thread] client ADDR BYTES");
     std::process::exit(2)
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let mut args: Vec<String> = std::env::args().collect();
+    // `--multi-thread` first: tokio's default runtime (what `#[tokio::main]` builds: a worker per
+    // CPU plus the blocking pool); without it one current-thread runtime does all the work
+    let multi = args.get(1).map(String::as_str) == Some("--multi-thread");
+    if multi {
+        args.remove(1);
+    }
+    let rt = if multi {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    }
+    .expect("tokio runtime");
     let res = match args.get(1).map(String::as_str) {
         Some("server") if args.len() == 5 => rt.block_on(server(&args[2], &args[3], &args[4])),
         Some("client") if args.len() == 4 => rt.block_on(client(&args[2], &args[3])),
