@@ -1,4 +1,5 @@
-"""Sample the targets on their own CPU time: a perf_event cgroup (`--scope auto|cgroup`).
+"""A cgroup of its own for each target: sampled on its own CPU time (`--scope auto|cgroup`), its stalls
+measured apart (CPU pressure).
 
 A cgroup-filtered per-CPU event (`perf record -a -G CG`) counts only while a
 task of CG runs: its timer stops when a target is switched out and resumes
@@ -22,13 +23,22 @@ with cycles). A 1 GiB ngtcp2 transfer with both ends attached was not
 measurably slower for it (bench/probe_overhead.py, default-both against
 system-both).
 
-The targets are moved into a fresh child of the cgroup they are in
-(`<their cgroup>/qprof-sample-<owner>-<n>`) in the hierarchy perf resolves -G
-against: the cgroup v1 hierarchy that has the perf_event controller, else
-cgroup v2. A child cgroup has no controller of its own enabled (its parent
-holds processes, so it cannot enable any), so quotas and weights of the
-parent still govern the targets; procfs strips this component when it reads
-a target's CPU quota.
+Each target is moved into a fresh child of the cgroup it is in
+(`<its cgroup>/qprof-sample-<owner>-<n>`, one per target) in the hierarchy
+perf resolves -G against: the cgroup v1 hierarchy that has the perf_event
+controller, else cgroup v2. A child cgroup has no controller of its own
+enabled (its parent holds processes, so it cannot enable any), so quotas and
+weights of the parent still govern the targets; procfs strips this component
+when it reads a target's CPU quota.
+
+The same children give each target its own CPU pressure (PSI): in cgroup v2
+every cgroup keeps one, with or without controllers, for the tasks in it and
+below. A target started from a shell shares the shell's cgroup with everything
+else started there, and two targets of one run share it with each other, so
+without a child of its own a multi-threaded target has no stall figure (its
+threads' summed run-queue time counts them waiting for each other too: no
+limit from outside). Where perf's hierarchy is v1, or sampling is system-wide,
+the session makes these children in cgroup v2 for the pressure alone.
 
 Moving them back is the job of a watchdog process that holds the read end of
 a pipe from qprof: on EOF — qprof closed it, exited, or was SIGKILLed — it
@@ -120,7 +130,7 @@ def cleanup_leftovers(h: Hierarchy) -> list[str]:
 
 
 class SampleCgroups:
-    """Targets grouped by their current cgroup, each group moved into a sampling child cgroup."""
+    """Each target moved into a child cgroup of its own, in one hierarchy."""
 
     def __init__(self, h: Hierarchy) -> None:
         self.h = h
@@ -128,28 +138,31 @@ class SampleCgroups:
         self._watchdog: subprocess.Popen[bytes] | None = None
 
     def place(self, pids: list[int]) -> list[str]:
-        """Move `pids` into sampling cgroups; returns the names to give `perf record -G` (one per event).
+        """Move each of `pids` into a child cgroup of its own; returns their names (paths from the
+        hierarchy's root: what `perf record -G` takes, one per event).
 
-        Raises OSError when the hierarchy refuses (read-only, a threaded cgroup...): the caller
-        then samples system-wide."""
-        by_path: dict[str, list[int]] = {}
+        One child per target, not one per cgroup the targets share: in cgroup v2 every cgroup keeps
+        its own CPU pressure (PSI), so each target's stalls are measured apart from the other
+        target's and from whatever else shares its cgroup (a shell's, a service's).
+        Raises OSError when the hierarchy refuses (read-only, a threaded cgroup...)."""
+        paths = []
         for pid in pids:
             path = self.h.path_of(pid)
             if path is None:
                 raise OSError(f"pid {pid} is not in the {self.h.version} cgroup hierarchy at {self.h.mount}")
-            by_path.setdefault(path, []).append(pid)
+            paths.append((pid, path))
         me, start = os.getpid(), _starttime(os.getpid())
+        if self._watchdog is None:
+            self._start_watchdog()
         names = []
-        self._start_watchdog()
-        for path, group in by_path.items():
+        for pid, path in paths:
             original = self.h.mount / path.lstrip("/")
             child = original / f"{PREFIX}{me}-{start}-{len(self.children)}"
             child.mkdir(mode=0o755)
             self.children.append((child, original))
             self._tell_watchdog(child, original)
-            for pid in group:
-                if not _move(pid, child) and Path(f"/proc/{pid}").exists():
-                    raise OSError(f"cannot move pid {pid} into {child}")
+            if not _move(pid, child) and Path(f"/proc/{pid}").exists():
+                raise OSError(f"cannot move pid {pid} into {child}")
             names.append(str(child.relative_to(self.h.mount)))
         return names
 

@@ -123,6 +123,7 @@ def thread_times(pid: int) -> list[dict[str, Any]]:
         comm, f = _stat_fields(stat)
         sched = (_read(f"/proc/{pid}/task/{t}/schedstat") or "").split()
         sc = (_read(f"/proc/{pid}/task/{t}/syscall") or "").split()
+        switches = _switches(_read(f"/proc/{pid}/task/{t}/status"))
         out.append({
             "tid": int(t),
             "comm": comm,
@@ -135,8 +136,21 @@ def thread_times(pid: int) -> list[dict[str, Any]]:
             # the system call it sits in when blocked (a number), or "running"
             "syscall": sc[0] if sc else None,
             "cpu": int(f[36]) if len(f) > 36 else -1,
+            # it gave up its CPU to wait (a sleep someone must wake: a handoff when it waits for its own
+            # threads), and it was taken off a CPU while it could still run (preempted)
+            "voluntary": switches[0], "involuntary": switches[1],
         })
     return out
+
+
+def _switches(status: str | None) -> tuple[int | None, int | None]:
+    """(voluntary, nonvoluntary) context switches from a task's /proc status, None when absent."""
+    found: dict[str, int] = {}
+    for line in (status or "").splitlines():
+        key, _, value = line.partition(":")
+        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches") and value.strip().isdigit():
+            found[key] = int(value)
+    return found.get("voluntary_ctxt_switches"), found.get("nonvoluntary_ctxt_switches")
 
 
 # the child cgroup `--scope cgroup` moves targets into: qprof-sample-<owner pid>-<owner start ticks>-<n>
@@ -229,7 +243,8 @@ _V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 
 def cpu_limits(pid: int) -> dict[str, Any]:
     """What bounds the process's CPU beside a quota: its affinity, its cpuset's CPUs, and the CPU
-    pressure (PSI) of its v2 cgroup with how many processes share that cgroup."""
+    pressure (PSI) of its v2 cgroup with how many processes share that cgroup (one: qprof's child
+    of its own, collectors.perfcgroup)."""
     out: dict[str, Any] = {"cpus_allowed": None, "cpuset": None, "pressure": None, "pressure_procs": None}
     for line in (_read(f"/proc/{pid}/status") or "").splitlines():
         if line.startswith("Cpus_allowed_list:"):
@@ -241,11 +256,13 @@ def cpu_limits(pid: int) -> dict[str, Any]:
         if "cpuset" in parts[1].split(","):
             out["cpuset"] = cpu_list(_read(f"/sys/fs/cgroup/cpuset{parts[2]}/cpuset.effective_cpus"))
         elif parts[0] == "0":
-            path = outer_path(parts[2])
+            # the cpuset is the outer cgroup's (qprof's child has no controller); the pressure is of the
+            # cgroup it is in, qprof's child included: that child holds only this target
+            path, outer = parts[2], outer_path(parts[2])
             for root in _V2_ROOTS:
                 base = f"{root}{path.rstrip('/')}"
-                if out["cpuset"] is None and os.path.exists(f"{base}/cpuset.cpus.effective"):
-                    out["cpuset"] = cpu_list(_read(f"{base}/cpuset.cpus.effective"))
+                if out["cpuset"] is None and os.path.exists(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"):
+                    out["cpuset"] = cpu_list(_read(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"))
                 if path != "/" and os.path.exists(f"{base}/cpu.pressure"):
                     out["pressure"] = _pressure(_read(f"{base}/cpu.pressure"))
                     out["pressure_procs"] = len((_read(f"{base}/cgroup.procs") or "").split())

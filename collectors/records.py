@@ -36,6 +36,10 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def _pid_keyed(obj: Any) -> dict[int, Any]:
     """{"1234": x} -> {1234: x} (the schema checked that the keys are decimal numbers)."""
     return {int(k): v for k, v in obj.items()} if isinstance(obj, dict) else {}
@@ -55,13 +59,15 @@ class ThreadReading:
     run_delay_s: float | None = None
     syscall: str | None = None
     cpu: int = -1
+    voluntary: int | None = None  # context switches so far: it blocked (someone had to wake it) ...
+    involuntary: int | None = None  # ... and it was preempted while it could still run
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ThreadReading":
         cpu = d.get("cpu")
         return cls(int(d["tid"]), str(d["comm"]), float(d["utime_s"]), float(d["stime_s"]), d.get("state"),
                    _num(d.get("on_cpu_s")), _num(d.get("run_delay_s")), d.get("syscall"),
-                   cpu if isinstance(cpu, int) else -1)
+                   cpu if isinstance(cpu, int) else -1, _int(d.get("voluntary")), _int(d.get("involuntary")))
 
 
 @dataclass(frozen=True)

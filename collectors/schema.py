@@ -161,6 +161,7 @@ META = Obj({
                      "images": [Obj({"exe": OPT_STR, "comm": STR, "unwind": OPT_STR, "since_s": NUM})]},
                     required=("pid",))],
     "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
+    "pressure": Obj({"hierarchy": OPT_STR, "unavailable": OPT_STR}),
     "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
     "exited": [INT], "perf_exit": MapOf(OPT_INT), "perf_cpu_s": MapOf(OPT_NUM),
     "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},
@@ -220,7 +221,8 @@ _CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
     "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC,
     "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
-                           "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT},
+                           "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT,
+                           "voluntary": OPT_INT, "involuntary": OPT_INT},
                           required=_THREAD)],
                      numbered=True),
     "cgroups": MapOf(Either(T(None), Obj({"version": STR, "path": STR, "quota_cores": OPT_NUM,

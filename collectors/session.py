@@ -40,8 +40,8 @@ from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
-from qprof.probes.features import (find_hierarchy, kernel_features, require_perf, require_sampling_privileges,
-                                   tool_version)
+from qprof.probes.features import (find_hierarchy, kernel_features, pressure_hierarchy, require_perf,
+                                   require_sampling_privileges, tool_version)
 
 POLL_TICK = 0.05  # s between checks of the stop conditions
 SOCKET_INTERVAL = 1.0  # s between socket-table readings (sock_diag dumps, ~0.2 ms each)
@@ -140,6 +140,7 @@ class AttachSession:
         self.traffic: TrafficRecorder | None = None
         self._probe_maps: dict[str, Any] = {}  # the probes' maps as last printed (read once a second)
         self.cgroups: SampleCgroups | None = None
+        self.pressure_cgroups: SampleCgroups | None = None  # for PSI, where sampling made none in cgroup v2
         self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
@@ -268,6 +269,7 @@ class AttachSession:
         self.traffic.start(time.monotonic())
         for mode, pids in groups.items():
             self._start_recorder(out, mode, pids)
+        self._pressure_cgroups(out, opts.pids)
         self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status)
         self.folder.start()
@@ -402,10 +404,38 @@ class AttachSession:
         scope["cgroups"] += names
         return names
 
+    def _pressure_cgroups(self, out: Path, pids: list[int]) -> None:
+        """Each target's own CPU pressure (PSI): a child cgroup of its own in cgroup v2. The sampling
+        children serve where perf's hierarchy is v2; otherwise (a v1 perf_event hierarchy, system-wide
+        sampling) the targets get children there for this alone. A child has no controller: nothing
+        about how a target runs changes. Recorded in meta.json's `pressure`; where none can be had the
+        verdict judges a multi-threaded target's stalls from its run-queue time and says so."""
+        record: dict[str, Any] = {"hierarchy": None, "unavailable": None}
+        self.meta["pressure"] = record
+        h = pressure_hierarchy()
+        if h is None:
+            record["unavailable"] = "no cgroup v2 hierarchy with CPU pressure (PSI) is mounted"
+        elif self.cgroups is not None and self.cgroups.h.mount == h.mount:
+            record["hierarchy"] = f"v2 {h.mount} (the sampling cgroups)"
+        else:
+            try:
+                for gone in cleanup_leftovers(h):
+                    self.status(f"removed a cgroup left by a killed qprof: {gone}")
+                self.pressure_cgroups = SampleCgroups(h)
+                self.pressure_cgroups.place(pids)
+                record["hierarchy"] = f"v2 {h.mount}"
+            except OSError as e:
+                record["unavailable"] = f"cannot give the targets a cgroup of their own in {h.mount}: {e}"
+        if record["unavailable"]:
+            self.status(f"no CPU pressure per target: {record['unavailable']}; the verdict estimates the stalls "
+                        "of multi-threaded targets from run-queue time")
+        archive.write_json_atomic(out / runfiles.META, self.meta)
+
     def _release_cgroups(self) -> None:
-        if self.cgroups is not None:
-            self.cgroups.release()
-            self.cgroups = None
+        for cg in (self.cgroups, self.pressure_cgroups):
+            if cg is not None:
+                cg.release()
+        self.cgroups = self.pressure_cgroups = None
 
     def _last_reading(self, out: Path) -> None:
         """One reading after the probes stopped: their last print holds the final UDP totals (the one

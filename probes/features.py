@@ -191,6 +191,14 @@ def mount_table(text: str | None = None) -> list[Mount]:
             if len(f) >= 4]
 
 
+def pressure_hierarchy(mounts: str | None = None) -> Hierarchy | None:
+    """The cgroup2 mount whose cgroups keep CPU pressure (PSI), or None (no cgroup2, or no PSI)."""
+    for m in mount_table(mounts):
+        if m.fstype == "cgroup2" and (mounts is not None or (m.where / "cpu.pressure").exists()):
+            return Hierarchy(m.where, "v2")
+    return None
+
+
 def find_hierarchy(mounts: str | None = None) -> Hierarchy | None:
     """The perf_event v1 hierarchy if one is mounted, else the cgroup2 mount, else None."""
     v2 = None
