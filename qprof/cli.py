@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
-from rich.console import Console
 
 from qprof import runfiles
 from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.errors import QprofError
+from qprof.viewer.console import text_console
 
-_stderr = Console(stderr=True, highlight=False)
+_stderr = text_console(stderr=True)
 
 
 def _fail(msg: str) -> None:
@@ -129,7 +129,7 @@ def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> 
     if not quiet and sys.stdout.isatty():
         from qprof.viewer.live import LiveView
 
-        with LiveView(Console(highlight=False)) as view:
+        with LiveView(text_console()) as view:
             return run(view.status, view.tick)
     return run((lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]")), None)
 
@@ -233,7 +233,7 @@ def _print_summary(runs: list[Path]) -> None:
     from qprof.viewer.table import render, render_summary
 
     table_rows = _table_rows(runs)
-    console = Console(highlight=False)
+    console = text_console()
     render(table_rows, console)
     render_summary(R.summary_rows(table_rows), console)
 
@@ -347,7 +347,7 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
         from qprof.viewer.terminal import render, render_verdict
         from qprof.viewer.timeline import render_timeline
 
-        console = Console(highlight=False)
+        console = text_console()
         for a, tl in zip(analyses, lines):
             render(a, console, top)
             if tl is not None:
@@ -435,7 +435,7 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
     else:
         from qprof.viewer.diff import render_diff
 
-        render_diff(d, Console(highlight=False))
+        render_diff(d, text_console())
     if out is not None:
         from qprof.viewer.diff import diff_svg
 
@@ -497,7 +497,7 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
         seen.add(r.resolve())
     table_rows = _table_rows(list(runs), mappings, stack)
     summary = R.summary_rows(table_rows)
-    console = Console(highlight=False)
+    console = text_console()
     if outputs is None:
         render(table_rows, console)
     else:
@@ -532,7 +532,7 @@ def doctor(pid: int | None) -> None:
 
     from qprof.doctor import NONE, OK, run_checks, verdict
 
-    out = Console(highlight=False)
+    out = text_console()
     checks = run_checks(pid)
     for c in checks:
         mark, style = ("ok", "green") if c.ok else (("--", "dim") if c.needed_for == "information" else ("NO", "red"))
@@ -566,7 +566,7 @@ def mappings(ctx: click.Context, extra: tuple[str, ...]) -> None:
         detect = ", ".join(p.pattern for p in f.detect_dso + f.detect_symbol) or "always"
         t.add_row(f.name, f.kind, f.version, "yes" if f.verified else "no (unverified)", str(len(f.rules)),
                   detect, f.path)
-    out = Console(highlight=False)
+    out = text_console()
     out.print(t)
     out.print(f"user folder: {user_dir()}", markup=False)
 
