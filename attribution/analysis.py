@@ -10,6 +10,7 @@ from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
+from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
@@ -26,6 +27,7 @@ class Analysis:
     observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
     stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
+    threads: dict[int, ThreadView] = field(default_factory=dict)  # per target: pools, parallelism, handoffs
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -60,11 +62,22 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     crypto = analyse_crypto(probes, pids, pio)
     tcp = analyse_tcp(run.tcp(), pids)
     host_cpus = info.host.cpus or 1
+    procs = {p.pid: p for p in profile.processes}
+    threads = {t.pid: thread_view(readings, t.pid, procs.get(t.pid), profile.seconds_per_period,
+                                  *_moved(pio, tcp, t.pid)) for t in info.targets}
     sides = [ev for t in info.targets if t.role in ("server", "client")
              for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
-                                      probes.queues, _tcp_pair(tcp, t.pid))]
+                                      probes.queues, _tcp_pair(tcp, t.pid), threads[t.pid])]
              if ev is not None]
-    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp)
+    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads)
+
+
+def _moved(pio: PacketIO | None, tcp: TcpIO | None, pid: int) -> tuple[int | None, float | None]:
+    """(payload bytes a process sent or received, the larger; datagrams sent and received)."""
+    p = pio.processes.get(pid) if pio is not None else None
+    t = _tcp_pair(tcp, pid)
+    moved = max([*(t or ()), *((p.tx.bytes, p.rx.bytes) if p is not None else ())], default=0)
+    return moved or None, (p.tx.dgrams + p.rx.dgrams) or None if p is not None else None
 
 
 def _tcp_pair(tcp: TcpIO | None, pid: int) -> tuple[int, int] | None:

@@ -16,9 +16,10 @@ OTHER_BPF = "other eBPF programs"  # entered through a kprobe or a BPF trampolin
 SKID = "interrupt skid"  # samples that landed where interrupts came back on (attribution.skid)
 APPLICATION = "application"  # the target's own code, also when a library calls it back
 RUNTIME = "runtime: "  # prefix of language-runtime overhead: "runtime: go scheduler", "runtime: tokio"...
+HANDOFF = "thread handoff"  # waking its own threads and switching to them, where no caller says whose work waited
 
 
 def is_named_other(subcategory: str | None) -> bool:
     """Uncategorized time that is known, but is neither QUIC work nor the interrupt skid qprof could
-    not place: the application's own code and language-runtime overhead."""
-    return subcategory is not None and (subcategory == APPLICATION or subcategory.startswith(RUNTIME))
+    not place: the application's own code, language-runtime overhead and handoffs between threads."""
+    return subcategory is not None and (subcategory in (APPLICATION, HANDOFF) or subcategory.startswith(RUNTIME))

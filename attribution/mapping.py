@@ -21,6 +21,14 @@ A file is a `[mapping]` header and an ordered list of `[[rule]]` tables:
     category = "Connection Mgmt"
     subcategory = "ack processing"
 
+    [[pool]]                   # threads a runtime runs its work on, grouped in the thread view
+    name = "tokio workers"
+    symbol = '^<?tokio::runtime::scheduler::multi_thread::worker::run'
+
+A thread belongs to the pool whose `symbol` the frames of most of its CPU time match
+(in each sample, the first pool in precedence order that one of its frames matches);
+threads no pool matches are grouped by name.
+
 A rule needs at least one of symbol/dso/kernel/within, and exactly one outcome:
 a `category` (with an optional `subcategory`); `transparent = true` (the frame
 is generic, like memcpy or a lock, and its caller decides); or a `subcategory`
@@ -53,6 +61,7 @@ _KIND_ORDER = {"user": 0, "stack": 1, "library": 2, "common": 3}
 _RULE_KEYS = {"symbol", "dso", "kernel", "within", "leaf", "category", "subcategory", "transparent", "note"}
 _HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
 _DETECT_KEYS = {"dso", "symbol"}
+_POOL_KEYS = {"name", "symbol", "note"}
 MAX_PATTERN = 2000
 MAX_FILE_BYTES = 4 << 20  # the shipped files are tens of KiB
 
@@ -75,6 +84,17 @@ class Rule:
     leaf: bool = False  # matches only the sample's leaf frame (where the sample was taken)
 
 
+@dataclass(frozen=True)
+class Pool:
+    """Threads that run a runtime's work interchangeably (Go's Ms, tokio's workers), named by a frame
+    their stacks run through."""
+
+    source: str  # "file:line"
+    name: str
+    symbol: BoundedPattern
+    note: str = ""  # what the pool's threads do, shown with it
+
+
 @dataclass
 class MappingFile:
     path: str
@@ -86,6 +106,7 @@ class MappingFile:
     detect_dso: list[BoundedPattern] = field(default_factory=list)
     detect_symbol: list[BoundedPattern] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
+    pools: list["Pool"] = field(default_factory=list)
 
     def evidence(self, dsos: Iterable[str], symbols: Iterable[str]) -> str | None:
         """Why this file applies to a process: the first object or symbol its detect patterns match."""
@@ -107,9 +128,9 @@ class MappingFile:
         return d
 
 
-def _rule_lines(text: str) -> list[int]:
-    """Line number of each `[[rule]]` header, so errors can point at the rule."""
-    return [i for i, ln in enumerate(text.splitlines(), 1) if re.match(r"^\s*\[\[\s*rule\s*\]\]", ln)]
+def _rule_lines(text: str, table: str = "rule") -> list[int]:
+    """Line number of each `[[rule]]` (or `[[table]]`) header, so errors can point at it."""
+    return [i for i, ln in enumerate(text.splitlines(), 1) if re.match(rf"^\s*\[\[\s*{table}\s*\]\]", ln)]
 
 
 def _key_line(text: str, header: int, key: str) -> int:
@@ -156,9 +177,10 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
     except RecursionError:
         raise MappingError(f"{path}:1: not valid TOML (nested too deeply)") from None
     hl = _header_line(text)
-    unknown_top = set(doc) - {"mapping", "rule"}
+    unknown_top = set(doc) - {"mapping", "rule", "pool"}
     if unknown_top:
-        raise MappingError(f"{path}:1: unknown table(s) {sorted(unknown_top)}: only [mapping] and [[rule]] are allowed")
+        raise MappingError(f"{path}:1: unknown table(s) {sorted(unknown_top)}: only [mapping], [[rule]] and "
+                           "[[pool]] are allowed")
     head = doc.get("mapping")
     if not isinstance(head, dict):
         raise MappingError(f"{path}:1: missing [mapping] header with at least `name`")
@@ -195,7 +217,34 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
     for i, r in enumerate(rules):
         line = lines[i] if i < len(lines) else 1
         mf.rules.append(_parse_rule(r, text, path, line, name))
+    pools = doc.get("pool", [])
+    if not isinstance(pools, list):
+        raise MappingError(f"{path}:1: `pool` must be an array of tables: write [[pool]]")
+    lines = _rule_lines(text, "pool")
+    for i, pool in enumerate(pools):
+        mf.pools.append(_parse_pool(pool, text, path, lines[i] if i < len(lines) else 1))
     return mf
+
+
+def _parse_pool(p: Any, text: str, path: str, line: int) -> Pool:
+    where = f"{path}:{line}"
+    if not isinstance(p, dict):
+        raise MappingError(f"{where}: a pool must be a table")
+    bad = set(p) - _POOL_KEYS
+    if bad:
+        k = sorted(bad)[0]
+        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown pool key `{k}`; "
+                           f"allowed: {', '.join(sorted(_POOL_KEYS))}")
+    name = p.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > 64:
+        raise MappingError(f"{path}:{_key_line(text, line - 1, 'name')}: a pool needs a `name` "
+                           "(a short label, at most 64 characters)")
+    if "symbol" not in p:
+        raise MappingError(f"{where}: pool {name!r} needs `symbol`, a frame its threads' stacks run through")
+    note = p.get("note", "")
+    if not isinstance(note, str):
+        raise MappingError(f"{path}:{_key_line(text, line - 1, 'note')}: `note` must be a string")
+    return Pool(where, name, _regex(p["symbol"], f"{path}:{_key_line(text, line - 1, 'symbol')}", "symbol"), note)
 
 
 def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:

@@ -12,10 +12,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from qprof.attribution import handoff
 from qprof.attribution.application import application_rule
 from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
+from qprof.attribution.pools import PoolMatcher
 from qprof.attribution.skid import SkidSplitter
 from qprof.collectors.archive import Run
 from qprof.collectors.records import ProcReading, Sampling
@@ -57,6 +59,15 @@ class Breakdown:
         self.symbols[(category, leaf[0], leaf[1])] += period
         self.symbol_samples[(category, leaf[0], leaf[1])] += samples
 
+    def merge(self, other: "Breakdown") -> None:
+        """Add another breakdown's counts (a pool's threads into the pool)."""
+        self.period += other.period
+        self.samples += other.samples
+        for mine, theirs in ((self.categories, other.categories), (self.subcategories, other.subcategories),
+                             (self.symbols, other.symbols), (self.category_samples, other.category_samples),
+                             (self.symbol_samples, other.symbol_samples)):
+            mine.update(theirs)  # type: ignore[attr-defined]
+
     def shares(self) -> dict[str, float]:
         if self.period == 0:
             return {c: 0.0 for c in CATEGORIES}
@@ -68,6 +79,7 @@ class ThreadProfile:
     tid: int
     comm: str
     breakdown: Breakdown = field(default_factory=Breakdown)
+    pools: Counter[str] = field(default_factory=Counter)  # period per pool its samples ran in (attribution.pools)
 
 
 @dataclass
@@ -84,6 +96,8 @@ class ProcessProfile:
     cpu_note: str | None = None  # why sampled CPU falls short of /proc's, when it does beyond chance
     skid: dict[str, Any] = field(default_factory=dict)  # interrupt skid per vector (attribution.skid)
     application: str | None = None  # what names the process's own code (attribution.application)
+    handoffs: Counter[str] = field(default_factory=Counter)  # period per handoff kind (attribution.handoff)
+    pool_notes: dict[str, str] = field(default_factory=dict)  # pool name -> its mapping's note
 
     @property
     def probe_share(self) -> float:
@@ -175,6 +189,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     classifiers: dict[tuple[str, ...], Classifier] = {}
     procs: dict[int, ProcessProfile] = {}
     per_pid_classifier: dict[int, Classifier] = {}
+    per_pid_pools: dict[int, PoolMatcher] = {}
     for pid in sorted(set(dsos) | set(targets)):
         chosen = mappings.for_process(dsos[pid], syms[pid], stack)
         files = [f for f, _ in chosen]
@@ -183,10 +198,13 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         key = (*(f.path for f in files), app.source if app else "")
         clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files, [app] if app else []))
         per_pid_classifier[pid] = clf
+        pools = [pool for f in files for pool in f.pools]
+        per_pid_pools[pid] = PoolMatcher(pools)
         procs[pid] = ProcessProfile(pid, t.comm if t else "?", t.role if t else None,
                                     mappings=[f.describe(why) for f, why in chosen],
                                     mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
-                                    application=app.source if app else None)
+                                    application=app.source if app else None,
+                                    pool_notes={pool.name: pool.note for pool in pools})
     # Pass 2: classify and aggregate; interrupt skid waits for every sample of what interrupts ran.
     skid = SkidSplitter()
 
@@ -199,6 +217,12 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         th = proc.threads.get(rec.tid) or proc.threads.setdefault(rec.tid, ThreadProfile(rec.tid, rec.comm))
         th.comm = rec.comm
         th.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
+        pool = per_pid_pools[rec.pid].match(rec.frames)
+        if pool is not None:
+            th.pools[pool] += rec.period
+        kind = handoff.kind(rec.frames)
+        if kind is not None:
+            proc.handoffs[kind] += rec.period
         if d.rule is not None and d.rule.symbol is None and d.rule.within is None and d.rule.dso is not None:
             proc.decided_by_dso_only += rec.period
 

@@ -48,7 +48,8 @@ from typing import Any, Iterable
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.stackrecord import SenderRecord, agreement, sender
-from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading, ThreadReading
+from qprof.attribution.threads import ThreadView, busiest, window
+from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading
 
 THRESHOLDS: dict[str, float] = {
     "thread_on_cpu": 0.90,  # cpu-busy: the busiest thread on a CPU this share of wall time
@@ -59,6 +60,7 @@ THRESHOLDS: dict[str, float] = {
     "cpus_busy": 0.90,  # ... while the CPUs it may use were busy (not idle) this share of the time
     "throttled_periods": 0.25,  # cpu-starved: share of CFS periods in which its cgroup was throttled
     "receive_drop_share": 0.02,  # receive-buffer: dropped at its sockets / (received + dropped)
+    "drops_over_starved": 0.10,  # ... binding over a sender starved of CPU only at this share (else its bursts)
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
 }
 MIN_WINDOW_S = 0.5
@@ -123,6 +125,12 @@ class SideEvidence:
     pressure_some: float | None = None  # PSI of its own cgroup: share of time some thread waited for a CPU
     pressure_full: float | None = None  # ... and every runnable thread waited
     host_pressure_some: float | None = None  # the host's (/proc/pressure/cpu)
+    busiest_pool: str | None = None  # the pool of threads it belongs to (attribution.threads)
+    binds: str | None = None  # which thread or pool binds, when the side is CPU-limited
+    cores_peak: float | None = None  # most cores on a CPU in one /proc interval
+    runtime: dict[str, float] = field(default_factory=dict)  # the runtime's own work: subcategory -> share
+    handoff_cpu_s_per_gb: float | None = None  # CPU moving work between its own threads, per GB moved
+    wakeups_per_datagram: float | None = None  # voluntary switches (sleeps ended by a wakeup) per datagram
     cpus: list[int] = field(default_factory=list)  # CPUs the busiest thread was seen on
     numa_nodes: list[int] = field(default_factory=list)  # of those CPUs
     cpu_changes: int = 0  # migrations of the busiest thread seen between readings
@@ -182,9 +190,11 @@ def _mode(values: list[Any]) -> Any:
 
 def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, host_cpus: int,
                   pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
-                  qdiscs: dict[str, NamespaceQueues] | None = None, tcp_bytes: tuple[int, int] | None = None) -> SideEvidence | None:
+                  qdiscs: dict[str, NamespaceQueues] | None = None, tcp_bytes: tuple[int, int] | None = None,
+                  threads: ThreadView | None = None) -> SideEvidence | None:
     """The measured facts of one side over its window, judged (its cause, if it limits).
-    `tcp_bytes`: (sent, received) through its TCP sockets, for a TCP baseline's goodput."""
+    `tcp_bytes`: (sent, received) through its TCP sockets, for a TCP baseline's goodput; `threads`: its
+    thread view (pools, the runtime's work, handoffs), which names the pool that binds."""
     rs = _window(readings, pid)
     if len(rs) < 2:
         return None
@@ -202,35 +212,54 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
         moved.append(max(p.rx.bytes, p.tx.bytes))
     if moved and max(moved):
         ev.goodput_gbps = max(moved) * 8 / wall / 1e9
+    if threads is not None:
+        _threads(ev, threads)
     _judge(ev)
+    if ev.cpu_limited:
+        ev.binds = _binds(ev, threads)
     return ev
 
 
+def _threads(ev: SideEvidence, view: ThreadView) -> None:
+    """What the thread view adds: the busiest thread's pool, parallelism, runtime work, handoffs."""
+    pool = view.pool_of(ev.busiest_tid) if ev.busiest_tid is not None else None
+    ev.busiest_pool = pool.name if pool is not None else None
+    ev.cores_peak = view.cores_peak
+    ev.runtime = dict(view.runtime)
+    ev.handoff_cpu_s_per_gb = view.handoffs.cpu_s_per_gb
+    ev.wakeups_per_datagram = view.handoffs.wakeups_per_datagram
+
+
+def _binds(ev: SideEvidence, view: ThreadView | None) -> str:
+    """Which of a CPU-limited side's threads bind: the busiest when it alone is on a CPU nearly all the
+    time, else its threads together (the pool that used the most CPU) against what it may use."""
+    thread = f"thread {ev.busiest_thread} ({ev.busiest_tid})" + (f" of {ev.busiest_pool}" if ev.busiest_pool else "")
+    if any(f.met and f.threshold == "thread_on_cpu" for f in ev.findings):
+        return f"{thread}, on a CPU {ev.busiest_on_cpu:.0%} of the time"
+    top = view.pools[0] if view is not None and view.pools else None
+    pool = f"{top.name} ({len(top.threads)} thread{'s' if len(top.threads) != 1 else ''})" if top else "its threads"
+    if ev.cause == "cpu-starved":
+        return f"{pool} waiting for CPUs other tasks held ({ev.capacity_from})"
+    return f"{pool} together, {ev.process_cpu_cores:.2f} cores of {ev.capacity_cores:.2f} ({ev.capacity_from})"
+
+
 def _cpu(ev: SideEvidence, rs: list[ProcReading], pid: int, wall: float, cpu_nodes: dict[str, int] | None) -> None:
-    """schedstat per thread (first and last reading it appears in), summed over the process."""
-    seen_first: dict[int, ThreadReading] = {}
-    seen_last: dict[int, ThreadReading] = {}
-    for r in rs:
-        for t in r.threads[pid]:
-            seen_first.setdefault(t.tid, t)
-            seen_last[t.tid] = t
-    best = None
-    for tid, t1 in seen_last.items():
-        t0 = seen_first[tid]
-        if t1.on_cpu_s is None or t0.on_cpu_s is None:
+    """schedstat per thread (first and last reading it appears in), summed over the process; the
+    busiest thread is the one with the most on-CPU time (attribution.threads.busiest), as everywhere."""
+    w = window(rs, pid)
+    for t in w.threads:
+        if t.on_cpu_s is None:
             continue
-        on = (t1.on_cpu_s - t0.on_cpu_s) / wall
-        rq = ((t1.run_delay_s or 0) - (t0.run_delay_s or 0)) / wall
         ev.threads += 1
-        ev.process_cpu_cores += on
-        ev.process_runqueue_cores += rq
-        if best is None or on + rq > best[1] + best[2]:
-            best = (tid, on, rq, t1.comm)
+        ev.process_cpu_cores += t.on_cpu_s / wall
+        ev.process_runqueue_cores += (t.run_delay_s or 0.0) / wall
+    best = busiest(w)
     if best is None:
         return
-    ev.busiest_tid, ev.busiest_on_cpu, ev.busiest_runqueue, ev.busiest_thread = best[0], best[1], best[2], best[3]
-    ev.busiest_blocked = max(0.0, 1.0 - best[1] - best[2])
-    found = [next((t for t in r.threads[pid] if t.tid == best[0]), None) for r in rs]
+    ev.busiest_tid, ev.busiest_thread = best.tid, best.comm
+    ev.busiest_on_cpu, ev.busiest_runqueue = (best.on_cpu_s or 0.0) / wall, (best.run_delay_s or 0.0) / wall
+    ev.busiest_blocked = max(0.0, 1.0 - ev.busiest_on_cpu - ev.busiest_runqueue)
+    found = [next((t for t in r.threads[pid] if t.tid == best.tid), None) for r in rs]
     states = [t for t in found if t is not None]
     blocked = [t.syscall for t in states if t.state in ("S", "D")]
     for sc in blocked:
@@ -304,8 +333,47 @@ def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int,
         ev.stalled, ev.stalled_from = ev.pressure_full, "CPU pressure (PSI full) of its own cgroup"
     elif ev.threads == 1:
         ev.stalled, ev.stalled_from = ev.process_runqueue_cores, "its one thread's run-queue time"
+    elif ev.threads > 1:
+        ev.stalled = _estimated_stall(rs, pid, usable)
+        if ev.stalled is not None:
+            ev.stalled_from = (f"estimated from its threads' run-queue time while other tasks used its CPUs: "
+                               f"no cgroup of its own for CPU pressure ({ESTIMATE_NOTE})")
     if ev.stalled is not None and ev.stalled + ev.process_cpu_cores > 0:
         ev.stall_ratio = ev.stalled / (ev.stalled + ev.process_cpu_cores)
+
+
+ESTIMATE_NOTE = "within 0.1 of PSI for one usable CPU, up to twice it for several, in runs of qprof's tests"
+
+
+def _estimated_stall(rs: list[ProcReading], pid: int, usable: set[int]) -> float | None:
+    """A multi-threaded process's stall when no cgroup of its own gives its CPU pressure: in each
+    interval between readings, its threads' run-queue time, at most the time other tasks ran on the
+    CPUs it may use (busy time, from /proc/stat, less its own CPU time: its threads cannot have waited
+    behind others for longer), spread over as many of those CPUs as it had threads active. Compared
+    with PSI "full" of its own cgroup on the same runs: close for one usable CPU, up to twice as high
+    for two (threads waiting on both at once count once in PSI); quota throttling shows as idle CPUs
+    and is missed (the throttling finding covers it). None without idle-time readings."""
+    total = 0.0
+    for a, b in zip(rs, rs[1:]):
+        dt = b.mono - a.mono
+        if dt <= 0 or any(c not in a.cpu_idle or c not in b.cpu_idle for c in usable):
+            return None
+        before = {t.tid: t for t in a.threads.get(pid, [])}
+        waited = ran = 0.0
+        active = 0
+        for t in b.threads.get(pid, []):
+            t0 = before.get(t.tid)
+            if t0 is None or t.on_cpu_s is None or t0.on_cpu_s is None:
+                continue
+            on, rq = t.on_cpu_s - t0.on_cpu_s, (t.run_delay_s or 0.0) - (t0.run_delay_s or 0.0)
+            ran += max(on, 0.0)
+            waited += max(rq, 0.0)
+            active += on + rq > 0
+        busy = len(usable) * dt - sum(max(0.0, b.cpu_idle[c] - a.cpu_idle[c]) for c in usable)
+        others = max(0.0, busy - ran)
+        total += min(dt, min(waited, others) / max(1, min(len(usable), active)))
+    span = rs[-1].mono - rs[0].mono
+    return total / span if span > 0 else None
 
 
 def _network(ev: SideEvidence, pid: int, pio: PacketIO | None, qdiscs: dict[str, NamespaceQueues]) -> None:
@@ -392,15 +460,27 @@ def _judge(ev: SideEvidence) -> None:
 
 def _describe(ev: SideEvidence) -> str:
     waits = ", ".join(f"{k} {v:.0%}" for k, v in sorted(ev.blocked_in.items(), key=lambda kv: -kv[1])[:2])
-    s = (f"{ev.role} {ev.comm} ({ev.pid}): busiest thread on-CPU {ev.busiest_on_cpu:.0%}, run-queue "
-         f"{ev.busiest_runqueue:.0%}, blocked {ev.busiest_blocked:.0%}" + (f" (in {waits})" if waits else "")
-         + f"; process {ev.process_cpu_cores:.2f} cores on-CPU + {ev.process_runqueue_cores:.2f} waiting "
-         f"({ev.threads} threads) of {ev.capacity_cores:.2f} ({ev.capacity_from})")
+    pool = f" of {ev.busiest_pool}" if ev.busiest_pool else ""
+    s = (f"{ev.role} {ev.comm} ({ev.pid}): busiest thread {ev.busiest_tid}{pool} on-CPU {ev.busiest_on_cpu:.0%}, "
+         f"run-queue {ev.busiest_runqueue:.0%}, blocked {ev.busiest_blocked:.0%}" + (f" (in {waits})" if waits else "")
+         + f"; process {ev.process_cpu_cores:.2f} cores on-CPU"
+         + (f" (peak {ev.cores_peak:.2f})" if ev.cores_peak is not None and ev.threads > 1 else "")
+         + f" + {ev.process_runqueue_cores:.2f} waiting ({ev.threads} threads) of {ev.capacity_cores:.2f} "
+         f"({ev.capacity_from})")
     if ev.pressure_some is not None:
-        s += f"; CPU pressure of its cgroup: some {ev.pressure_some:.0%}, full {ev.pressure_full or 0:.0%}"
+        s += f"; CPU pressure of its own cgroup: some {ev.pressure_some:.0%}, full {ev.pressure_full or 0:.0%}"
+    elif ev.stalled is not None and ev.threads > 1:
+        s += f"; stalled {ev.stalled:.0%} ({ev.stalled_from})"
     elif ev.stalled is None:
         s += ("; stalls unknown: a multi-threaded process needs a cgroup of its own with CPU pressure (PSI) "
               "for them (its threads also wait for each other)")
+    if ev.runtime:
+        s += "; runtime's own work " + ", ".join(f"{k.removeprefix('runtime: ')} {v:.1%}"
+                                                for k, v in ev.runtime.items())
+    if ev.handoff_cpu_s_per_gb is not None:
+        s += f"; handoffs between its threads {ev.handoff_cpu_s_per_gb:.2f} CPU s/GB"
+    if ev.wakeups_per_datagram is not None:
+        s += f", {ev.wakeups_per_datagram:.2f} wakeups per datagram"
     if ev.drops:
         s += "; drops at its ports: " + ", ".join(f"{r} {n}" for r, n in sorted(ev.drop_reasons.items()))
     return s
@@ -421,16 +501,24 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     # means the sender produced faster than the link carried (the link binds, whatever its CPU
     # did); a receiver losing a large share of datagrams for lack of buffer holds any loss-based
     # sender far below what its CPU allows; otherwise the CPU-limited sides.
+    # A receiver's few drops do not bind over a sender starved of CPU: a starved sender sends what
+    # its CPU share allows, in bursts when it gets a CPU (a throttled server on tokio's multi-thread
+    # runtime: 75% stalled, its client dropped 2.4% of datagrams, 2026-11-26); a large share lost
+    # (drops_over_starved) holds even a starved sender below its share.
     queued = [f for s in sides for f in s.findings if f.cause == "link" and f.met]
     buffer = [s for s in sides if s.cause == "receive-buffer"]
     cpu = [s for s in sides if s.cpu_limited]
-    culprits = [] if queued else buffer or cpu
+    bursts = [b for b in buffer if round(b.receive_drop_share or 0.0, FINDING_PLACES) < THRESHOLDS["drops_over_starved"]]
+    starved_sender = any(s.cause == "cpu-starved" and any(b.role != s.role for b in bursts) for s in cpu)
+    culprits = [] if queued else cpu if starved_sender else buffer or cpu
     for s in sides:
         if s.cause is not None and s not in culprits:
-            notes.append(f"{s.role} was {s.cause} too ({'; '.join(s.reasons)}), but "
-                         + ("packets queued on the way out: the sender outpaced the link" if queued else
-                            f"{' and '.join(c.role for c in culprits)} lost datagrams for lack of buffer"))
-            s.cause, s.cpu_limited = None, False
+            why = ("packets queued on the way out: the sender outpaced the link" if queued else
+                   f"{' and '.join(c.role for c in culprits)} was starved of CPU: a starved sender sends in "
+                   "bursts when it gets a CPU, which the receiver's buffer dropped" if starved_sender else
+                   f"{' and '.join(c.role for c in culprits)} lost datagrams for lack of buffer")
+            notes.append(f"{s.role} was {s.cause} too ({'; '.join(s.reasons)}), but {why}")
+            s.cause, s.cpu_limited, s.binds = None, False, None
     limiting = {s.role for s in culprits}
     limited = {frozenset({"server"}): "server-limited", frozenset({"client"}): "client-limited",
                frozenset({"server", "client"}): "both"}.get(frozenset(limiting), "neither")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import examples
 from qprof.attribution.application import application_rule
 from qprof.collectors.records import Target
-from qprof.attribution.categories import APPLICATION, CONNECTION, PACKET_IO, SKID, UNCATEGORIZED, is_named_other
+from qprof.attribution.categories import APPLICATION, CONNECTION, HANDOFF, PACKET_IO, SKID, UNCATEGORIZED, is_named_other
 from qprof.attribution.engine import Classifier
 from qprof.attribution.mapping import MappingSet, parse_mapping
 from qprof.attribution.skid import SkidSplitter, split
@@ -74,13 +74,16 @@ def test_skid_after_network_ipi_goes_where_its_softirq_work_went(shipped: Classi
 
 
 def test_skid_without_follow_up_or_after_scheduling_stays_named(shipped: Classifier) -> None:
+    """A timer interrupt's skid with no follow-up work stays interrupt skid; a reschedule IPI's, and the
+    switch it causes, are the handoff between threads that sent it (common.toml), named as such."""
     lone = rec(k("irqentry_exit_to_user_mode", "asm_sysvec_apic_timer_interrupt") + USER)
     resched = rec(k(*RESCHED) + USER)
     switch = rec(k("finish_task_switch.isra.0", "__schedule", "schedule", *RESCHED) + USER)
     out, sp = run(shipped, [lone, resched, switch])
     decided = {r.frames[0][0] + r.frames[1][0]: (d.category, d.subcategory) for r, d in out}
     assert decided["irqentry_exit_to_user_modeasm_sysvec_apic_timer_interrupt"] == (UNCATEGORIZED, SKID)
-    assert decided["irqentry_exit_to_user_modeasm_sysvec_reschedule_ipi"] == (UNCATEGORIZED, SKID)
+    assert decided["irqentry_exit_to_user_modeasm_sysvec_reschedule_ipi"] == (UNCATEGORIZED, HANDOFF)
+    assert decided["finish_task_switch.isra.0__schedule"] == (UNCATEGORIZED, HANDOFF)
     assert sp.summary(1, 3_000_000)["attributed"] == 0.0
 
 

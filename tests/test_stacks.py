@@ -1,5 +1,5 @@
-"""quinn, s2n-quic, quiche, tquic, quic-go and aioquic: a real profiled bulk transfer per
-stack, both ends attached.
+"""quinn, s2n-quic, quiche, tquic, quic-go and aioquic, and quinn and s2n-quic on tokio's multi-thread
+runtime: a real profiled bulk transfer per stack, both ends attached.
 
 The endpoints are small programs under lab/endpoints/ (specs_rust.py,
 specs_go_python.py), built into a cache outside the repository and reused while
@@ -11,7 +11,10 @@ code or its language runtime (the Go scheduler, tokio, asyncio: Uncategorized /
 "runtime: ...", "application"), and that packet I/O and crypto are both seen. Both ends are
 attached as users attach them, default probes on: their handlers' frames
 (Uncategorized / "eBPF probes") count against the 5% and may be at most 2% of
-each side's samples on their own.
+each side's samples on their own. On the multi-threaded stacks (quic-go with its default GOMAXPROCS,
+the tokio multi-thread endpoints) the thread view must find the runtime's pools, name the same
+busiest thread as the verdict, and measure the handoffs between the threads; their waits and
+switches are placed (the 5% holds for them too).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Expect:
     extra_crypto: frozenset[str] = frozenset()  # crypto files that may load beside `files`
     hp_both_sides: bool = True  # header protection seen on the sender too
     runtime: str | None = None  # the language runtime's named part of Uncategorized, seen on both sides
+    pools: frozenset[str] = frozenset()  # thread pools the thread view must find on both sides (multi-threaded)
 
 
 # The Rust endpoints are built with frame pointers but link glibc dynamically, whose
@@ -51,11 +55,16 @@ class Expect:
 STACKS = {
     "quinn": Expect(("ring", "rustls", "tokio", "rust-std"), "dwarf", hp_both_sides=False, runtime="runtime: tokio"),
     "s2nquic": Expect(("aws-lc", "tokio", "rust-std"), "dwarf", hp_both_sides=False, runtime="runtime: tokio"),
+    # tokio's default multi-thread runtime: a worker per CPU, tasks handed between them
+    "quinn-mt": Expect(("ring", "rustls", "tokio", "rust-std"), "dwarf", hp_both_sides=False,
+                       runtime="runtime: tokio", pools=frozenset({"tokio workers"})),
+    "s2nquic-mt": Expect(("aws-lc", "tokio", "rust-std"), "dwarf", hp_both_sides=False, runtime="runtime: tokio",
+                         pools=frozenset({"tokio workers"})),
     "quiche": Expect(("boringssl", "rust-std"), "dwarf", hp_both_sides=False),
     # payload AEAD in BoringSSL; its header protection in ring is detected only when a sample
     # lands there (statically linked: detection reads the run's symbols), not in every short run
     "tquic": Expect(("boringssl", "rust-std"), "dwarf", extra_crypto=frozenset({"ring"}), hp_both_sides=False),
-    "quicgo": Expect(("go-runtime",), "fp", runtime="runtime: go scheduler"),
+    "quicgo": Expect(("go-runtime",), "fp", runtime="runtime: go scheduler", pools=frozenset({"Go Ms"})),
     # OpenSSL's libcrypto through cryptography; its Rust extension and aioquic's _buffer
     # extension are matched by object
     "aioquic": Expect(("python", "crypto"), "dwarf", max_dso_only=0.05, runtime="runtime: asyncio"),
@@ -110,9 +119,26 @@ def test_profiled_transfer_is_attributed(name: str, kernel_facing: None, endpoin
         hp[role] = subs.get("header protection", 0) * n  # samples
         if role == "client" and not want.hp_both_sides:
             assert hp[role] > 0, subs
+        if want.pools:
+            _check_thread_view(role, p, report["verdict"]["evidence"][role], want)
     # header protection on both sides: 0.08-0.6% of each quic-go side (4 transfers today), 1-8
     # samples, and 0 on one side of 8 (fresh-clone run124: the server): seen in the two together
     assert not want.hp_both_sides or sum(hp.values()) > 0, hp
+
+
+def _check_thread_view(role: str, p: dict, evidence: dict, want: Expect) -> None:
+    """A multi-threaded side: its runtime's pools found, one busiest thread everywhere, handoffs measured."""
+    view = p["thread_view"]
+    pools = {pool["name"]: pool for pool in view["pools"]}
+    print(f"    threads: " + "; ".join(f"{n} x{pool['threads']} {pool['on_cpu_s']:.2f} s" for n, pool in pools.items())
+          + f"; cores {view['cores_mean']:.2f} (peak {view['cores_peak']:.2f}); handoffs "
+          f"{view['handoffs']['cpu_s_per_gb']:.2f} CPU s/GB, {view['handoffs']['wakeups_per_datagram']:.2f} "
+          "wakeups/datagram")
+    assert want.pools <= set(pools), (role, sorted(pools))
+    assert sum(pool["threads"] for pool in pools.values()) > 1
+    assert view["busiest_tid"] == evidence["busiest_tid"] == view["threads"][0]["tid"], "one busiest thread"
+    assert evidence["busiest_pool"] in pools
+    assert view["handoffs"]["cpu_s_per_gb"] > 0 and view["handoffs"]["wakeups_per_datagram"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(STACKS))

@@ -293,3 +293,53 @@ def test_cgroup_evidence_survives_the_exit_move_to_the_root() -> None:
     v = verdict(readings(1, 10, 0.3, 0.0), rs)
     assert v.limited_by == "client-limited"
     assert v.to_json()["evidence"]["client"]["quota_cores"] == 0.3
+
+
+def test_a_starved_senders_bursts_do_not_make_the_receiver_bind() -> None:
+    """A throttled server on tokio's multi-thread runtime (75% stalled, 0.06 cores of its 0.3 quota), its
+    client dropping 2.35% of datagrams in the server's bursts: the server's CPU binds, the drops are a note.
+    A fifth lost still binds first (test_losing_a_fifth_of_the_datagrams_binds_before_the_senders_cpu)."""
+    pio = packet_io(client_rx=60_053, client_drops={"SOCKET_RCVBUFF": 1_446})
+    v = verdict(readings(1, 10, 0.06, 0.79, quota=0.3, throttled=1.0, threads=2, psi_full=0.75),
+                readings(2, 10, 0.12, 0.08, threads=3, psi_full=0.03), pio=pio)
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    assert any(n.startswith("client was receive-buffer too") and "bursts" in n for n in v.notes)
+    assert v.to_json()["evidence"]["client"]["cause"] is None
+
+
+def test_multithreaded_stall_estimated_without_a_cgroup_of_its_own() -> None:
+    """No CPU pressure of its own (a shared cgroup), its CPU never idle: its threads' run-queue time, at
+    most the time others ran there, is the stall, and says it was estimated."""
+    srv = readings(1, 10, 0.4, 1.2, threads=4, cpus=[0], cpu_idle=(0.0, 0.6), procs_in_cgroup=5, psi_full=0.5)
+    v = verdict(srv, readings(2, 10, 0.3, 0.02, cpus=[1]))
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-starved")
+    ev = v.to_json()["evidence"]["server"]
+    assert ev["pressure_full"] is None and ev["stalled"] == 0.6
+    assert ev["stalled_from"].startswith("estimated from its threads' run-queue time")
+    # the same threads waiting as long beside an idle CPU: waiting for each other, not starved
+    v = verdict(readings(1, 10, 0.4, 1.2, threads=4, cpus=[0], cpu_idle=(0.55, 0.6), procs_in_cgroup=5),
+                readings(2, 10, 0.3, 0.02, cpus=[1]))
+    assert v.limited_by == "neither"
+    assert v.to_json()["evidence"]["server"]["stalled"] == 0.05
+
+
+def _threads(pid: int, seconds: float, per_thread: list[tuple[float, float]], n: int = 11) -> list[dict[str, Any]]:
+    """Readings of one process whose threads each have their own (on-CPU, run-queue) cores."""
+    base = readings(pid, seconds, 0.0, 0.0, n=n)
+    for i, r in enumerate(base):
+        t = seconds * i / (n - 1)
+        r["threads"][str(pid)] = [{"tid": pid * 100 + k, "comm": f"w{k}", "state": "S", "utime_s": 0, "stime_s": 0,
+                                   "on_cpu_s": t * on, "run_delay_s": t * rq, "syscall": "202", "cpu": 0}
+                                  for k, (on, rq) in enumerate(per_thread)]
+    return base
+
+
+def test_busiest_is_the_thread_most_on_a_cpu_and_binds() -> None:
+    """The busiest thread is the one with the most on-CPU time, not the one most often runnable (a Go
+    runtime thread waiting 60% of the time in the run queue is not busy)."""
+    srv = _threads(1, 10, [(0.95, 0.02), (0.05, 0.6)])
+    v = verdict(srv, readings(2, 10, 0.3, 0.02))
+    ev = v.to_json()["evidence"]["server"]
+    assert ev["busiest_tid"] == 100 and ev["busiest_on_cpu"] == 0.95
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
+    assert ev["binds"].startswith("thread w0 (100)") and "95%" in ev["binds"]

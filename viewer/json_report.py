@@ -68,6 +68,8 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         d["application"] = p.application
         d["threads"] = [{"tid": t.tid, "comm": t.comm, **breakdown_dict(t.breakdown, profile, min(top, 3))}
                         for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
+        view = analysis.threads.get(p.pid)
+        d["thread_view"] = None if view is None else view.to_json(profile.seconds_per_period)
         procs.append(d)
     return {
         "run": {

@@ -14,7 +14,8 @@ from qprof.attribution.verdict import Verdict
 from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
-from qprof.attribution.profile import PROBE_SHARE_LIMIT, ProcessProfile, Profile
+from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
+from qprof.attribution.threads import ThreadView
 from qprof.attribution.tcp import ProcessTcp
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
@@ -68,18 +69,64 @@ def _symbols_table(p: ProcessProfile, top: int) -> Table:
     return t
 
 
-def _threads_table(p: ProcessProfile, profile: Profile) -> Table:
-    t = Table(show_edge=False, pad_edge=False, title="threads", title_justify="left")
-    t.add_column("tid", justify="right")
-    t.add_column("thread")
+def _rate(n: int | None, seconds: float) -> str:
+    return "–" if n is None or seconds <= 0 else f"{n / seconds:,.0f}"
+
+
+def _threads_table(view: ThreadView, p: ProcessProfile, profile: Profile) -> Table:
+    """Pools of threads (how the runtime runs them) with their threads: /proc figures over the window,
+    categories from the samples."""
+    secs = view.window_s
+    t = Table(show_edge=False, pad_edge=False, title_justify="left",
+              title=f"threads by pool (CPU and run queue from schedstat over {secs:.2f} s; categories from samples)")
+    t.add_column("pool / thread")
+    t.add_column("threads", justify="right")
     t.add_column("CPU s", justify="right")
+    t.add_column("run-queue s", justify="right")
+    t.add_column("voluntary/s", justify="right")
+    t.add_column("preempted/s", justify="right")
     for cat in CATEGORIES:
         t.add_column(cat, justify="right", style=COLOURS[cat])
-    for th in sorted(p.threads.values(), key=lambda x: -x.breakdown.period):
-        shares = th.breakdown.shares()
-        t.add_row(str(th.tid), Text(th.comm), f"{profile.cpu_seconds(th.breakdown.period):.2f}",
-                  *[f"{shares[c]:.1%}" for c in CATEGORIES])
+    busiest = view.busiest
+
+    def shares(b: Breakdown) -> list[str]:
+        sh = b.shares()
+        return [f"{sh[c]:.0%}" if b.period else "–" for c in CATEGORIES]
+
+    for pool in view.pools:
+        t.add_row(Text(pool.name, style="bold"), str(len(pool.threads)), _fmt(pool.on_cpu_s, ".2f"),
+                  _fmt(pool.run_delay_s, ".2f"), _rate(pool.voluntary, secs), _rate(pool.involuntary, secs),
+                  *shares(pool.breakdown))
+        if len(pool.threads) == 1 and pool.threads[0].stat.comm == pool.name and pool.threads[0] is not busiest:
+            continue
+        for th in pool.threads:
+            st = th.stat
+            mark = " (busiest)" if th is busiest else ""
+            t.add_row(Text(f"  {st.tid} {st.comm}{mark}", style="" if mark else "dim"), "",
+                      _fmt(st.on_cpu_s, ".2f"), _fmt(st.run_delay_s, ".2f"), _rate(st.voluntary, secs),
+                      _rate(st.involuntary, secs), *shares(th.breakdown))
     return t
+
+
+def _thread_notes(view: ThreadView, p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -> None:
+    """Parallelism, the runtime's own work and handoffs between threads, with the pools' notes."""
+    for pool in view.pools:
+        if pool.note:
+            say(f"  {pool.name}: {pool.note}", "dim")
+    h = view.handoffs
+    if view.cores_mean is not None:
+        per_gb = (f"; {h.gb_moved:.2f} GB moved, {view.cores_mean * view.window_s / h.gb_moved:.2f} CPU s per GB"
+                  if h.gb_moved else "")
+        say(f"  parallelism: {view.cores_mean:.2f} cores on a CPU on average, {_fmt(view.cores_peak, '.2f')} at peak "
+            f"(per /proc interval){per_gb}")
+    if view.runtime:
+        say("  runtime's own work: " + ", ".join(f"{k.removeprefix('runtime: ')} {v:.1%}" for k, v in view.runtime.items()))
+    if h.cpu_s:
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in h.cpu_s.items())
+        say(f"  handoffs between its threads: {sum(h.cpu_s.values()):.2f} CPU s ({h.share:.1%}: {kinds})"
+            + (f", {h.cpu_s_per_gb:.2f} CPU s per GB moved" if h.cpu_s_per_gb is not None else "")
+            + (f"; {h.wakeups_per_datagram:.2f} wakeups (voluntary switches) per datagram"
+               if h.wakeups_per_datagram is not None else ""))
 
 
 def _fmt(x: float | int | None, spec: str = ",") -> str:
@@ -261,8 +308,10 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
         say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
         _skid_note(p, say)
         console.print(_symbols_table(p, top))
-        if len(p.threads) > 1:
-            console.print(_threads_table(p, profile))
+        view = analysis.threads.get(p.pid)
+        if view is not None and len(view.threads) > 1:
+            console.print(_threads_table(view, p, profile))
+            _thread_notes(view, p, profile, say)
         tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
         udp = pio.processes.get(p.pid) if pio is not None else None
         if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):
@@ -296,7 +345,8 @@ def render_verdict(v: Verdict, console: Console) -> None:
     console.print(Text(f"verdict: {v.limited_by} (cause: {v.cause})", style=f"bold {colour}"))
     console.print(Text(f"  {v.summary}"))
     for s in v.sides:
-        console.print(Text(f"  {s.role} {s.comm} ({s.pid}): " + (s.cause or "not limiting"), style="bold"))
+        console.print(Text(f"  {s.role} {s.comm} ({s.pid}): " + (s.cause or "not limiting")
+                           + (f"; binds: {s.binds}" if s.binds else ""), style="bold"))
         for f in s.findings:
             console.print(Text(f"    [{'x' if f.met else ' '}] {f.cause:15s} {f.text}",
                                style="" if f.met else "dim"))
