@@ -11,8 +11,12 @@ to one CPU beside a busy process (contention); a side in a one-CPU cpuset
 shared with a busy process; the client's socket held at a tiny SO_RCVBUF; the
 link shaped with tbf; the server pacing its own writes (application, test
 endpoints with that option only); and uncapped runs, reported as measured
-with no expected answer. The verdict never sees any of this: it decides from
-what qprof measured.
+with no expected answer. The `-shared` scenarios and `busy-host` start the
+sides where a shell leaves them, no cgroup made for them (the contention,
+cpuset and quota cases with the busy process in the same cgroup, and both
+sides free with a busy process bound to each CPU): the cells the
+multi-threaded endpoints (quicgo, quinn-mt, s2nquic-mt) are judged on. The
+verdict never sees any of this: it decides from what qprof measured.
 
 Each run: a fresh lab, server and held client placed in their namespaces,
 cgroups and CPUs, `qprof attach`'s session on both with the default probes,

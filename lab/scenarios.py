@@ -124,6 +124,7 @@ class Scenario:
     client_rcvbuf: int | None = None  # the receiver's SO_RCVBUF, held there from outside
     app_rate_mbit: float | None = None  # the server paces its own writes (endpoint option)
     qlog: bool = False  # the endpoints write qlog (endpoint option), read beside the verdict
+    own_cgroups: bool = True  # False: the sides where a shell leaves them, no cgroup made for them
     about: str = ""
 
     @property
@@ -140,7 +141,7 @@ class Scenario:
     def lab(self) -> Lab:
         return Lab(rate_mbit=self.rate_mbit, cpu={"server": self.server_cpu, "client": self.client_cpu},
                    cpus=dict(self.cpus), cpusets=dict(self.cpusets), hogs=self.hogs,
-                   weights={r: PROTECTED for r in self.protected})
+                   weights={r: PROTECTED for r in self.protected}, own_cgroups=self.own_cgroups)
 
 
 def _starved(role: str, how: str) -> Scenario:
@@ -156,6 +157,28 @@ def _starved(role: str, how: str) -> Scenario:
     return Scenario(f"{role}-cpuset", f"{role}-limited", "cpu-starved", cpusets=((role, (cpu,)),),
                     hogs=(Hog(cpuset_of=role),) * HOGS, protected=(other,),
                     about=f"{role} in a one-CPU cpuset shared with {HOGS} busy processes, {other} free")
+
+
+def _shared(role: str, how: str) -> Scenario:
+    """`role` starved as in _starved, but every process where a shell leaves it: no cgroup of its own,
+    no weight protecting the other side (bound to the other CPU instead, or free beside a quota)."""
+    other, cpu = ("client", 0) if role == "server" else ("server", 1)
+    apart = ((other, (1 - cpu,)),)
+    if how == "contention":
+        return Scenario(f"{role}-contention-shared", f"{role}-limited", "cpu-starved",
+                        cpus=((role, (cpu,)), *apart), hogs=(Hog(cpus=(cpu,)),) * HOGS, own_cgroups=False,
+                        about=f"{role} bound to CPU {cpu} beside {HOGS} busy processes, {other} on CPU {1 - cpu}; "
+                              "all in the shell's cgroup")
+    if how == "cpuset":
+        return Scenario(f"{role}-cpuset-shared", f"{role}-limited", "cpu-starved", cpusets=((role, (cpu,)),),
+                        cpus=apart, hogs=(Hog(cpuset_of=role),) * HOGS, own_cgroups=False,
+                        about=f"{role} in a one-CPU cpuset shared with {HOGS} busy processes, {other} on CPU "
+                              f"{1 - cpu}; no cgroup of their own otherwise")
+    return Scenario(f"{role}-quota-shared", f"{role}-limited", "cpu-starved",
+                    server_cpu=CAP if role == "server" else None, client_cpu=CAP if role == "client" else None,
+                    hogs=(Hog(quota_of=role),) * HOGS, own_cgroups=False,
+                    about=f"{role} in a service's cgroup capped at {CAP} of a core, shared with {HOGS} busy "
+                          f"processes; {other} in the shell's cgroup")
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -174,7 +197,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("application", "neither", "flow-control/application", app_rate_mbit=APP_RATE_MBIT, qlog=True,
              protected=ROLES, about=f"the server paces its own writes to {APP_RATE_MBIT} Mbit/s, the link free"),
     Scenario("uncapped", None, about="both free, the link unshaped, no weights: reported as measured"),
+    *(_shared(role, how) for how in ("contention", "cpuset", "quota") for role in ROLES),
+    Scenario("busy-host", "both", "cpu-starved", hogs=tuple(Hog(cpus=(c,)) for c in range(2)), own_cgroups=False,
+             about="both free, a busy process bound to each of the host's 2 CPUs; all in the shell's cgroup"),
 )}
+# Cells with the sides where a shell leaves them: what multi-threaded endpoints are judged on
+SHARED = tuple(name for name, sc in SCENARIOS.items() if not sc.own_cgroups)
 
 # (size, server address, placement per role[, environment per role]) -> a Transfer not started yet
 TransferFactory = Callable[..., Transfer]

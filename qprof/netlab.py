@@ -346,10 +346,12 @@ def cleanup(include_live: bool = False) -> list[str]:
 @dataclass(frozen=True)
 class Hog:
     """A busy process (a shell loop that never blocks) started with the lab: another tenant competing
-    for CPU. `cpus` is its affinity (empty: any CPU); `cpuset_of` puts it in that role's cpuset."""
+    for CPU. `cpus` is its affinity (empty: any CPU); `cpuset_of` puts it in that role's cpuset,
+    `quota_of` in that role's capped cpu cgroup (sharing its quota, as a service's other process)."""
 
     cpus: tuple[int, ...] = ()
     cpuset_of: str | None = None
+    quota_of: str | None = None
 
 
 HOG_COMMAND = ["sh", "-c", "while :; do :; done"]
@@ -357,17 +359,27 @@ HOG_COMMAND = ["sh", "-c", "while :; do :; done"]
 
 class Lab:
     """Two namespaces joined by a veth pair, with an optional rate limit, per-role CPU quotas,
-    affinities (`cpus`), cpusets and CPU weights, and busy neighbours (`hogs`)."""
+    affinities (`cpus`), cpusets and CPU weights, and busy neighbours (`hogs`).
+
+    `own_cgroups=False` starts the processes where a user starts them from a shell: no cgroup of
+    their own. They stay in the creator's cpu cgroup (a role with a quota and the hogs sharing it
+    get one capped cgroup together, as a service does) and share one cgroup in the v2 hierarchy
+    (`qprof-lab-<id>/shell`, no controller enabled: it only keeps track of them), so no side has a
+    CPU pressure of its own unless qprof makes one."""
 
     def __init__(self, rate_mbit: float | None = None, cpu: dict[str, float | None] | None = None,
                  mtu: int = 1500, latency_ms: float = 25.0, cpus: dict[str, tuple[int, ...]] | None = None,
                  cpusets: dict[str, tuple[int, ...]] | None = None, hogs: tuple[Hog, ...] = (),
-                 weights: dict[str, float] | None = None) -> None:
+                 weights: dict[str, float] | None = None, own_cgroups: bool = True) -> None:
         cpu, cpus, cpusets, weights = dict(cpu or {}), dict(cpus or {}), dict(cpusets or {}), dict(weights or {})
         unknown = (set(cpu) | set(cpus) | set(cpusets) | set(weights)
-                   | {h.cpuset_of for h in hogs if h.cpuset_of}) - set(ROLES)
+                   | {h.cpuset_of for h in hogs if h.cpuset_of} | {h.quota_of for h in hogs if h.quota_of}) - set(ROLES)
         if unknown:
             raise LabError(f"unknown role(s) {sorted(unknown)}: use {ROLES}")
+        if not own_cgroups and weights:
+            raise LabError("CPU weights need a cgroup per role: drop them or keep own_cgroups")
+        if any(h.quota_of and not cpu.get(h.quota_of) for h in hogs):
+            raise LabError("a hog shares a role's quota that is not set: give that role a CPU quota")
         for role, cores in cpu.items():
             if cores is not None and not 0.01 <= cores <= (os.cpu_count() or 1):
                 raise LabError(f"CPU quota {cores} for {role} is out of range: give cores, e.g. 0.3")
@@ -386,6 +398,7 @@ class Lab:
         self.cpus = cpus
         self.cpusets = cpusets
         self.hogs = hogs
+        self.own_cgroups = own_cgroups
         self.mtu = mtu
         self.latency_ms = latency_ms
         self.id = secrets.token_hex(3)
@@ -424,8 +437,24 @@ class Lab:
         return self.cgroups_kind.root / f"{PREFIX}{self.id}" if self.cgroups_kind else None
 
     def cgroup(self, role: str) -> Path | None:
+        """`role`'s cpu cgroup: its own, or without own cgroups the capped one it shares with its hogs,
+        the shared one when the cpu controller is v2, or None (it stays in the creator's)."""
         parent = self.cgroup_parent
-        return parent / role if parent else None
+        if parent is None:
+            return None
+        return parent / role if self.own_cgroups or self.cpu.get(role) else self._shared_cpu()
+
+    def _shared_cpu(self) -> Path | None:
+        """Without own cgroups, on a v2 cpu controller: the cgroup the uncapped processes share (the
+        lab's processes must be in some v2 cgroup of its own to be found); on v1 none."""
+        parent = self.cgroup_parent
+        if self.own_cgroups or parent is None or self.cgroups_kind is None or self.cgroups_kind.version != 2:
+            return None
+        return parent / "shell"
+
+    def _shell(self) -> Path | None:
+        """Without own cgroups: the v2 cgroup every process of the lab shares (tracking only)."""
+        return self.psi_root / f"{PREFIX}{self.id}" / "shell" if self.psi_root is not None else None
 
     def _lab_cgroups(self, role: str) -> tuple[str, ...]:
         """`role`'s cgroups in every hierarchy the lab uses: cpu, cpuset (when it has one), PSI."""
@@ -433,7 +462,7 @@ class Lab:
         if role in self.cpusets and self.cpuset_kind is not None:
             found.append(self.cpuset_kind.root / f"{PREFIX}{self.id}" / role)
         if self.psi_root is not None:
-            found.append(self.psi_root / f"{PREFIX}{self.id}" / role)
+            found.append(self.psi_root / f"{PREFIX}{self.id}" / role if self.own_cgroups else self._shell())
         return tuple(str(c) for c in found if c is not None)
 
     def placement(self, role: str) -> Placement:
@@ -546,15 +575,22 @@ class Lab:
             self.cgroups_kind.prepare_parent(parent)
             if self.weights:  # a weight counts against siblings only: the lab must outweigh the host's load too
                 self.cgroups_kind.set_weight(parent, max(self.weights.values()))
-            for role in (*ROLES, "hogs"):
-                cg = parent / role
+            shared = self._shared_cpu()
+            if shared is not None:
+                shared.mkdir()
+            for role in ROLES:
+                cg = self.cgroup(role)
+                if cg is None or cg == shared:
+                    continue
                 cg.mkdir()
                 self.cgroups_kind.set_quota(cg, self.cpu.get(role))
                 if self.weights.get(role):
                     self.cgroups_kind.set_weight(cg, self.weights[role])
-            self.cgroups_kind.prepare_parent(parent / "hogs")
-            for i in range(len(self.hogs)):  # one cgroup each: N hogs weigh as N tasks, not as one group
-                (parent / "hogs" / str(i)).mkdir()
+            if self.own_cgroups:
+                (parent / "hogs").mkdir()
+                self.cgroups_kind.prepare_parent(parent / "hogs")
+                for i in range(len(self.hogs)):  # one cgroup each: N hogs weigh as N tasks, not as one group
+                    (parent / "hogs" / str(i)).mkdir()
         if self.cpuset_kind is not None:
             parent = self.cpuset_kind.root / f"{PREFIX}{self.id}"
             parent.mkdir()
@@ -563,14 +599,19 @@ class Lab:
                 (parent / role).mkdir()
                 self.cpuset_kind.set_cpus(parent / role, cpus)
         if self.psi_root is not None:
-            for role in ROLES:
+            for role in ROLES if self.own_cgroups else ("shell",):
                 (self.psi_root / f"{PREFIX}{self.id}" / role).mkdir(parents=True)
 
     def _start_hogs(self) -> None:
-        """The busy neighbours, in the lab's `hogs` cpu cgroup (so leftovers are found) and, when
-        asked, in a role's cpuset; in no network namespace (they never touch the network)."""
+        """The busy neighbours, in the lab's `hogs` cpu cgroup (without own cgroups: beside the roles, in
+        the shared v2 cgroup), so leftovers are found, and when asked in a role's cpuset or capped cpu
+        cgroup; in no network namespace (they never touch the network)."""
         for i, hog in enumerate(self.hogs):
-            cgs = [str(self.cgroup_parent / "hogs" / str(i))] if self.cgroup_parent else []
+            if self.own_cgroups:
+                cgs = [str(self.cgroup_parent / "hogs" / str(i))] if self.cgroup_parent else []
+            else:  # beside the roles: in the shared cgroup, or in the capped one of the role it shares
+                cpu = self.cgroup(hog.quota_of) if hog.quota_of else self._shared_cpu()
+                cgs = [str(c) for c in (cpu, self._shell()) if c is not None]
             if hog.cpuset_of is not None:
                 cgs += [c for c in self._lab_cgroups(hog.cpuset_of) if self.cpuset_kind
                         and c.startswith(str(self.cpuset_kind.root) + "/")]

@@ -166,6 +166,38 @@ def test_affinity_cpuset_weight_and_a_busy_neighbour_as_set(lab_tools: None) -> 
     assert all(h.poll() is not None for h in hogs)
 
 
+def test_without_own_cgroups_everything_shares_the_shells(lab_tools: None) -> None:
+    """The scenarios with no cgroup made for the sides: server, client and busy neighbour share one v2 cgroup
+    (and the creator's cpu cgroup); a capped role shares its capped cgroup with the hog that says so."""
+    me = _cpu_line(os.getpid())
+    with Lab(own_cgroups=False, cpu={"client": 0.3}, hogs=(Hog(), Hog(quota_of="client"))) as lab:
+        lab_id = lab.id
+        srv, cli = lab.popen("server", ["sleep", "60"]), lab.popen("client", ["sleep", "60"])
+        free, capped = [p for p in lab._procs if p not in (srv, cli)]
+        cpu = cpu_cgroups()
+        assert cpu is not None
+        if cpu.version == 1:
+            assert _cpu_line(srv.pid) == _cpu_line(free.pid) == me, "no cpu cgroup made for them"
+        assert _cpu_line(cli.pid) == _cpu_line(capped.pid) != me and lab.cgroup("client") is not None
+        if pressure_root() is not None:
+            shell = {_v2_line(p.pid) for p in (srv, cli, free, capped)}
+            assert shell == {f"0::/{PREFIX}{lab_id}/shell"}, shell
+    assert leftovers(lab_id) == []
+    with pytest.raises(Exception, match="CPU weights need a cgroup per role"):
+        Lab(own_cgroups=False, weights={"client": 8.0})
+    with pytest.raises(Exception, match="quota that is not set"):
+        Lab(own_cgroups=False, hogs=(Hog(quota_of="server"),))
+
+
+def _cpu_line(pid: int) -> str:
+    return next(ln.split(":", 2)[2] for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if "cpu" in ln.split(":")[1].split(",") or ln.startswith("0::"))
+
+
+def _v2_line(pid: int) -> str:
+    return next(ln for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ln.startswith("0::"))
+
+
 RAISER = """
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -6,6 +6,9 @@ the server to pace itself (application) run on the quic-go test endpoint,
 which also writes qlog in the link and application scenarios: there the
 stack's own record must agree with the verdict. Uncapped runs have no
 expected answer: the verdict must only be one of the four words with a cause.
+The scenarios with the sides in a shared cgroup (a shell's or a service's,
+none made for them) run on the multi-threaded endpoints: quic-go and the
+tokio multi-thread quinn and s2n-quic.
 """
 
 from __future__ import annotations
@@ -59,8 +62,14 @@ def describe(r: RunResult) -> str:
             f"({r.expected_cause}); {r.goodput_mbit or 0:.0f} Mbit/s in {r.seconds or 0:.1f} s, {cpu}")
 
 
-CASES = [(name, "ngtcp2") for name in SCENARIOS if not SCENARIOS[name].needs] + \
-        [(name, "quicgo") for name in QLOG_PROOF]
+# The sides where a shell leaves them (no cgroup of their own) on the multi-threaded endpoints: every such
+# cell once across quic-go (default GOMAXPROCS) and tokio's multi-thread runtime; the bench runs them all.
+SHARED_CASES = [("server-contention-shared", "quicgo"), ("client-cpuset-shared", "quicgo"), ("busy-host", "quicgo"),
+                ("client-contention-shared", "quinn-mt"), ("server-quota-shared", "quinn-mt"),
+                ("server-cpuset-shared", "s2nquic-mt"), ("client-quota-shared", "s2nquic-mt"),
+                ("busy-host", "s2nquic-mt")]
+CASES = [(name, "ngtcp2") for name in SCENARIOS if not SCENARIOS[name].needs and SCENARIOS[name].own_cgroups] + \
+        [(name, "quicgo") for name in QLOG_PROOF] + SHARED_CASES
 
 
 @pytest.mark.parametrize("name,stack", CASES)
