@@ -64,7 +64,7 @@ class FoldState:
         head = read_header(path) or {}
         st.bin_grain = max(1, int(head.get("bin_grain", 1)))
         for r in read_stacks(path) if path.is_file() else ():
-            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins)
+            st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins, r.span_ns)
         st.folded = [str(x) for x in head.get("folded", [])]
         st.dropped = list(head.get("dropped", []))
         st.unreadable = list(head.get("unreadable", []))
@@ -73,8 +73,8 @@ class FoldState:
         return st
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
-            bins: tuple[tuple[int, int], ...] = ()) -> None:
-        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period, bins)
+            bins: tuple[tuple[int, int], ...] = (), span: tuple[int, int] | None = None) -> None:
+        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period, bins, span)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
         """The stack built from shared frame objects: thousands of distinct stacks repeat the same
@@ -83,10 +83,13 @@ class FoldState:
 
     def merge(self, chunk: dict[StackKey, list]) -> None:
         g = self.bin_grain
-        for k, (n, period, bins) in chunk.items():
+        for k, slot in chunk.items():
+            n, period, bins = slot[:3]
+            span = slot[3] if len(slot) > 3 else None
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            add_counts(self.acc, k, n, period, ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items())
+            add_counts(self.acc, k, n, period, ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items(),
+                       None if span is None else (span[0], span[1]))
         while sum(len(slot[2]) for slot in self.acc.values()) > MAX_BIN_ENTRIES:
             self.coarsen()
 
@@ -199,7 +202,7 @@ class ChunkFolder:
             part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None,
                                     group.get("windows"), 0 if urgent else BACKGROUND_NICE)
             for r in part:
-                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
+                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             st.unreadable.append({"chunk": path.name, "reason": str(e)})
             self.status(f"warning: {path.name}: {e}")

@@ -103,7 +103,7 @@ def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[Stack
     stats = ParseStats()
     for part, st in parts:
         for r in part:
-            add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins)
+            add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
         stats.absorb(st)
     return records(acc), stats
 

@@ -43,6 +43,14 @@ def time_bin(stamp: str) -> int | None:
     return int(whole) * 10 + int(frac[0])
 
 
+def time_ns(stamp: str) -> int | None:
+    """perf's "SECONDS.FRACTION" (a trailing ":" allowed) -> nanoseconds, without float rounding."""
+    whole, dot, frac = stamp.rstrip(":").partition(".")
+    if not (dot and whole.isdigit() and whole.isascii() and frac.isdigit() and frac.isascii()):
+        return None
+    return int(whole) * 1_000_000_000 + int(frac[:9].ljust(9, "0"))
+
+
 @dataclass
 class ParseStats:
     """What the parser met; reported so that silently dropped data is visible."""
@@ -113,12 +121,18 @@ def parse_frame(line: str) -> Frame | None:
 
 def parse_header(line: str) -> tuple[str, int, int, int, int | None] | None:
     """Parse a sample's first line into (comm, pid, tid, period, time bin or None)."""
+    got = _parse_header(line)
+    return None if got is None else got[:5]
+
+
+def _parse_header(line: str) -> tuple[str, int, int, int, int | None, int | None] | None:
+    """parse_header and the sample's time in ns (or None)."""
     m = _HEADER.match(line)
     if m is None:
         return None
     stamp = m.group("time")
     return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")),
-            time_bin(stamp) if stamp else None)
+            time_bin(stamp) if stamp else None, time_ns(stamp) if stamp else None)
 
 
 class LineParser:
@@ -134,7 +148,7 @@ class LineParser:
 
     def __init__(self, stats: ParseStats | None = None) -> None:
         self.stats = stats if stats is not None else ParseStats()
-        self._header: tuple[str, int, int, int, int | None] | None = None
+        self._header: tuple[str, int, int, int, int | None, int | None] | None = None
         self._frames: list[Frame] = []
 
     def _take(self) -> Sample | None:
@@ -142,7 +156,7 @@ class LineParser:
         if header is None:
             return None
         self.stats.samples += 1
-        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames), header[4])
+        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames), header[4], header[5])
         self._header, self._frames = None, []
         return sample
 
@@ -153,7 +167,7 @@ class LineParser:
             self._header, self._frames = None, []
             return sample
         # Frames are tab-indented; headers start with the (right-aligned) comm.
-        parsed = None if line[0] == "\t" else parse_header(line)
+        parsed = None if line[0] == "\t" else _parse_header(line)
         if parsed is None:
             frame = parse_frame(line)
             if frame is None or self._header is None:

@@ -7,6 +7,9 @@ attribution weighs by period (CPU nanoseconds for cpu-clock), not by count.
 Sample times survive at a coarse grain: each record keeps its period per time
 bin (BIN_S, 100 ms), which is what a timeline of CPU by category
 needs; a distinct stack costs one entry per bin it ran in, not per sample.
+Each record also keeps the times of its first and last sample (ns, `t`): where a
+process's work starts and ends to the sample, what a transfer's span is taken
+from (attribution.transfer).
 
 The file may start with one header line, {"qprof_stacks": {...}}, saying which
 perf data chunks it already holds (collectors.chunks folds a long run chunk by
@@ -48,6 +51,7 @@ class Sample:
     period: int
     frames: tuple[Frame, ...]
     bin: int | None = None  # time bin (BIN_S) of the sample; None when perf printed no time
+    time_ns: int | None = None  # its time (SAMPLE_CLOCK, ns); None when perf printed no time
 
 
 @dataclass(frozen=True)
@@ -61,18 +65,29 @@ class StackRecord:
     period: int
     frames: tuple[Frame, ...]
     bins: tuple[tuple[int, int], ...] = ()  # (time bin, period) in time order; () when no times were kept
+    span_ns: tuple[int, int] | None = None  # times of its first and last sample (ns); None when not kept
 
 
 StackKey = tuple[int, int, str, tuple[Frame, ...]]  # pid, tid, comm, frames
-Slot = list[Any]  # [samples, period, {time bin: period}]
+Slot = list[Any]  # [samples, period, {time bin: period}, [first ns, last ns] or None]
+Span = tuple[int, int] | None
+
+
+def widen(span: Any, other: Span) -> Any:
+    """The span covering both (either may be None): [first, last] as a list, or None."""
+    if other is None:
+        return span
+    if span is None:
+        return [other[0], other[1]]
+    return [min(span[0], other[0]), max(span[1], other[1])]
 
 
 def add_counts(acc: dict[Any, Slot], key: Any, samples: int, period: int,
-               bins: Iterable[tuple[int, int]] = ()) -> None:
-    """Add to a key's [samples, period, bins]: every fold (whole run, slices, chunks) sums this way."""
+               bins: Iterable[tuple[int, int]] = (), span: Span = None) -> None:
+    """Add to a key's [samples, period, bins, span]: every fold (whole run, slices, chunks) sums this way."""
     slot = acc.get(key)
     if slot is None:
-        slot = acc[key] = [samples, period, {}]
+        slot = acc[key] = [samples, period, {}, None]
     else:
         slot[0] += samples
         slot[1] += period
@@ -80,18 +95,22 @@ def add_counts(acc: dict[Any, Slot], key: Any, samples: int, period: int,
         per_bin = slot[2]
         for b, p in bins:
             per_bin[b] = per_bin.get(b, 0) + p
+    if span is not None:
+        slot[3] = widen(slot[3], span)
 
 
 def records(acc: dict[StackKey, Slot]) -> list[StackRecord]:
     """The records of an accumulator keyed by StackKey, in first-occurrence order."""
-    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3], tuple(sorted(v[2].items()))) for k, v in acc.items()]
+    return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3], tuple(sorted(v[2].items())),
+                        None if v[3] is None else (v[3][0], v[3][1])) for k, v in acc.items()]
 
 
 def fold(samples: Iterable[Sample]) -> list[StackRecord]:
     """Aggregate samples; memory grows with distinct stacks (and the time bins each ran in), not with samples."""
     acc: dict[StackKey, Slot] = {}
     for s in samples:
-        add_counts(acc, (s.pid, s.tid, s.comm, s.frames), 1, s.period, () if s.bin is None else ((s.bin, s.period),))
+        add_counts(acc, (s.pid, s.tid, s.comm, s.frames), 1, s.period, () if s.bin is None else ((s.bin, s.period),),
+                   None if s.time_ns is None else (s.time_ns, s.time_ns))
     return records(acc)
 
 
@@ -120,6 +139,8 @@ def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[s
                                    "period": r.period, "frames": [list(fr) for fr in r.frames]}
             if r.bins:
                 obj["bins"] = [list(b) for b in r.bins]
+            if r.span_ns is not None:
+                obj["t"] = list(r.span_ns)
             f.write(json.dumps(obj, separators=(",", ":")))
             f.write("\n")
             n += 1
@@ -165,10 +186,14 @@ def _record(obj: object, path: Path, lineno: int) -> StackRecord:
         assert isinstance(obj, dict)
         frames = tuple((str(f[0]), str(f[1])) for f in obj["frames"])
         bins = tuple((int(b[0]), int(b[1])) for b in obj.get("bins", ()))
+        t = obj.get("t")
+        span = None if t is None else (int(t[0]), int(t[1]))
         rec = StackRecord(int(obj["pid"]), int(obj["tid"]), str(obj["comm"]),
-                          int(obj["samples"]), int(obj["period"]), frames, bins)
+                          int(obj["samples"]), int(obj["period"]), frames, bins, span)
     except (AssertionError, KeyError, TypeError, ValueError, IndexError, OverflowError):
         raise QprofError(f"{path}:{lineno}: not a stack record") from None
     if rec.samples < 0 or rec.period < 0 or any(p < 0 for _, p in rec.bins):
         raise QprofError(f"{path}:{lineno}: negative sample count or period")
+    if rec.span_ns is not None and rec.span_ns[0] > rec.span_ns[1]:
+        raise QprofError(f"{path}:{lineno}: a record's first sample comes after its last")
     return rec

@@ -22,9 +22,10 @@ garbage without blank lines could) is read line by line as it arrives.
 
 from __future__ import annotations
 
-from qprof.collectors.perfscript import LineParser, ParseStats, parse_frame, parse_header, time_bin
-from qprof.collectors.stacks import Frame, Sample, StackRecord, add_counts, records
+from qprof.collectors.perfscript import LineParser, ParseStats, parse_frame, parse_header, time_ns
+from qprof.collectors.stacks import BIN_S, Frame, Sample, StackRecord, add_counts, records, widen
 
+BIN_NS = round(BIN_S * 1e9)  # a time bin in ns: bin = ns // BIN_NS, as perfscript.time_bin reads it
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by
 _MISSING = object()
 _INVALID = object()  # cached for lines only the line parser may read
@@ -39,7 +40,8 @@ class StreamFolder:
         self.max_block = max_block
         self._carry = ""  # text after the last blank line seen: an unfinished sample
         self._spill: LineParser | None = None  # set while an over-long sample is read line by line
-        # (head, frame text) -> [samples, period, bad lines, {time bin: period}]; samples the fast path
+        # (head, frame text) -> [samples, period, bad lines, {time bin: period}, [first ns, last ns] or None];
+        # samples the fast path
         # did not take are kept under their fold key, in the same dict so that first-occurrence order
         # survives. The head is the header without its time and period.
         self._texts: dict[object, list] = {}
@@ -96,10 +98,11 @@ class StreamFolder:
             block = block.strip("\n")
             first, _, body = block.partition("\n")
             head, sep, period = first.rstrip().rpartition(" ")
-            when = None
-            if head.rstrip().endswith(":"):  # "comm pid/tid  TIME:" -> "comm pid/tid" and the time's bin
+            when = ns = None
+            if head.rstrip().endswith(":"):  # "comm pid/tid  TIME:" -> "comm pid/tid", the time's bin and ns
                 before, _, stamp = head.rstrip().rpartition(" ")
-                when = time_bin(stamp)
+                ns = time_ns(stamp)
+                when = None if ns is None else ns // BIN_NS
                 if when is not None:
                     head = before.rstrip()
             slot = texts.get((head, body))
@@ -109,15 +112,24 @@ class StreamFolder:
                 slot[1] += n
                 if when is not None:
                     slot[3][when] = slot[3].get(when, 0) + n
+                if ns is not None:
+                    span = slot[4]
+                    if span is None:
+                        slot[4] = [ns, ns]
+                    elif ns < span[0]:
+                        span[0] = ns
+                    elif ns > span[1]:
+                        span[1] = ns
                 fast += 1
                 if slot[2]:
                     for line in slot[2]:
                         bad(line)
                 continue
-            fast += self._first_sight(block, head, sep, period, body, when)
+            fast += self._first_sight(block, head, sep, period, body, when, ns)
         self._fast += fast
 
-    def _first_sight(self, block: str, head: str, sep: str, period: str, body: str, when: int | None) -> int:
+    def _first_sight(self, block: str, head: str, sep: str, period: str, body: str, when: int | None,
+                     ns: int | None) -> int:
         """A text not seen since the last flush: parse it, or read the whole sample with the line parser."""
         if not block:
             return 0
@@ -135,7 +147,8 @@ class StreamFolder:
             return 0
         for line in frames[1]:
             self.stats.bad(line)
-        self._texts[(head, body)] = [1, int(period), frames[1], {} if when is None else {when: int(period)}]
+        self._texts[(head, body)] = [1, int(period), frames[1], {} if when is None else {when: int(period)},
+                                     None if ns is None else [ns, ns]]
         if len(self._texts) >= self.max_texts or len(self._bodies) >= 8 * self.max_texts:
             self._fast += 1
             self._flush()
@@ -185,24 +198,26 @@ class StreamFolder:
         key = (s.pid, s.tid, s.comm, s.frames)
         slot = self._texts.get(key)
         if slot is None:
-            slot = self._texts[key] = [1, s.period, (), {}]
+            slot = self._texts[key] = [1, s.period, (), {}, None]
         else:
             slot[0] += 1
             slot[1] += s.period
         if s.bin is not None:
             slot[3][s.bin] = slot[3].get(s.bin, 0) + s.period
+        if s.time_ns is not None:
+            slot[4] = widen(slot[4], (s.time_ns, s.time_ns))
 
     def _flush(self) -> None:
         """Fold the distinct texts into records and forget them (bounded memory)."""
         folded = self._folded
-        for key, (n, period, _bad, bins) in self._texts.items():
+        for key, (n, period, _bad, bins, span) in self._texts.items():
             if len(key) == 2:  # (head, body): the fast path's text
                 comm_pid_tid = self._heads[key[0]]
                 frames = self._bodies[key[1]]
                 assert comm_pid_tid is not None and frames is not None
                 comm, pid, tid = comm_pid_tid
                 key = (pid, tid, comm, frames[0])
-            add_counts(folded, key, n, period, bins.items())
+            add_counts(folded, key, n, period, bins.items(), None if span is None else (span[0], span[1]))
         self.stats.samples += self._fast
         self._fast = 0
         self._texts.clear()

@@ -17,6 +17,7 @@ from qprof.collectors.perfscript import (
     parse_frame,
     parse_header,
     time_bin,
+    time_ns,
     parse_samples,
     split_symbol_dso,
 )
@@ -125,6 +126,13 @@ def test_comm_names(comm: str, stamp: str, bin_: int | None) -> None:
 def test_time_bins(stamp: str, bin_: int | None) -> None:
     """Tenths of a second from the text itself: no float rounding near a bin's edge."""
     assert time_bin(stamp) == bin_
+
+
+@pytest.mark.parametrize("stamp, ns", [("0.000001:", 1000), ("12.3:", 12_300_000_000), ("12.399999999", 12_399_999_999),
+                                       ("5.1234567891:", 5_123_456_789), ("12:", None), ("12.:", None), ("x.1:", None)])
+def test_time_ns(stamp: str, ns: int | None) -> None:
+    """Nanoseconds from the text itself (digits past the ninth dropped): a sample's exact time."""
+    assert time_ns(stamp) == ns
 
 
 def test_header_with_event_tail() -> None:
@@ -287,7 +295,7 @@ def test_round_trip(samples: list, trailing_blank: bool) -> None:
     expected = [
         Sample(pid, tid, comm, period, tuple(
             (sym, KERNEL_DSO if dso == UNKNOWN and _kernel_ip(ip) else dso) for ip, sym, dso in frames),
-            None if micros is None else micros // 100_000)
+            None if micros is None else micros // 100_000, None if micros is None else micros * 1000)
         for comm, pid, tid, period, frames, micros in samples
     ]
     assert got == expected

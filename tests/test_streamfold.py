@@ -141,6 +141,7 @@ def test_sample_times_are_kept_per_bin() -> None:
     text = "".join([timed[0], odd, timed[2], timed[3]])
     recs, stats = streamed(text, [30, 200, 333])
     assert [(r.samples, r.period, r.bins) for r in recs] == [(4, 150, ((1000, 30), (1001, 40), (1019, 80)))]
+    assert recs[0].span_ns == (100_010_000_000, 101_950_000_000), "its first and last sample's times, exact"
     same((recs, stats), reference(text))
     for n in (1, 2, 3):  # flushed every n distinct texts: bins merge across flushes
         same(streamed(text, [50], max_texts=n), reference(text))
