@@ -11,6 +11,7 @@ from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
+from qprof.attribution.transfer import Transfer, transfer
 from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
@@ -28,6 +29,7 @@ class Analysis:
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
     stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
     threads: dict[int, ThreadView] = field(default_factory=dict)  # per target: pools, parallelism, handoffs
+    transfers: dict[int, Transfer] = field(default_factory=dict)  # per process: its goodput, computed once
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -63,26 +65,23 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     tcp = analyse_tcp(run.tcp(), pids)
     host_cpus = info.host.cpus or 1
     procs = {p.pid: p for p in profile.processes}
+    pids_seen = [t.pid for t in info.targets] + [p.pid for p in profile.processes if p.pid not in comms]
+    transfers = {pid: transfer(pid, pio, tcp, procs[pid].packet_span_ns if pid in procs else None, readings)
+                 for pid in pids_seen}
     threads = {t.pid: thread_view(readings, t.pid, procs.get(t.pid), profile.seconds_per_period,
-                                  *_moved(pio, tcp, t.pid)) for t in info.targets}
+                                  transfers[t.pid].bytes, _datagrams(pio, t.pid)) for t in info.targets}
     sides = [ev for t in info.targets if t.role in ("server", "client")
              for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
-                                      probes.queues, _tcp_pair(tcp, t.pid), threads[t.pid])]
+                                      probes.queues, transfers[t.pid], threads[t.pid])]
              if ev is not None]
-    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads)
+    return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads,
+                    transfers=transfers)
 
 
-def _moved(pio: PacketIO | None, tcp: TcpIO | None, pid: int) -> tuple[int | None, float | None]:
-    """(payload bytes a process sent or received, the larger; datagrams sent and received)."""
+def _datagrams(pio: PacketIO | None, pid: int) -> float | None:
+    """Datagrams a process sent and received (None without probes)."""
     p = pio.processes.get(pid) if pio is not None else None
-    t = _tcp_pair(tcp, pid)
-    moved = max([*(t or ()), *((p.tx.bytes, p.rx.bytes) if p is not None else ())], default=0)
-    return moved or None, (p.tx.dgrams + p.rx.dgrams) or None if p is not None else None
-
-
-def _tcp_pair(tcp: TcpIO | None, pid: int) -> tuple[int, int] | None:
-    p = tcp.processes.get(pid) if tcp is not None else None
-    return (p.sent, p.received) if p is not None and p.moved else None
+    return (p.tx.dgrams + p.rx.dgrams) or None if p is not None else None
 
 
 def observer_cpu(info: Meta, probes: ProbeRecord) -> dict[str, float]:

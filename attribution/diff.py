@@ -1,17 +1,19 @@
 """Two runs compared: per matched process, how each category's and each symbol's cost changed.
 
 Costs are compared as shares of the process's sampled CPU time (percentage
-points) and, where the bytes a process moved are known (sent + received
-payload: UDP from the packet I/O probes, TCP from the kernel's socket
-counters), as CPU seconds per GB (10^9 bytes): so a QUIC run and a TCP+TLS
+points) and, where the bytes a process moved are known (its transfer's, as
+every output counts them: the payload of the direction that moved more, UDP
+from the packet I/O probes, TCP from the kernel's socket counters:
+attribution.transfer), as CPU seconds per GB (10^9 bytes): so a QUIC run and a TCP+TLS
 run of the same download compare what a byte costs each. Why both, and not CPU seconds alone: two runs rarely last as
 long or move as much, so raw seconds mostly measure that; a share says where
 the time went, CPU per GB says what a byte costs, so "Packet I/O doubled per
 GB while its share rose 20 pp" survives a run that was twice as long.
 
-Processes are matched by role (server, client) when both runs have roles, by
-comm name otherwise; several processes with one key are paired in order of
-CPU time (the second named `key #2`). Symbols are leaf symbols (self time),
+Processes are matched as the user pairs them (`--pair A_PID:B_PID`), else by
+role (server, client) when both runs have roles, by comm name otherwise;
+several processes with one key are paired in order of CPU time (the second
+named `key #2`). Symbols are leaf symbols (self time),
 keyed by category, name and object file name, as the report's top symbols.
 """
 
@@ -25,6 +27,7 @@ from typing import Any
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.profile import ProcessProfile, Profile
+from qprof.attribution.transfer import Transfer
 from qprof.errors import QprofError
 
 GB = 1e9
@@ -41,12 +44,12 @@ class Side:
     samples: int
     udp_bytes: int | None  # UDP payload bytes sent + received (packet I/O probes); None: not counted
     tcp_bytes: int | None = None  # TCP payload bytes sent + received (socket counters); None: not counted
+    moved: Transfer | None = None  # its transfer: the bytes per GB is taken over, and its goodput
 
     @property
     def bytes(self) -> int | None:
-        """Everything it moved through UDP and TCP sockets; None when neither was counted."""
-        known = [b for b in (self.udp_bytes, self.tcp_bytes) if b]
-        return sum(known) if known else None
+        """Its transfer's bytes (the direction that moved more), as the report counts them."""
+        return self.moved.bytes if self.moved is not None and self.moved.bytes else None
 
     @property
     def gb(self) -> float | None:
@@ -55,7 +58,8 @@ class Side:
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "comm": self.comm, "role": self.role, "cpu_seconds": round(self.cpu_seconds, 6),
                 "samples": self.samples, "udp_bytes": self.udp_bytes, "tcp_bytes": self.tcp_bytes,
-                "bytes": self.bytes}
+                "bytes": self.bytes, "goodput_gbps": None if self.moved is None or self.moved.gbps is None
+                else round(self.moved.gbps, 4)}
 
 
 def _per_gb(cpu: float, side: Side) -> float | None:
@@ -115,7 +119,7 @@ class ProcessDiff:
 class RunDiff:
     path_a: str
     path_b: str
-    match_by: str  # "role" or "comm"
+    match_by: str  # "pid" (as given), "role" or "comm"
     pairs: list[ProcessDiff]
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
@@ -142,7 +146,7 @@ def keyed(profile: Profile, match_by: str) -> dict[str, ProcessProfile]:
 def _side(a: Analysis, p: ProcessProfile) -> Side:
     udp, tcp = a.bytes_moved(p.pid)
     return Side(p.pid, p.comm, p.role, a.profile.cpu_seconds(p.breakdown.period), p.breakdown.samples,
-                udp or None, tcp or None)
+                udp or None, tcp or None, a.transfers.get(p.pid))
 
 
 def _symbols(p: ProcessProfile) -> Counter[tuple[str, str, str]]:
@@ -179,21 +183,43 @@ def _listing(procs: dict[str, ProcessProfile]) -> str:
     return ", ".join(f"{k} (pid {p.pid} {p.comm})" for k, p in procs.items()) or "no sampled process"
 
 
-def diff_runs(a: Analysis, b: Analysis, top: int = 10) -> RunDiff:
-    """Match the two runs' processes and compare each pair (`top` symbols each). Raises QprofError when
-    nothing matches."""
+def by_pid(profile: Profile, pids: list[int], path: str) -> dict[str, ProcessProfile]:
+    """`pids`' processes under their pid as key; a pid without samples is refused with what there is."""
+    procs = {p.pid: p for p in profile.processes}
+    missing = [pid for pid in pids if pid not in procs]
+    if missing:
+        raise QprofError(f"--pair: no samples of pid {missing[0]} in {path} (its processes: "
+                         f"{_listing({str(p.pid): p for p in profile.processes})}); give pids from `qprof report`")
+    return {str(pid): procs[pid] for pid in pids}
+
+
+def diff_runs(a: Analysis, b: Analysis, top: int = 10, pairs: list[tuple[int, int]] | None = None) -> RunDiff:
+    """Match the two runs' processes and compare each pair (`top` symbols each): the `pairs` of pids
+    given (A's, B's), else by role when both runs have roles (a one-process run recorded with a role
+    pairs with a two-process run's same role), else by comm name. Raises QprofError when nothing matches."""
     path_a, path_b = str(a.profile.run.path), str(b.profile.run.path)
+    if pairs:
+        pa = by_pid(a.profile, [x for x, _ in pairs], path_a)
+        pb = by_pid(b.profile, [y for _, y in pairs], path_b)
+        chosen = [(f"{pa[str(x)].comm} {x} : {pb[str(y)].comm} {y}", pa[str(x)], pb[str(y)]) for x, y in pairs]
+        return _diffed(a, b, top, "pid", [diff_process(k, a, x, b, y, top) for k, x, y in chosen], [], [])
     has_roles = all(any(p.role for p in x.profile.processes) for x in (a, b))
     match_by = "role" if has_roles else "comm"
     ka, kb = keyed(a.profile, match_by), keyed(b.profile, match_by)
     common = [k for k in ka if k in kb]
     if not common:
         how = "by role (server/client)" if has_roles else \
-            "by comm name (attach with --server/--client in both runs to pair by role)"
+            "by comm name (give the runs roles: attach --server/--client, record --role)"
         raise QprofError(f"nothing to compare: {path_a} has {_listing(ka)}; {path_b} has {_listing(kb)}; "
-                         f"diff pairs processes {how}")
-    pairs = [diff_process(k, a, ka[k], b, kb[k], top) for k in common]
-    d = RunDiff(path_a, path_b, match_by, pairs, [k for k in ka if k not in kb], [k for k in kb if k not in ka])
+                         f"diff pairs processes {how}, or as you say with --pair A_PID:B_PID")
+    return _diffed(a, b, top, match_by, [diff_process(k, a, ka[k], b, kb[k], top) for k in common],
+                   [k for k in ka if k not in kb], [k for k in kb if k not in ka])
+
+
+def _diffed(a: Analysis, b: Analysis, top: int, match_by: str, pairs: list[ProcessDiff], only_a: list[str],
+            only_b: list[str]) -> RunDiff:
+    path_a, path_b = str(a.profile.run.path), str(b.profile.run.path)
+    d = RunDiff(path_a, path_b, match_by, pairs, only_a, only_b)
     for run, side in ((path_a, "a"), (path_b, "b")):
         unknown = [p.key for p in pairs if getattr(p, side).bytes is None]
         if unknown:

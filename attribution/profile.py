@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from qprof.attribution import handoff
 from qprof.attribution.application import application_rule
-from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED
+from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_IO, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.pools import PoolMatcher
@@ -90,14 +90,22 @@ class ProcessProfile:
     breakdown: Breakdown = field(default_factory=Breakdown)
     threads: dict[int, ThreadProfile] = field(default_factory=dict)
     mappings: list[dict[str, Any]] = field(default_factory=list)
-    decided_by_dso_only: int = 0  # period decided by rules that name only an object
+    dso_only: Counter[str] = field(default_factory=Counter)  # period per category decided by rules naming only an object
     mmsg_seen: set[str] = field(default_factory=set)  # "sendmmsg"/"recvmmsg" kernel entry points in its stacks
-    proc_cpu_seconds: float | None = None  # from /proc over the same window, a cross-check
+    proc_cpu_seconds: float | None = None  # from /proc between its first and last reading, a cross-check
+    proc_span_s: float | None = None  # how far apart those readings are
     cpu_note: str | None = None  # why sampled CPU falls short of /proc's, when it does beyond chance
     skid: dict[str, Any] = field(default_factory=dict)  # interrupt skid per vector (attribution.skid)
     application: str | None = None  # what names the process's own code (attribution.application)
     handoffs: Counter[str] = field(default_factory=Counter)  # period per handoff kind (attribution.handoff)
     pool_notes: dict[str, str] = field(default_factory=dict)  # pool name -> its mapping's note
+    sample_span_ns: tuple[int, int] | None = None  # its first and last sample (archives with sample times)
+    packet_span_ns: tuple[int, int] | None = None  # ... in a send or receive path: its transfer (attribution.transfer)
+
+    @property
+    def decided_by_dso_only(self) -> int:
+        """Period placed by object name alone (stripped libraries: their functions have no names)."""
+        return sum(self.dso_only.values())
 
     @property
     def probe_share(self) -> float:
@@ -122,9 +130,18 @@ class Profile:
     processes: list[ProcessProfile]
     seconds_per_period: float  # multiply a period sum to get CPU seconds
     empty_targets: list[dict[str, Any]]
+    classifiers: dict[int, Classifier] = field(default_factory=dict)  # per pid: what decided its samples
 
     def cpu_seconds(self, period: int) -> float:
         return period * self.seconds_per_period
+
+
+# Packet I/O that moves no payload: waiting for packets, and switching threads while waiting
+_WAITING = {"poll", "scheduler", HANDOFF}
+
+
+def _widen(span: tuple[int, int] | None, other: tuple[int, int]) -> tuple[int, int]:
+    return other if span is None else (min(span[0], other[0]), max(span[1], other[1]))
 
 
 def _seconds_per_period(sampling: Sampling) -> float:
@@ -154,17 +171,19 @@ def cpu_shortfall_note(sampled_s: float, samples: int, proc_s: float | None, sco
     return note
 
 
-def _proc_cpu(readings: list[ProcReading], pid: int) -> float | None:
+def _proc_cpu(readings: list[ProcReading], pid: int) -> tuple[float | None, float | None]:
+    """(CPU seconds between the process's first and last reading, how far apart they are)."""
     first: dict[int, float] = {}
     last: dict[int, float] = {}
+    seen = [r.mono for r in readings if r.threads.get(pid)]
     for r in readings:
         for t in r.threads.get(pid, []):
             cpu = t.utime_s + t.stime_s
             first.setdefault(t.tid, cpu)
             last[t.tid] = cpu
     if not last:
-        return None
-    return sum(last[t] - first[t] for t in last)
+        return None, None
+    return sum(last[t] - first[t] for t in last), seen[-1] - seen[0]
 
 
 def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
@@ -223,8 +242,12 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         kind = handoff.kind(rec.frames)
         if kind is not None:
             proc.handoffs[kind] += rec.period
+        if rec.span_ns is not None:
+            proc.sample_span_ns = _widen(proc.sample_span_ns, rec.span_ns)
+            if d.category == PACKET_IO and d.subcategory not in _WAITING:
+                proc.packet_span_ns = _widen(proc.packet_span_ns, rec.span_ns)
         if d.rule is not None and d.rule.symbol is None and d.rule.within is None and d.rule.dso is not None:
-            proc.decided_by_dso_only += rec.period
+            proc.dso_only[d.category] += rec.period
 
     for rec in run.stacks():
         proc = procs[rec.pid]
@@ -246,7 +269,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
             if p.pid in targets:
                 empty.append({"pid": p.pid, "comm": p.comm})
             continue
-        p.proc_cpu_seconds = _proc_cpu(readings, p.pid)
+        p.proc_cpu_seconds, p.proc_span_s = _proc_cpu(readings, p.pid)
         sampled.append(p)
     for p in sampled:
         if spp:
@@ -256,4 +279,4 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         total_p = sum(p.breakdown.period for p in sampled) or 1
         total_s = sum(p.breakdown.samples for p in sampled)
         spp = total_s / freq / total_p
-    return Profile(run, sampled, spp, empty)
+    return Profile(run, sampled, spp, empty, per_pid_classifier)

@@ -121,8 +121,7 @@ class Pool:
     breakdown: Breakdown = field(default_factory=Breakdown)
 
     def _sum(self, attr: str) -> Any:
-        vals = [getattr(t.stat, attr) for t in self.threads]
-        return None if all(v is None for v in vals) else sum(v for v in vals if v is not None)
+        return _sum_known(getattr(t.stat, attr) for t in self.threads)
 
     @property
     def on_cpu_s(self) -> float | None:
@@ -249,6 +248,7 @@ def thread_view(readings: list[ProcReading], pid: int, proc: ProcessProfile | No
     return ThreadView(pid, w.seconds, rows, ordered, runtime, handoffs, w.cores_mean, w.cores_peak)
 
 
-def _sum_known(values: Any) -> int | None:
+def _sum_known(values: Any) -> Any:
+    """The sum of the figures that are known; None when none is."""
     vals = [v for v in values if v is not None]
     return sum(vals) if vals else None

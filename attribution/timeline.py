@@ -8,7 +8,9 @@ profile.Visitor), so a bin's categories are the report's. Bytes come from
 the running totals in the /proc readings (collectors.traffic): TCP exact,
 from the kernel's socket counters every 0.25 s; UDP estimated from the
 probes' sampling windows, whose totals change once a second. Rates are taken
-between successive changes of a total, so a UDP rate is a one-second average.
+between successive changes of a total, so a UDP rate is a one-second average,
+kept to the process's transfer (its first to last packet sample): a transfer
+shorter than a second is one average over its own span, not over the run.
 
 Samples (perf -k monotonic) and readings share CLOCK_MONOTONIC: time 0 is the
 start of the bin holding the run's first /proc reading. A run recorded before, or refolded without that
@@ -25,8 +27,13 @@ from typing import Any, Callable
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
+from qprof.attribution.transfer import Transfer
 from qprof.collectors.records import ProcReading
 from qprof.collectors.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
+
+
+# the probes' running UDP totals change once a second: their rates are averages between two prints
+UDP_LABEL = "UDP (probes' estimate; averages between their prints, about 1 s, within its transfer)"
 
 
 class TimelineBuilder:
@@ -60,7 +67,7 @@ class TargetTimeline:
     role: str | None
     cpu: list[dict[str, float]]  # per bin from time 0: CPU cores by category (CPU seconds / BIN_S)
     rates: list[Rate] = field(default_factory=list)
-    traffic: str = ""  # what the rates count: "TCP", "UDP (estimated)", both, or "" for none
+    traffic: str = ""  # what the rates count: "TCP", "UDP (...)", both, or "" for none
 
     @property
     def goodput(self) -> list[tuple[float, float, float]]:
@@ -93,9 +100,15 @@ class Timeline:
                 "targets": [t.to_json() for t in self.targets]}
 
 
-def _rates(readings: list[ProcReading], pid: int, origin: float) -> tuple[list[Rate], str]:
+def _rates(readings: list[ProcReading], pid: int, origin: float, span_s: tuple[float, float] | None = None,
+           moved_total: Transfer | None = None) -> tuple[list[Rate], str]:
     """Rates between successive changes of the target's running byte totals (TCP + UDP). Totals are
-    zero at the run's first reading, so the first change (UDP's first print comes ~1 s in) has a rate."""
+    zero at the run's first reading, so the first change (UDP's first print comes ~1 s in) has a rate.
+    With the process's transfer span (attribution.transfer: first to last packet sample), each rate is
+    kept to it, its bytes over the part inside: the handshake and idle time before the first packet
+    and after the last are no part of a one-second average. With its transfer's UDP total (the probes'
+    final estimate, scaled to the kernel's counters: attribution.packetio), the running totals' shape is
+    kept and their sum made that total, so the timeline and the report count the same bytes."""
     kinds: set[str] = set()
     points: list[tuple[float, float, float]] = []
     for r in readings:
@@ -109,20 +122,53 @@ def _rates(readings: list[ProcReading], pid: int, origin: float) -> tuple[list[R
                     kinds.add(kind)
         if seen or not points:  # the totals count from the run's start: nothing moved before the first
             points.append((r.mono - origin, sent, received))
-    rates, prev = [], points[0] if points else None
+    moved: list[list[float]] = []  # [start, end, bytes sent, bytes received] between changes of a total
+    prev = points[0] if points else None
     for p in points[1:]:
         assert prev is not None
         if (p[1], p[2]) != (prev[1], prev[2]) and p[0] > prev[0]:
-            dt = p[0] - prev[0]
-            rates.append(Rate(prev[0], p[0], (p[1] - prev[1]) * 8 / dt / 1e9, (p[2] - prev[2]) * 8 / dt / 1e9))
+            moved.append([prev[0], p[0], p[1] - prev[1], p[2] - prev[2]])
             prev = p
-    label = " + ".join(x for x in ("TCP" if "tcp" in kinds else "", "UDP (estimated)" if "udp" in kinds else "") if x)
+    if span_s is not None:
+        moved = _within(moved, span_s[0] - origin, span_s[1] - origin)
+    if moved_total is not None and moved_total.protocol == "UDP" and moved_total.bytes and "tcp" not in kinds:
+        col = 2 if moved_total.direction == "sent" else 3
+        counted = sum(m[col] for m in moved)
+        factor = moved_total.bytes / counted if counted > 0 else 1.0
+        moved = [[a, b, s * factor, r * factor] for a, b, s, r in moved]
+    rates = [Rate(a, b, s * 8 / (b - a) / 1e9, r * 8 / (b - a) / 1e9) for a, b, s, r in moved]
+    label = " + ".join(x for x in ("TCP" if "tcp" in kinds else "", UDP_LABEL if "udp" in kinds else "") if x)
     return rates, label
 
 
+def _within(moved: list[list[float]], lo: float, hi: float) -> list[list[float]]:
+    """Intervals of bytes kept to [lo, hi]: cut at its ends; bytes of an interval wholly outside go to
+    the nearest one inside (the probes print their totals up to a second late: a transfer's last bytes
+    can show in a print after its last packet)."""
+    if hi <= lo or not moved:
+        return moved
+    kept: list[list[float]] = []
+    before = [0.0, 0.0]
+    for a, b, sent, received in moved:
+        if b <= lo:
+            before = [before[0] + sent, before[1] + received]
+        elif a >= hi and kept:
+            kept[-1][2] += sent
+            kept[-1][3] += received
+        else:
+            kept.append([max(a, lo), min(b, hi) if a < hi else hi, sent + before[0], received + before[1]])
+            before = [0.0, 0.0]
+    if not kept:  # everything printed before the span began (cannot be) or none inside: one interval
+        total = [sum(m[2] for m in moved), sum(m[3] for m in moved)]
+        return [[lo, hi, *total]]
+    kept = [m for m in kept if m[1] > m[0]] or [[lo, hi, sum(m[2] for m in kept), sum(m[3] for m in kept)]]
+    return kept
+
+
 def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading],
-          pids: list[int] | None = None) -> Timeline:
-    """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass."""
+          pids: list[int] | None = None, transfers: dict[int, Transfer] | None = None) -> Timeline:
+    """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass;
+    `transfers`: the processes' transfers (the report's bytes, which the rates add up to)."""
     aligned = profile.run.info.sampling.clock == SAMPLE_CLOCK and bool(readings)
     # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
     # starts at a multiple of the grain
@@ -144,6 +190,7 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading
         for b, cats in builder.cpu.get(p.pid, {}).items():
             per_bin[b // grain].update(cats)
         cpu = [{c: v * scale for c, v in per_bin.get(b, {}).items()} for b in range(first, last + 1)]
-        rates, kinds = _rates(readings, p.pid, origin) if aligned else ([], "")
+        span = (p.packet_span_ns[0] / 1e9, p.packet_span_ns[1] / 1e9) if p.packet_span_ns else None
+        rates, kinds = _rates(readings, p.pid, origin, span, (transfers or {}).get(p.pid)) if aligned else ([], "")
         targets.append(TargetTimeline(p.pid, p.comm, p.role, cpu, rates, kinds))
     return Timeline(bin_s, aligned, targets)

@@ -49,6 +49,7 @@ from typing import Any, Iterable
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.stackrecord import SenderRecord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
+from qprof.attribution.transfer import SPAN_FROM_SAMPLES, Transfer
 from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading
 
 THRESHOLDS: dict[str, float] = {
@@ -101,6 +102,7 @@ class SideEvidence:
     pid: int
     comm: str
     window_s: float
+    window_from: str = ""  # which readings: its transfer's, or all of its
     busiest_tid: int | None = None
     busiest_thread: str | None = None
     busiest_on_cpu: float = 0.0  # share of wall time
@@ -179,8 +181,21 @@ class Verdict:
                 "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
 
 
-def _window(readings: list[ProcReading], pid: int) -> list[ProcReading]:
-    return [r for r in readings if r.threads.get(pid)]
+WINDOW_ALL = "its /proc readings, first to last"
+WINDOW_TRANSFER = "the readings inside its transfer (first to last packet)"
+
+
+def _window(readings: list[ProcReading], pid: int, moved: Transfer | None = None) -> tuple[list[ProcReading], str]:
+    """The readings a side is judged over: those inside its transfer when they span MIN_WINDOW_S (idle
+    time before it started and after it ended, as when attach runs on after the client exits, would
+    dilute every share), else all in which the process appears."""
+    rs = [r for r in readings if r.threads.get(pid)]
+    if moved is not None and moved.span_from == SPAN_FROM_SAMPLES and moved.start_s is not None \
+            and moved.end_s is not None:
+        inside = [r for r in rs if moved.start_s <= r.mono <= moved.end_s]
+        if len(inside) >= 2 and inside[-1].mono - inside[0].mono >= MIN_WINDOW_S:
+            return inside, WINDOW_TRANSFER
+    return rs, WINDOW_ALL
 
 
 def _mode(values: list[Any]) -> Any:
@@ -190,28 +205,24 @@ def _mode(values: list[Any]) -> Any:
 
 def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, host_cpus: int,
                   pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
-                  qdiscs: dict[str, NamespaceQueues] | None = None, tcp_bytes: tuple[int, int] | None = None,
+                  qdiscs: dict[str, NamespaceQueues] | None = None, moved: Transfer | None = None,
                   threads: ThreadView | None = None) -> SideEvidence | None:
     """The measured facts of one side over its window, judged (its cause, if it limits).
-    `tcp_bytes`: (sent, received) through its TCP sockets, for a TCP baseline's goodput; `threads`: its
-    thread view (pools, the runtime's work, handoffs), which names the pool that binds."""
-    rs = _window(readings, pid)
+    `moved`: its transfer (attribution.transfer): its goodput, and the span its window keeps to;
+    `threads`: its thread view (pools, the runtime's work, handoffs), which names the pool that binds."""
+    rs, ev_from = _window(readings, pid, moved)
     if len(rs) < 2:
         return None
     first, last = rs[0], rs[-1]
     wall = last.mono - first.mono
-    ev = SideEvidence(role, pid, comm, wall)
+    ev = SideEvidence(role, pid, comm, wall, window_from=ev_from)
     if wall < MIN_WINDOW_S:
         return ev
     _cpu(ev, rs, pid, wall, cpu_nodes)
     _capacity(ev, rs, pid, host_cpus, wall)
     _network(ev, pid, pio, qdiscs or {})
-    moved = [max(tcp_bytes)] if tcp_bytes else []
-    if pio is not None and pid in pio.processes:
-        p = pio.processes[pid]
-        moved.append(max(p.rx.bytes, p.tx.bytes))
-    if moved and max(moved):
-        ev.goodput_gbps = max(moved) * 8 / wall / 1e9
+    if moved is not None:
+        ev.goodput_gbps = moved.gbps
     if threads is not None:
         _threads(ev, threads)
     _judge(ev)

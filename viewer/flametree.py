@@ -31,7 +31,8 @@ from typing import Callable, Iterator, Sequence
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.mapping import MappingSet
-from qprof.attribution.profile import ProcessProfile, Profile, attribute
+from qprof.attribution.analysis import analyse_run
+from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
 from qprof.collectors.archive import Run
 from qprof.collectors.stacks import StackRecord
@@ -249,8 +250,9 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
         builder(rec, decision)
         over_time(rec, decision)
 
+    analysis = analyse_run(run, mappings, stack, visit=visit)
+    profile = analysis.profile
     readings = list(run.proc_readings())
-    profile = attribute(run, mappings, stack, readings, visit=visit)
     chosen = _check_selection(run, profile, sel, role_pids)
     what = ", ".join(process_label(p.pid, p.comm, p.role) for p in chosen)
     if sel.tid is not None:
@@ -261,4 +263,4 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
            f"{sampling.frequency} Hz; colour: the category holding most of a frame's time")
     return Flame(builder.root, f"qprof flame graph: {Path(run.path).resolve().name}", sub,
                  profile.seconds_per_period, chosen,
-                 build_timeline(profile, over_time, readings, [p.pid for p in chosen]))
+                 build_timeline(profile, over_time, readings, [p.pid for p in chosen], analysis.transfers))

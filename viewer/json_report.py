@@ -59,6 +59,7 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         d["proc_cpu_seconds"] = None if p.proc_cpu_seconds is None else _r(p.proc_cpu_seconds)
         d["cpu_note"] = p.cpu_note
         d["dso_only_share"] = _r(p.decided_by_dso_only / (p.breakdown.period or 1))
+        d["dso_only_shares"] = {c: _r(p.dso_only[c] / (p.breakdown.period or 1)) for c in CATEGORIES}
         d["probe_share"] = _r(p.probe_share)
         d["probe_share_over_limit"] = p.probe_share > PROBE_SHARE_LIMIT
         d["other_bpf_share"] = _r(p.other_bpf_share)
@@ -70,6 +71,8 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
                         for t in sorted(p.threads.values(), key=lambda t: -t.breakdown.period)]
         view = analysis.threads.get(p.pid)
         d["thread_view"] = None if view is None else view.to_json(profile.seconds_per_period)
+        moved = analysis.transfers.get(p.pid)
+        d["transfer"] = None if moved is None else moved.to_json()
         procs.append(d)
     return {
         "run": {

@@ -150,9 +150,16 @@ def verdict_rows(report: dict[str, Any]) -> list[Row]:
 
 
 def _goodputs(report: dict[str, Any]) -> dict[int, float]:
-    v = report.get("verdict") or {}
-    return {ev["pid"]: ev["goodput_gbps"] for ev in (v.get("evidence") or {}).values()
-            if ev.get("goodput_gbps") is not None}
+    """Each process's goodput, as the report computed it once (its `transfer`: attribution.transfer)."""
+    return {p["pid"]: p["transfer"]["gbps"] for p in report["processes"]
+            if (p.get("transfer") or {}).get("gbps") is not None}
+
+
+def run_goodput(report: dict[str, Any]) -> float | None:
+    """The run's goodput: its client's (the receiving end of a download), else the largest process's."""
+    goodputs = _goodputs(report)
+    client = [goodputs[p["pid"]] for p in report["processes"] if p.get("role") == "client" and p["pid"] in goodputs]
+    return client[0] if client else max(goodputs.values(), default=None)
 
 
 def run_row(report: dict[str, Any]) -> Row:
@@ -160,7 +167,6 @@ def run_row(report: dict[str, Any]) -> Row:
     r = report["run"]
     host, sampling = r.get("host") or {}, r.get("sampling") or {}
     procs = report["processes"]
-    goodputs = _goodputs(report)
     return _shape({
         "run": _run_path(report), "status": r.get("status"), "start_time": r.get("start_time"),
         "duration_s": r.get("duration_s"), "stop_reason": r.get("stop_reason"), "hostname": host.get("hostname"),
@@ -171,7 +177,7 @@ def run_row(report: dict[str, Any]) -> Row:
                                                                             if (s := process_stack(p))}), "+"),
         "perf": (r.get("tools") or {}).get("perf"),
         "samples": sum(p["samples"] for p in procs), "cpu_seconds": round(sum(p["cpu_seconds"] for p in procs), 6),
-        "goodput_gbps": max(goodputs.values()) if goodputs else None,
+        "goodput_gbps": run_goodput(report),
         "verdict": (report.get("verdict") or {}).get("limited_by"),
     }, RUN_COLUMNS)
 

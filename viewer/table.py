@@ -78,7 +78,7 @@ def render(rows: list[Row], console: Console) -> None:
         first = next(iter(cats.values()))
         t.add_row(Text(Path(run).name), Text(first["stack"] or "–"), Text(f"{first['role'] or first['comm']}"),
                   *[_pct(cats[c]["share"]) if c in cats else "–" for c in CATEGORIES],
-                  _num(sum(c["cpu_seconds"] for c in cats.values()), ".1f"),
+                  _num(sum(c["cpu_seconds"] for c in cats.values()), ".2f"),
                   _num(first["goodput_gbps"], ".2f"), Text(first["verdict"] or "–"))
     console.print(t)
 
