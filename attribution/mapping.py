@@ -226,15 +226,21 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
     return mf
 
 
-def _parse_pool(p: Any, text: str, path: str, line: int) -> Pool:
-    where = f"{path}:{line}"
-    if not isinstance(p, dict):
-        raise MappingError(f"{where}: a pool must be a table")
-    bad = set(p) - _POOL_KEYS
+def _table(t: Any, what: str, allowed: set[str], text: str, path: str, line: int) -> dict[str, Any]:
+    """A [[rule]] or [[pool]] table, checked for being one and for keys it may have."""
+    if not isinstance(t, dict):
+        raise MappingError(f"{path}:{line}: a {what} must be a table")
+    bad = set(t) - allowed
     if bad:
         k = sorted(bad)[0]
-        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown pool key `{k}`; "
-                           f"allowed: {', '.join(sorted(_POOL_KEYS))}")
+        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown {what} key `{k}`; "
+                           f"allowed: {', '.join(sorted(allowed))}")
+    return t
+
+
+def _parse_pool(p: Any, text: str, path: str, line: int) -> Pool:
+    where = f"{path}:{line}"
+    p = _table(p, "pool", _POOL_KEYS, text, path, line)
     name = p.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 64:
         raise MappingError(f"{path}:{_key_line(text, line - 1, 'name')}: a pool needs a `name` "
@@ -249,13 +255,7 @@ def _parse_pool(p: Any, text: str, path: str, line: int) -> Pool:
 
 def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
     where = f"{path}:{line}"
-    if not isinstance(r, dict):
-        raise MappingError(f"{where}: a rule must be a table")
-    bad = set(r) - _RULE_KEYS
-    if bad:
-        k = sorted(bad)[0]
-        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown rule key `{k}`; "
-                           f"allowed: {', '.join(sorted(_RULE_KEYS))}")
+    r = _table(r, "rule", _RULE_KEYS, text, path, line)
 
     def at(key: str) -> str:
         return f"{path}:{_key_line(text, line - 1, key)}"
