@@ -67,6 +67,7 @@ class AttachOptions:
     keep_raw: bool = False  # keep every perf data chunk after folding it (collectors.chunks)
     raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
     chunk_bytes: int = chunks.CHUNK_BYTES  # perf data file size at which perf starts a new chunk
+    until_idle: float | None = None  # stop once every target that worked has been idle this long (IdleWatch)
 
 
 # cgroup: filtered in the kernel, each target sampled on its own CPU time (collectors.perfcgroup);
@@ -116,6 +117,8 @@ def validate_options(opts: AttachOptions) -> None:
         raise QprofError(f"unknown sampling scope {opts.scope!r}: use {', '.join(SCOPES)}")
     if not 1 << 20 <= opts.chunk_bytes <= 1 << 40:
         raise QprofError("--chunk-size is out of range: give 1M or more")
+    if opts.until_idle is not None and not 0 < opts.until_idle <= 24 * 3600:
+        raise QprofError(f"--until-idle {opts.until_idle:g} is out of range: give seconds > 0 (at most a day)")
     if not 1 <= opts.frequency <= 100_000:
         raise QprofError(f"--frequency {opts.frequency} is out of range: give 1..100000 Hz (the default is {DEFAULT_FREQUENCY})")
 
@@ -451,6 +454,7 @@ class AttachSession:
         next_reading = 0.0
         reading: dict[str, Any] = {}
         next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
+        idle = IdleWatch(opts.pids, opts.until_idle) if opts.until_idle is not None else None
         with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
             while True:
                 now = time.monotonic()
@@ -464,6 +468,8 @@ class AttachSession:
                     procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
                     procf.flush()
                     next_reading = now + opts.proc_interval
+                    if idle is not None:
+                        idle.see(ProcReading.from_json(reading))
                 if self.probes is not None:
                     self.probes.tick()  # every poll tick: the statistics window is 0.1 s
                     if now >= next_sockets:
@@ -480,6 +486,8 @@ class AttachSession:
                     self._stop_reason = "duration reached"
                 elif not any(procfs.is_alive(p) for p in opts.pids):
                     self._stop_reason = "every target exited"
+                elif idle is not None and idle.ended():
+                    self._stop_reason = f"the targets' work ended: idle for {opts.until_idle:g} s (--until-idle)"
                 elif self.stop_when is not None and (why := self.stop_when()):
                     self._stop_reason = why if isinstance(why, str) else "stop condition met"
                 elif not any(r.running() for r in self.recorders):
@@ -501,6 +509,42 @@ class AttachSession:
             if status == archive.STATUS_COMPLETE:
                 raise
             # meta.json keeps "collecting" with a collector that is gone: readers see "incomplete"
+
+
+IDLE_CORES = 0.02  # a target using less than this share of a core, moving no bytes, is idle
+
+
+class IdleWatch:
+    """When the targets' work has ended (`--until-idle`): every target that was active (CPU over
+    IDLE_CORES or bytes moved between two readings) has been idle for `seconds`; a target never
+    active does not hold the run open, and nothing ends before some target worked."""
+
+    def __init__(self, pids: list[int], seconds: float) -> None:
+        self.pids, self.seconds = pids, seconds
+        self._prev: ProcReading | None = None
+        self._active_at: dict[int, float] = {}  # pid -> when it was last seen working
+        self._now = 0.0
+
+    @staticmethod
+    def _cpu(r: ProcReading, pid: int) -> float:
+        """CPU seconds so far: schedstat's (ns) where it is on; ticks (10 ms) cannot see an idle timer's."""
+        return sum(t.on_cpu_s if t.on_cpu_s is not None else t.utime_s + t.stime_s for t in r.threads.get(pid, []))
+
+    def see(self, r: ProcReading) -> None:
+        prev, self._prev, self._now = self._prev, r, r.mono
+        if prev is None or r.mono <= prev.mono:
+            return
+        dt = r.mono - prev.mono
+        for pid in self.pids:
+            if not r.threads.get(pid):
+                continue
+            cpu = self._cpu(r, pid) - self._cpu(prev, pid)
+            moved = any(tot.get(pid) != before.get(pid) for tot, before in ((r.udp, prev.udp), (r.tcp, prev.tcp)))
+            if cpu > IDLE_CORES * dt or moved:
+                self._active_at[pid] = r.mono
+
+    def ended(self) -> bool:
+        return bool(self._active_at) and all(self._now - t >= self.seconds for t in self._active_at.values())
 
 
 def _keep_jit_maps(out: Path, pids: list[int]) -> None:

@@ -140,18 +140,22 @@ def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> 
 @click.option("--client", "clients", multiple=True, type=int, help="A client endpoint's pid (for the verdict).")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Run directory to create (default: ./qprof-run-DATE-TIME).")
+@click.option("--until-idle", "until_idle", type=float, default=None, metavar="SECONDS",
+              help="Also stop once every target that worked has been idle this long (no bytes moved, under "
+                   "2% of a core): a benchmark's end, when its endpoints stay up.")
 @_sampling_options
 @_guard
-def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], duration: float | None,
-           out: Path | None, frequency: int, unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str,
-           chunk_size: str, quiet: bool) -> None:
+def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], until_idle: float | None,
+           duration: float | None, out: Path | None, frequency: int, unwind: str, scope: str, probes: str,
+           keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
     judge which side limits the run.
 
-    Stops at --duration, on Ctrl-C, or when every target has exited; the
-    archive keeps whatever was collected. Needs root (perf sampling of other
+    Stops at --duration, on Ctrl-C, when every target has exited, or (with
+    --until-idle) when their work has ended; the archive keeps whatever was
+    collected and says what stopped it. Needs root (perf sampling of other
     processes' kernel stacks).
     """
     from qprof.collectors.session import AttachSession
@@ -159,6 +163,7 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = _attach_options([*servers, *clients, *pids], out or _default_out(), roles, duration, frequency, unwind,
                            scope, probes, keep_raw, raw_budget, chunk_size)
+    opts.until_idle = until_idle
     path = _watching(quiet, lambda status, tick: AttachSession(opts, status=status, on_tick=tick).run())
     click.echo(str(path))
     if not quiet:
@@ -180,11 +185,13 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
               help="Repetitions; each is one run archive (DIR/rep-NN when more than one).")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Directory to create (default: ./qprof-run-DATE-TIME, ./qprof-record-DATE-TIME when repeated).")
+@click.option("--role", type=click.Choice(["server", "client"]), default=None,
+              help="With one command after `--`: its role, so `qprof diff` pairs it with another run's same side.")
 @_sampling_options
 @_guard
 def record(command: tuple[str, ...], server: str | None, client: str | None, ready_spec: str, ready_timeout: float,
-           repeat: int, out: Path | None, duration: float | None, frequency: int, unwind: str, scope: str,
-           probes: str, keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
+           repeat: int, out: Path | None, role: str | None, duration: float | None, frequency: int, unwind: str,
+           scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
     """Run a benchmark under qprof: --server 'CMD' --client 'CMD', or one command after `--`.
 
     \b
@@ -203,7 +210,7 @@ def record(command: tuple[str, ...], server: str | None, client: str | None, rea
     opts = RecordOptions(commands_of(server, client, command), out or default, repeat,
                          parse_ready(ready_spec, ready_timeout) if server else parse_ready("auto"),
                          _attach_options([], Path(), {}, duration, frequency, unwind, scope, probes, keep_raw,
-                                         raw_budget, chunk_size))
+                                         raw_budget, chunk_size), role)
     if ready_spec != "auto" and not server:
         raise QprofError("--ready needs --server and --client: one command alone is released at once")
     reps = _watching(quiet, lambda status, tick: run_record(opts, status, tick))
@@ -235,7 +242,8 @@ def _print_summary(runs: list[Path]) -> None:
     table_rows = _table_rows(runs)
     console = text_console()
     render(table_rows, console)
-    render_summary(R.summary_rows(table_rows), console)
+    if len(runs) > 1:  # one run has nothing to summarize over
+        render_summary(R.summary_rows(table_rows), console)
 
 
 @main.command()
@@ -259,9 +267,12 @@ def _print_summary(runs: list[Path]) -> None:
 @click.option("--timeline", is_flag=True,
               help="Also each target's CPU by category and goodput over the run (text: a table per target; "
                    "json: a `timeline` object).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Text: also how interrupt skid was placed and each mapping file's path and version "
+                   "(always in the JSON).")
 @_guard
 def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
-           stack: str | None, refold: bool, timeline: bool, qlog: Path | None) -> None:
+           stack: str | None, refold: bool, timeline: bool, qlog: Path | None, verbose: bool) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
     if (fmt == "pprof") != (out is not None):
@@ -271,7 +282,7 @@ def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[s
     if fmt == "pprof":
         _write_pprof(list(runs), out, list(mappings), refold, stack)
         return
-    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog)
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog, verbose)
 
 
 def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
@@ -315,7 +326,8 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
 
 
 def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
-                 stack: str | None = None, timeline: bool = False, qlog: Path | None = None) -> None:
+                 stack: str | None = None, timeline: bool = False, qlog: Path | None = None,
+                 verbose: bool = False) -> None:
     from qprof.attribution.analysis import analyse_run, verdict_of
     from qprof.attribution.mapping import MappingSet
     from qprof.attribution.stackrecord import read_dir
@@ -333,8 +345,8 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
     ms = MappingSet.load(mappings)
     builders = [TimelineBuilder() if timeline else None for _ in run_paths]
     analyses = [analyse_run(_open_run(p, refold), ms, stack, visit=b) for p, b in zip(run_paths, builders)]
-    lines = [build(a.profile, b, list(a.profile.run.proc_readings())) if b is not None else None
-             for a, b in zip(analyses, builders)]
+    lines = [build(a.profile, b, list(a.profile.run.proc_readings()), transfers=a.transfers) if b is not None
+             else None for a, b in zip(analyses, builders)]
     records = read_dir(qlog) if qlog is not None else []
     for a in analyses:
         a.stack_records = records
@@ -349,7 +361,7 @@ def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int,
 
         console = text_console()
         for a, tl in zip(analyses, lines):
-            render(a, console, top)
+            render(a, console, top, verbose)
             if tl is not None:
                 render_timeline(tl, console)
         v = verdict_of(analyses)
@@ -411,11 +423,13 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), applied to both runs; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file for both runs.")
+@click.option("--pair", "pairs", multiple=True, metavar="A_PID:B_PID",
+              help="Pair these processes (run A's pid, run B's); repeatable. Default: by role, else by name.")
 @_guard
 def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mappings: tuple[str, ...],
-         stack: str | None) -> None:
-    """Compare two runs: per process (paired by role, else by name), each category's and symbol's change in
-    share of CPU time (percentage points) and in CPU seconds per GB moved through its UDP sockets."""
+         stack: str | None, pairs: tuple[str, ...]) -> None:
+    """Compare two runs: per process (paired as --pair says, else by role, else by name), each category's and
+    symbol's change in share of CPU time (percentage points) and in CPU seconds per GB it moved."""
     from qprof.attribution.analysis import analyse_run
     from qprof.attribution.diff import diff_runs
     from qprof.attribution.mapping import MappingSet
@@ -429,7 +443,7 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
     ms = MappingSet.load(mappings)
     trees = [FlameBuilder(lambda rec: str(rec.pid)) if out is not None else None for _ in (run_a, run_b)]
     a, b = (analyse_run(_open_run(p), ms, stack, visit=t) for p, t in zip((run_a, run_b), trees))
-    d = diff_runs(a, b, top)
+    d = diff_runs(a, b, top, [_pid_pair(p) for p in pairs])
     if fmt == "json":
         click.echo(json.dumps(d.to_json(), indent=1))
     else:
@@ -443,6 +457,13 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
         assert ta is not None and tb is not None
         write_atomic(out, diff_svg(d, ta.root, tb.root))
         _stderr.print(f"qprof: differential flame graph written to {out}", markup=False, highlight=False)
+
+
+def _pid_pair(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition(":")
+    if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+        raise QprofError(f"--pair {text!r}: give two pids as A_PID:B_PID (run A's process, run B's), e.g. 1234:5678")
+    return int(a), int(b)
 
 
 def _refold(run: Any) -> None:
@@ -504,7 +525,8 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
         write(table_rows, R.TABLE_COLUMNS, *outputs)
         _stderr.print(f"qprof: wrote {len(table_rows)} rows to {outputs[0]}", markup=False)
     if summary_out is None:
-        render_summary(summary, console)
+        if len(runs) > 1:  # one run has nothing to summarize over
+            render_summary(summary, console)
     else:
         write(summary, R.SUMMARY_COLUMNS, *summary_out)
         _stderr.print(f"qprof: wrote the summary ({len(summary)} rows) to {summary_out[0]}", markup=False)
@@ -591,14 +613,15 @@ def mappings_check(files: tuple[str, ...]) -> None:
 @_guard
 def coverage(run: Path, extra: tuple[str, ...], stack: str | None, top: int) -> None:
     """The hottest symbols that fell into Uncategorized, with a rule to start from."""
-    from qprof.attribution.coverage import gaps
+    from qprof.attribution.coverage import CoverageVisitor, gaps
     from qprof.attribution.mapping import MappingSet
     from qprof.attribution.profile import attribute
 
-    profile = attribute(_open_run(run), MappingSet.load(extra), stack)
-    found = gaps(profile, top)
+    seen = CoverageVisitor()
+    profile = attribute(_open_run(run), MappingSet.load(extra), stack, visit=seen)
+    found = gaps(profile, seen, top)
     if not found:
-        click.echo("nothing fell into Uncategorized")
+        click.echo("nothing fell into Uncategorized that the report does not name")
     for g in found:
         click.echo(f"\n# pid {g.pid} {g.comm}: {g.share:.2%} ({g.cpu_seconds:.3f} CPU s) in {g.symbol} [{g.dso}]")
         click.echo(g.suggestion)

@@ -80,11 +80,14 @@ class RecordOptions:
     repeat: int = 1
     ready: Ready = field(default_factory=Ready)
     attach: AttachOptions = field(default_factory=lambda: AttachOptions(pids=[], out=Path()))  # a template
+    role: str | None = None  # the one command's role in the archive (`--role`), so diff pairs it by role
 
     def __post_init__(self) -> None:
         roles = [c.role for c in self.commands]
         if roles not in ([None], ["server", "client"]):
             raise QprofError("give --server CMD and --client CMD together, or one command after `--`")
+        if self.role is not None and roles != [None]:
+            raise QprofError("--role is for one command after `--`; --server and --client name their roles")
         if not 1 <= self.repeat <= 10_000:
             raise QprofError(f"--repeat {self.repeat} is out of range: give 1 to 10000")
 
@@ -260,7 +263,7 @@ def run_repetition(opts: RecordOptions, index: int, status: Callable[[str], None
             rep.failures.append(str(e))
             return rep
         conductor = _Conductor(procs, opts.ready)
-        roles = {p.pid: p.cmd.role for p in procs if p.cmd.role}
+        roles = {p.pid: p.cmd.role or opts.role for p in procs if p.cmd.role or opts.role}
         attach = dataclasses.replace(opts.attach, pids=[p.pid for p in procs], out=out, roles=roles)
         try:
             session = AttachSession(attach, on_ready=conductor.start, stop_when=conductor.step, status=status,

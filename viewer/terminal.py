@@ -33,6 +33,8 @@ def _short_dso(dso: str) -> str:
 
 
 def _process_table(p: ProcessProfile, profile: Profile) -> Table:
+    """Categories with their subcategories; what no subcategory names is a row of its own, and the part
+    placed by object name alone (a stripped library's frames) is said beside each category."""
     b = p.breakdown
     t = Table(title=Text(f"pid {p.pid} {p.comm}" + (f" ({p.role})" if p.role else ""), style="bold"),
               title_justify="left", show_edge=False, pad_edge=False)
@@ -40,15 +42,21 @@ def _process_table(p: ProcessProfile, profile: Profile) -> Table:
     t.add_column("share", justify="right")
     t.add_column("CPU s", justify="right")
     t.add_column("", no_wrap=True)
+    t.add_column("", style="dim")
     total = b.period or 1
     for cat in CATEGORIES:
         share = b.categories[cat] / total
+        dso = p.dso_only[cat]
         t.add_row(Text(cat, style=f"bold {COLOURS[cat]}"), f"{share:.1%}",
-                  f"{profile.cpu_seconds(b.categories[cat]):.2f}", _bar(share, COLOURS[cat]))
+                  f"{profile.cpu_seconds(b.categories[cat]):.2f}", _bar(share, COLOURS[cat]),
+                  f"{dso / total:.1%} placed by object name only" if dso * 1000 >= total else "")
         subs = sorted(((s, per) for (c, s), per in b.subcategories.items() if c == cat), key=lambda x: -x[1])
+        rest = b.categories[cat] - sum(per for _, per in subs)
+        if subs and rest * 1000 >= total:
+            subs.append(("(no subcategory: rules that name none)", rest))
         for sub, per in subs:
             t.add_row(Text(f"  {sub}", style="dim"), Text(f"{per / total:.1%}", style="dim"),
-                      Text(f"{profile.cpu_seconds(per):.2f}", style="dim"), "")
+                      Text(f"{profile.cpu_seconds(per):.2f}", style="dim"), "", "")
     return t
 
 
@@ -193,12 +201,14 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
     for sk in p.sockets:
         first, last = sk.get("first") or {}, sk.get("last") or {}
         d = (last.get("drops") or 0) - (first.get("drops") or 0)
+        seen = (sk.get("last_time") or 0) - (sk.get("first_time") or 0)
         say(f"  socket {sk.get('local')}: SO_RCVBUF {_fmt(last.get('rcvbuf'))} B, SO_SNDBUF "
-            f"{_fmt(last.get('sndbuf'))} B, drops during run {d:,}")
+            f"{_fmt(last.get('sndbuf'))} B; its own drop counter rose by {d:,} in the {seen:.1f} s it was read "
+            "(once a second while open; the drops above are the probes' count over the whole run)")
 
 
-def _skid_note(p: ProcessProfile, say: "Callable[..., None]") -> None:
-    """Where samples that skidded to the end of an interrupt went, and how that was decided."""
+def _skid_note(p: ProcessProfile, say: "Callable[..., None]", verbose: bool) -> None:
+    """Where samples that skidded to the end of an interrupt went (and, verbose, how that was decided)."""
     sk = p.skid
     if not sk.get("share"):
         return
@@ -208,7 +218,8 @@ def _skid_note(p: ProcessProfile, say: "Callable[..., None]") -> None:
         parts.append(f"{vec.removeprefix('asm_sysvec_')} {v['share']:.1%} -> {to} "
                      f"(by {v['evidence_samples']} samples of its follow-up work)")
     say(f"  interrupt skid: {sk['share']:.1%} of samples, {sk['attributed']:.1%} placed: " + "; ".join(parts))
-    say(f"    method: {sk['method']}", "dim")
+    if verbose:
+        say(f"    method: {sk['method']}", "dim")
 
 
 def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
@@ -269,7 +280,21 @@ def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
         say(line + f" [{cr.cost.get('basis')}]")
 
 
-def render(analysis: Analysis, console: Console, top: int = 5) -> None:
+def _cpu_line(p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -> None:
+    """Sampled CPU, with /proc's over the span it was read: a process that starts or exits between two
+    readings (every 0.25 s) has CPU there that its samples hold and its readings cannot."""
+    line = f"  sampled CPU {profile.cpu_seconds(p.breakdown.period):.2f} s in {p.breakdown.samples} samples"
+    if p.sample_span_ns is not None:
+        line += f" over {(p.sample_span_ns[1] - p.sample_span_ns[0]) / 1e9:.2f} s"
+    if p.proc_cpu_seconds is not None:
+        line += f"; /proc says {p.proc_cpu_seconds:.2f} s"
+        if p.proc_span_s is not None:
+            line += f" between its first and last reading ({p.proc_span_s:.2f} s apart)"
+    say(line)
+
+
+def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = False) -> None:
+    """The report; `verbose` adds the method notes and the mapping files each process was read with."""
     profile, pio = analysis.profile, analysis.packet_io
     info = profile.run.info
     s, host = info.sampling, info.host
@@ -293,8 +318,10 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
     for p in profile.processes:
         console.print()
         console.print(_process_table(p, profile))
-        cross = "" if p.proc_cpu_seconds is None else f"; /proc says {p.proc_cpu_seconds:.2f} s"
-        say(f"  sampled CPU {profile.cpu_seconds(p.breakdown.period):.2f} s in {p.breakdown.samples} samples{cross}")
+        _cpu_line(p, profile, say)
+        moved = analysis.transfers.get(p.pid)
+        if moved is not None and (moved.bytes or moved.gbps):
+            say(f"  {moved.describe()}")
         if p.probe_share > PROBE_SHARE_LIMIT:
             say(f"  warning: eBPF probes took {p.probe_share:.1%} of its samples (over {PROBE_SHARE_LIMIT:.0%}): "
                 "every share here is off by about that much; fewer probe groups (--probes) cost less", "yellow")
@@ -305,8 +332,11 @@ def render(analysis: Analysis, console: Console, top: int = 5) -> None:
                 "not qprof's, it attaches neither; they cost the target without qprof too)")
         if p.cpu_note:
             say(f"  note: {p.cpu_note}", "yellow")
-        say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
-        _skid_note(p, say)
+        if verbose:
+            say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
+        else:
+            say("  mappings: " + ", ".join(m["name"] for m in p.mappings) + " (files and versions: --verbose)", "dim")
+        _skid_note(p, say, verbose)
         console.print(_symbols_table(p, top))
         view = analysis.threads.get(p.pid)
         if view is not None and len(view.threads) > 1:
