@@ -1,4 +1,5 @@
-"""One number for one thing, on a real transfer: every output prints the same goodput and CPU seconds.
+"""One number for one thing, on a real transfer: every output prints the same goodput and CPU seconds;
+and a run ends with the targets' work (attach --until-idle).
 
 A quic-go download recorded as a user records one (`qprof record --server ... --client ...`, output
 redirected to a file), then read back through every output that prints a goodput or a CPU figure:
@@ -16,6 +17,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,49 @@ def test_every_output_prints_the_same_goodput_and_cpu(kernel_facing: None, endpo
           f"over its own {client_s:.3f} s = {own:.3f} Gbit/s")
     assert moved["gbps"] == pytest.approx(own, rel=SPAN_TOLERANCE)
     assert moved["span_from"].startswith("its first to last sample")
+
+
+SENDER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(("127.0.0.1", 0))
+print("ready", flush=True); sys.stdin.readline()
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    s.sendto(b"x" * 1200, r.getsockname())
+time.sleep(120)
+"""
+
+
+def test_attach_stops_when_the_work_has_ended(kernel_facing: None, tmp_path: Path) -> None:
+    """A target that sends for 1.5 s and then stays up idle: --until-idle ends the run, says why, and the
+    transfer's span is the 1.5 s of sending, not the idle tail."""
+    target = subprocess.Popen([sys.executable, "-c", SENDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        run = tmp_path / "run"
+        att = subprocess.Popen([sys.executable, "-m", "qprof.cli", "attach", str(target.pid), "--until-idle", "1",
+                                "-d", "60", "-q", "-o", str(run)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while not (run / "meta.json").exists() or "start_time" not in (run / "meta.json").read_text() \
+                or json.loads((run / "meta.json").read_text()).get("start_time") is None:
+            assert time.monotonic() < deadline and att.poll() is None
+            time.sleep(0.05)
+        time.sleep(1.0)  # sampling and probes live
+        assert target.stdin is not None
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        started = time.monotonic()
+        assert att.wait(60) == 0, att.stderr.read() if att.stderr else ""
+        took = time.monotonic() - started
+    finally:
+        target.kill()
+        target.wait()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["stop_reason"].startswith("the targets' work ended: idle for 1 s"), meta["stop_reason"]
+    assert 2.5 <= took <= 6.0, f"stopped {took:.1f} s after the work began (1.5 s of work, 1 s idle, readings)"
+    rep = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    moved = rep["processes"][0]["transfer"]
+    print(f"\nstopped {took:.1f} s after the target began; {moved['bytes']:,} bytes over {moved['seconds']:.2f} s")
+    assert 1.2 <= moved["seconds"] <= 1.7 and moved["protocol"] == "UDP" and moved["direction"] == "sent"
+    assert "(the targets' work ended: idle for 1 s (--until-idle))" in qprof("report", str(run)).stdout

@@ -19,8 +19,10 @@ Checked against what the kernel and /proc say, not against qprof itself:
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,46 @@ def runs(ngtcp2_tools: None, probes_available: None, tmp_path_factory: pytest.Te
     record(files, https, f"tcp:{tcp}",
            f"openssl s_server -WWW -quiet -naccept 1 -accept 127.0.0.1:{tcp} -cert {cert} -key {key}",
            f"curl -sSk -o /dev/null https://127.0.0.1:{tcp}/payload")
-    return {"quic": quic, "tcp": https}
+    # the one-process form, as a user records a client against a server qprof does not run, given a role
+    alone, port = tmp / "curl-alone", _free_port(socket.SOCK_STREAM)
+    server = subprocess.Popen(["openssl", "s_server", "-WWW", "-quiet", "-naccept", "1", "-accept",
+                               f"127.0.0.1:{port}", "-cert", str(cert), "-key", str(key)], cwd=files,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["sh", "-c", f"ss -ltn | grep -q ':{port} '"]).returncode:
+            assert time.monotonic() < deadline, "openssl s_server did not listen"
+            time.sleep(0.05)
+        r = subprocess.run([*QPROF, "record", "-q", "--role", "client", "-o", str(alone), "--",
+                            "curl", "-sSk", "-o", "/dev/null", f"https://127.0.0.1:{port}/payload"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+    finally:
+        server.kill()
+        server.wait()
+    return {"quic": quic, "tcp": https, "alone": alone}
+
+
+def test_a_one_process_run_with_a_role_pairs_with_a_two_process_run(runs: dict[str, Path]) -> None:
+    """`record --role client -- curl ...` against the ngtcp2 pair: diff pairs the clients by role, and the
+    TCP run's table row has its goodput from the bytes its socket counters counted."""
+    d = json.loads(qprof("diff", str(runs["quic"]), str(runs["alone"]), "--format", "json").stdout)
+    assert d["match_by"] == "role" and [p["key"] for p in d["pairs"]] == ["client"], d
+    (pair,) = d["pairs"]
+    assert pair["b"]["tcp_bytes"] >= SIZE and pair["b"]["goodput_gbps"] > 0
+    assert all(c["cpu_seconds_per_gb_b"] is not None for c in pair["categories"])
+    table = qprof("table", str(runs["alone"])).stdout
+    row = next(ln for ln in table.splitlines() if ln.startswith(runs["alone"].name))
+    assert " client " in row and re.search(r"\s\d+\.\d\d\s+\S+\s*$", row), row
+    assert "summary over runs" not in table
+    # by pid, as a user pairs processes of runs without roles
+    a_pid = by_role(report(runs["quic"]))["server"]["pid"]
+    b_pid = report(runs["alone"])["processes"][0]["pid"]
+    d = json.loads(qprof("diff", str(runs["quic"]), str(runs["alone"]), "--pair", f"{a_pid}:{b_pid}",
+                         "--format", "json").stdout)
+    assert d["match_by"] == "pid" and len(d["pairs"]) == 1
+    r = qprof("diff", str(runs["quic"]), str(runs["alone"]), "--pair", "1:2", check=False)
+    assert r.returncode == 2 and "--pair: no samples of pid 1" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
 def on_cpu_seconds(run: Path) -> dict[int, float]:
