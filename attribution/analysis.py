@@ -11,7 +11,7 @@ from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
-from qprof.attribution.transfer import Transfer, transfer
+from qprof.attribution.transfer import Transfer, transfer, working
 from qprof.attribution.stackrecord import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
 from qprof.collectors.archive import Run
@@ -68,8 +68,9 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     pids_seen = [t.pid for t in info.targets] + [p.pid for p in profile.processes if p.pid not in comms]
     transfers = {pid: transfer(pid, pio, tcp, procs[pid].packet_span_ns if pid in procs else None, readings)
                  for pid in pids_seen}
-    threads = {t.pid: thread_view(readings, t.pid, procs.get(t.pid), profile.seconds_per_period,
-                                  transfers[t.pid].bytes, _datagrams(pio, t.pid)) for t in info.targets}
+    threads = {t.pid: thread_view(working(readings, t.pid, transfers[t.pid])[0], t.pid, procs.get(t.pid),
+                                  profile.seconds_per_period, transfers[t.pid].bytes, _datagrams(pio, t.pid))
+               for t in info.targets}
     sides = [ev for t in info.targets if t.role in ("server", "client")
              for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
                                       probes.queues, transfers[t.pid], threads[t.pid])]

@@ -7,8 +7,8 @@ are grouped by the frames their stacks run through (`[[pool]]` tables of the
 mapping files: attribution.pools), else by name (`quic_worker3` joins
 `quic_worker1` as `quic_worker*`).
 
-Per thread, over the side's window (the /proc readings it appears in, as the
-verdict's): CPU and run-queue time from schedstat (precise, not ticks),
+Per thread, over the readings the process is judged over (attribution.transfer.working:
+its transfer's, as the verdict's): CPU and run-queue time from schedstat (precise, not ticks),
 voluntary switches (it blocked: someone had to wake it) and involuntary ones
 (preempted while it could run), from /proc status; its categories from the
 samples. Per process: its parallelism (cores used per reading interval, mean

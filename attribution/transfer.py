@@ -102,3 +102,21 @@ def transfer(pid: int, pio: PacketIO | None, tcp: TcpIO | None, span_ns: tuple[i
     else:
         (start, end), how = _proc_span(readings, pid), SPAN_FROM_PROC
     return Transfer(pid, b, direction, protocol, counted, start, end, how)
+
+
+WINDOW_ALL = "its /proc readings, first to last"
+WINDOW_TRANSFER = "the readings inside its transfer (first to last packet)"
+MIN_WINDOW_S = 0.5  # readings inside a transfer spanning less than this are too few to judge by
+
+
+def working(readings: list[ProcReading], pid: int, moved: Transfer | None) -> tuple[list[ProcReading], str]:
+    """The readings a process is judged and described over (the verdict, the thread view): those inside
+    its transfer when they span MIN_WINDOW_S (idle time before it started and after it ended, as when
+    attach runs on after the client exits, would dilute every share), else all in which it appears."""
+    rs = [r for r in readings if r.threads.get(pid)]
+    if moved is not None and moved.span_from == SPAN_FROM_SAMPLES and moved.start_s is not None \
+            and moved.end_s is not None:
+        inside = [r for r in rs if moved.start_s <= r.mono <= moved.end_s]
+        if len(inside) >= 2 and inside[-1].mono - inside[0].mono >= MIN_WINDOW_S:
+            return inside, WINDOW_TRANSFER
+    return rs, WINDOW_ALL

@@ -49,7 +49,7 @@ from typing import Any, Iterable
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.stackrecord import SenderRecord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
-from qprof.attribution.transfer import SPAN_FROM_SAMPLES, Transfer
+from qprof.attribution.transfer import MIN_WINDOW_S, Transfer, working
 from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading
 
 THRESHOLDS: dict[str, float] = {
@@ -64,7 +64,6 @@ THRESHOLDS: dict[str, float] = {
     "drops_over_starved": 0.10,  # ... binding over a sender starved of CPU only at this share (else its bursts)
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
 }
-MIN_WINDOW_S = 0.5
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
 CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "flow-control/application")
 # kernel drop reasons (skb_drop_reason) meaning the socket had no room
@@ -181,23 +180,6 @@ class Verdict:
                 "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
 
 
-WINDOW_ALL = "its /proc readings, first to last"
-WINDOW_TRANSFER = "the readings inside its transfer (first to last packet)"
-
-
-def _window(readings: list[ProcReading], pid: int, moved: Transfer | None = None) -> tuple[list[ProcReading], str]:
-    """The readings a side is judged over: those inside its transfer when they span MIN_WINDOW_S (idle
-    time before it started and after it ended, as when attach runs on after the client exits, would
-    dilute every share), else all in which the process appears."""
-    rs = [r for r in readings if r.threads.get(pid)]
-    if moved is not None and moved.span_from == SPAN_FROM_SAMPLES and moved.start_s is not None \
-            and moved.end_s is not None:
-        inside = [r for r in rs if moved.start_s <= r.mono <= moved.end_s]
-        if len(inside) >= 2 and inside[-1].mono - inside[0].mono >= MIN_WINDOW_S:
-            return inside, WINDOW_TRANSFER
-    return rs, WINDOW_ALL
-
-
 def _mode(values: list[Any]) -> Any:
     keyed = Counter(repr(v) for v in values)
     return next(v for v in values if repr(v) == keyed.most_common(1)[0][0]) if values else None
@@ -210,7 +192,7 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
     """The measured facts of one side over its window, judged (its cause, if it limits).
     `moved`: its transfer (attribution.transfer): its goodput, and the span its window keeps to;
     `threads`: its thread view (pools, the runtime's work, handoffs), which names the pool that binds."""
-    rs, ev_from = _window(readings, pid, moved)
+    rs, ev_from = working(readings, pid, moved)
     if len(rs) < 2:
         return None
     first, last = rs[0], rs[-1]
