@@ -184,6 +184,12 @@ def main(argv: list[str]) -> int:
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",") if s]
     if args.table_from:
         saved = load(args.table_from)
+        # the stacks and scenarios the saved runs cover, unless named
+        if args.stacks == ap.get_default("stacks"):
+            stacks = list(dict.fromkeys(r.stack for r in saved))
+        if args.scenarios == ap.get_default("scenarios"):
+            ran = {r.scenario for r in saved}
+            scenarios = [sc for sc in scenarios if sc.name in ran]
         if args.markdown:
             print(markdown(saved, scenarios, stacks))
             return 0
