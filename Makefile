@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 GO_PACKAGE := $(if $(shell command -v go || ls /usr/local/go/bin/go 2>/dev/null),,golang-go)
 APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 \
                 libngtcp2-dev libngtcp2-crypto-gnutls-dev libnghttp3-dev libgnutls28-dev pkg-config \
-                cmake libclang-dev util-linux clang libbpf-dev chromium curl $(GO_PACKAGE)
+                cmake libclang-dev util-linux clang libbpf-dev chromium curl binutils debuginfod $(GO_PACKAGE)
 
 .PHONY: demo test setup system-deps venv clean
 

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from qprof.attribution import handoff
+from qprof.attribution import handoff, symbols
 from qprof.attribution.application import application_rule
 from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_IO, PROBE_COST, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
@@ -99,6 +99,8 @@ class ProcessProfile:
     application: str | None = None  # what names the process's own code (attribution.application)
     handoffs: Counter[str] = field(default_factory=Counter)  # period per handoff kind (attribution.handoff)
     pool_notes: dict[str, str] = field(default_factory=dict)  # pool name -> its mapping's note
+    leaf_objects: Counter[str] = field(default_factory=Counter)  # period per object its samples were taken in
+    unnamed: Counter[str] = field(default_factory=Counter)  # ... of which in no named function (attribution.symbols)
     sample_span_ns: tuple[int, int] | None = None  # its first and last sample (archives with sample times)
     packet_span_ns: tuple[int, int] | None = None  # ... in a send or receive path: its transfer (attribution.transfer)
 
@@ -242,6 +244,9 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         kind = handoff.kind(rec.frames)
         if kind is not None:
             proc.handoffs[kind] += rec.period
+        proc.leaf_objects[leaf[1]] += rec.period
+        if not symbols.named(*leaf):
+            proc.unnamed[leaf[1]] += rec.period
         if rec.span_ns is not None:
             proc.sample_span_ns = _widen(proc.sample_span_ns, rec.span_ns)
             if d.category == PACKET_IO and d.subcategory not in _WAITING:

@@ -121,6 +121,10 @@ class ChunkFolder:
         self.keep_raw, self.raw_budget = keep_raw, raw_budget
         self.state = state or FoldState()
         self.status = status or (lambda msg: None)
+        # set while the targets' objects have their names where perf finds them (collectors.debuginfo):
+        # no chunk is folded before, so chunks name the same frames the same way
+        self.symbols_ready = threading.Event()
+        self.symbols_ready.set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -161,6 +165,9 @@ class ChunkFolder:
 
     # -- one pass over the finished chunks
     def fold_pass(self, final: bool) -> None:
+        if not final and not self.symbols_ready.is_set():
+            return
+        self.symbols_ready.wait()
         waiting = [(p, g) for g in self.groups
                    for p in runfiles.chunk_files(self.out, g["perf_data"], include_current=final)
                    if p.name not in self.state.folded]

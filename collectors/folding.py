@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from qprof import runfiles
+from qprof.collectors import debuginfo
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
@@ -167,8 +168,9 @@ class _Running:
         self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"),
                                                      translate=True)
         with open(spec.log, "ab") as logf:
-            self.proc = subprocess.Popen(script_command(perf, spec.data, spec.pids, spec.window),
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
+            # perf reads the debug files qprof fetched or made from its build-id cache (collectors.debuginfo)
+            cmd = script_command(perf, spec.data, spec.pids, spec.window, debuginfo.cache_root())
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
                                          preexec_fn=die_with_parent(signal.SIGKILL, nice))
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()

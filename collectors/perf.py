@@ -161,13 +161,16 @@ class PerfRecorder:
             pass
 
 
-def script_command(perf: str, data: Path, pids: list[int], window: tuple[int | None, int | None] = (None, None)
-                   ) -> list[str]:
+def script_command(perf: str, data: Path, pids: list[int], window: tuple[int | None, int | None] = (None, None),
+                   buildid_dir: Path | None = None) -> list[str]:
     """`perf script` for the targets' samples (symbols resolved on this host), trimmed to what the
     parser reads: the fixed field list, no inline expansion (addr2line per frame: slow, and the
     mappings match real functions). `window`: (first, last) sample time in ns, both included,
-    None for open; perf skips samples outside it before unwinding them, so slices cost their share."""
-    cmd = [perf, "script", "-i", str(data), "-F", PERF_SCRIPT_FIELDS, "--no-inline",
+    None for open; perf skips samples outside it before unwinding them, so slices cost their share.
+    `buildid_dir`: the build-id cache perf reads debug files from (collectors.debuginfo's: perf 6.1
+    takes it as an option, not from PERF_BUILDID_DIR)."""
+    cache = ["--buildid-dir", str(buildid_dir)] if buildid_dir is not None else []
+    cmd = [perf, *cache, "script", "-i", str(data), "-F", PERF_SCRIPT_FIELDS, "--no-inline",
            "--pid", ",".join(map(str, pids))]
     start, end = window
     if start is not None or end is not None:

@@ -78,12 +78,13 @@ def split_symbol_dso(rest: str) -> Frame:
     `foo(int) (/lib/x.so (deleted))` gives ("foo(int)", "/lib/x.so (deleted)").
     """
     if not rest.endswith(")"):
-        return (_strip_symoff(rest) or UNKNOWN, UNKNOWN)
+        return (_strip_symoff(rest, UNKNOWN) or UNKNOWN, UNKNOWN)
     # Fast path: the usual "(path)" with no parentheses inside.
     i = rest.rfind("(")
     if rest.find(")", i) == len(rest) - 1:
         if i == 0 or rest[i - 1] == " ":
-            return (_strip_symoff(rest[:i].rstrip()) or UNKNOWN, rest[i + 1 : -1].strip() or UNKNOWN)
+            dso = rest[i + 1 : -1].strip() or UNKNOWN
+            return (_strip_symoff(rest[:i].rstrip(), dso) or UNKNOWN, dso)
     depth = 0
     for i in range(len(rest) - 1, -1, -1):
         ch = rest[i]
@@ -93,12 +94,16 @@ def split_symbol_dso(rest: str) -> Frame:
             depth -= 1
             if depth == 0:
                 # "(dso)" alone: perf had an address but no symbol.
-                return (_strip_symoff(rest[:i].rstrip()) or UNKNOWN, rest[i + 1 : -1].strip() or UNKNOWN)
-    return (_strip_symoff(rest), UNKNOWN)
+                dso = rest[i + 1 : -1].strip() or UNKNOWN
+                return (_strip_symoff(rest[:i].rstrip(), dso) or UNKNOWN, dso)
+    return (_strip_symoff(rest, UNKNOWN), UNKNOWN)
 
 
-def _strip_symoff(sym: str) -> str:
-    if "+0x" in sym:
+def _strip_symoff(sym: str, dso: str) -> str:
+    """The symbol without an offset perf may append, and without an ELF symbol version. A name qprof
+    gave a stripped object's function (`libx.so.1+0x5a3c0`: its object and start, collectors.debuginfo)
+    is a name, not an offset: it stays."""
+    if "+0x" in sym and not sym.startswith(dso.rsplit("/", 1)[-1] + "+0x"):
         sym = _SYMOFF.sub("", sym)
     return _SYMVER.sub("", sym) if "@" in sym else sym
 

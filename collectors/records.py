@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qprof.collectors.debuginfo import ObjectSymbols
 from qprof.probes.packetio.record import PacketioRecord
 
 
@@ -254,6 +255,7 @@ class Meta:
     stop_reason: str | None = None
     perf_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's perf record per unwinding mode
     client_s: float | None = None  # `qprof record`: the client's wall time
+    symbols: tuple[ObjectSymbols, ...] = ()  # where each object's function names came from (collectors.debuginfo)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Meta":
@@ -265,7 +267,7 @@ class Meta:
                    Host.from_json(d.get("host")), _str(d.get("start_time")), _num(d.get("duration_s")),
                    _str(d.get("stop_reason")),
                    {str(k): float(v) for k, v in (d.get("perf_cpu_s") or {}).items() if v is not None},
-                   _num(client_s))
+                   _num(client_s), tuple(ObjectSymbols.from_json(o) for o in d.get("symbols") or ()))
 
     def target(self, pid: int) -> Target | None:
         return next((t for t in self.targets if t.pid == pid), None)

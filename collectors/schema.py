@@ -162,6 +162,8 @@ META = Obj({
                     required=("pid",))],
     "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
     "pressure": Obj({"hierarchy": OPT_STR, "unavailable": OPT_STR}),
+    "symbols": [Obj({"path": STR, "build_id": OPT_STR, "how": STR, "source": OPT_STR, "note": STR},
+                    required=("path", "how"))],
     "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
     "exited": [INT], "perf_exit": MapOf(OPT_INT), "perf_cpu_s": MapOf(OPT_NUM),
     "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},

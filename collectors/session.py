@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof.version import __version__
-from qprof.collectors import archive, chunks, elf, netstat, procfs, sysinfo
+from qprof.collectors import archive, chunks, debuginfo, elf, netstat, procfs, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
@@ -144,6 +144,7 @@ class AttachSession:
         self._probe_maps: dict[str, Any] = {}  # the probes' maps as last printed (read once a second)
         self.cgroups: SampleCgroups | None = None
         self.pressure_cgroups: SampleCgroups | None = None  # for PSI, where sampling made none in cgroup v2
+        self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from
         self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
@@ -275,6 +276,10 @@ class AttachSession:
         self._pressure_cgroups(out, opts.pids)
         self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status)
+        # names for stripped objects (collectors.debuginfo), looked for in the background as the targets map
+        # them: a debuginfod server may take its time, sampling never waits; the folder waits for them
+        self.folder.symbols_ready = self.symbols.ready
+        self.symbols.add([o["path"] for t in self.meta["targets"] for o in t["objects"]])
         self.folder.start()
         start = time.monotonic()
         self.meta["start_time"] = _now()
@@ -300,6 +305,9 @@ class AttachSession:
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
         assert self.folder is not None
+        self.symbols.add([o["path"] for t in self.meta["targets"] for o in t["objects"]])
+        self.symbols.ready.wait()
+        self.meta["symbols"] = [s.to_json() for s in self.symbols.found]
         stats = self.folder.finish()
         self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
                               "bad_examples": stats.bad_examples}
@@ -322,6 +330,16 @@ class AttachSession:
         self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
         rec.start()
         return rec
+
+    def _new_objects(self) -> None:
+        """Objects a target mapped since it was described (its libraries, once a target held at exec is
+        released; a dlopen): described, and their names looked for before the folder needs them."""
+        for t in self.meta["targets"]:
+            known = {o["path"] for o in t["objects"]}
+            new = [p for p in procfs.mapped_objects(t["pid"]) if p not in known]
+            if new:
+                t["objects"] += [elf.object_info(p).to_json() for p in new]
+                self.symbols.add(new)
 
     def follow_exec(self, out: Path, elapsed: float) -> None:
         """Targets that exec'd since the last look: their identity, objects and unwinding are the
@@ -460,6 +478,7 @@ class AttachSession:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
                     self.follow_exec(out, now - start)
+                    self._new_objects()
                     reading = procfs.reading(opts.pids)
                     if self.probes is not None:  # new output lines only: the probes print once a second
                         self._probe_maps = self.probes.live_maps()

@@ -306,3 +306,12 @@ def test_symbol_versions_are_dropped_but_plt_kept() -> None:
     assert parse_frame("\t 12 cfree@GLIBC_2.2.5 (/lib/libc.so.6)") == ("cfree", "/lib/libc.so.6")
     assert parse_frame("\t 12 clock_gettime@@GLIBC_2.17 (/lib/libc.so.6)") == ("clock_gettime", "/lib/libc.so.6")
     assert parse_frame("\t 12 memcpy@plt (/bin/x)") == ("memcpy@plt", "/bin/x")
+
+
+def test_a_function_named_by_its_object_and_start_keeps_its_name() -> None:
+    """qprof names a stripped object's internal functions `object+0xSTART` (collectors.debuginfo): that is a
+    name, not an offset perf appended; an offset after any other name still goes."""
+    lib = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.34.3"
+    assert split_symbol_dso(f"libgnutls.so.30.34.3+0x13d800 ({lib})") == ("libgnutls.so.30.34.3+0x13d800", lib)
+    assert split_symbol_dso(f"gnutls_cipher_encrypt2+0x13 ({lib})") == ("gnutls_cipher_encrypt2", lib)
+    assert split_symbol_dso("libother.so+0x10 (/usr/lib/libgnutls.so.30)") == ("libother.so", "/usr/lib/libgnutls.so.30")

@@ -12,6 +12,7 @@ from typing import Any
 from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
+from qprof.attribution.symbols import naming
 from qprof.attribution.timeline import Timeline
 
 
@@ -73,6 +74,8 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         d["thread_view"] = None if view is None else view.to_json(profile.seconds_per_period)
         moved = analysis.transfers.get(p.pid)
         d["transfer"] = None if moved is None else moved.to_json()
+        d["unnamed_share"] = _r(sum(p.unnamed.values()) / (p.breakdown.period or 1))
+        d["symbols"] = [o.to_json() for o in naming(p.leaf_objects, p.unnamed, info.symbols)]
         procs.append(d)
     return {
         "run": {

@@ -10,10 +10,16 @@ QUIC stack mapping file the process was read with), `comm`, `thread`
 (attribution.profile.Visitor, in the report's attribution pass), so
 `go tool pprof -tagfocus=category=Crypto` shows the report's Crypto time.
 
-Folded stacks keep (symbol, object) per frame, not addresses: every distinct
-pair is one Function and one Location (address 0) in the Mapping of its
-object, with the build-id the archive recorded; mappings say they have
-functions, so readers do not try to symbolise them again.
+Folded stacks keep (symbol, object) per frame, not each sample's address:
+every distinct pair is one Function and one Location in the Mapping of its
+object, with the build-id the archive recorded. A location's address is its
+function's start in the object (the object mapped at 0, its virtual
+addresses as they are): from the name qprof gave a stripped object's function
+(`libx.so.1+0x5a3c0`, collectors.debuginfo), else from the object's symbol
+table or the debug file its names came from, read on the host that reports
+(0 where none can be read); so a backend that symbolizes by build-id (as
+continuous profilers do with debuginfod) can name them again. Mappings say
+they have functions.
 
 The messages are built from the schema in `_SCHEMA` (google/pprof's
 proto/profile.proto, package perftools.profiles, the fields qprof writes) with
@@ -33,6 +39,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
+from qprof.attribution.symbols import by_start
+from qprof.collectors.elf import function_addresses
 from qprof.collectors.stacks import StackRecord
 from qprof.viewer.folded import frame_name
 
@@ -156,6 +164,20 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
         if t.exe and t.pid in procs:
             mapping(t.exe)
 
+    sources = {s.path: s.source for s in info.symbols if s.source}
+
+    def address(sym: str, dso: str) -> int:
+        start = by_start(sym)
+        if start is not None:
+            return start
+        if dso.startswith("["):
+            return 0
+        for path in (sources.get(dso), dso):
+            got = function_addresses(path).get(sym) if path else None
+            if got:
+                return got
+        return 0
+
     def location(frame: tuple[str, str]) -> int:
         loc = location_ids.get(frame)
         if loc is not None:
@@ -166,7 +188,7 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
         # unnamed frames by their object, as the folded export names them (no kernel suffix: the
         # mapping says [kernel.kallsyms])
         prof.function.add(id=loc, name=strings(frame_name(sym, dso).removesuffix("_[k]")), system_name=strings(sym))
-        prof.location.add(id=loc, mapping_id=mid).line.add(function_id=loc)
+        prof.location.add(id=loc, mapping_id=mid, address=address(sym, dso)).line.add(function_id=loc)
         return loc
 
     for rec, d in seen.seen:

@@ -15,7 +15,9 @@ from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, Process
 from qprof.viewer.palette import TERMINAL
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
+from qprof.attribution.symbols import naming
 from qprof.attribution.threads import ThreadView
+from qprof.collectors.records import ObjectSymbols
 from qprof.attribution.tcp import ProcessTcp
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
@@ -280,6 +282,17 @@ def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
         say(line + f" [{cr.cost.get('basis')}]")
 
 
+def _symbols_line(p: ProcessProfile, sources: tuple[ObjectSymbols, ...], say: "Callable[..., None]",
+                  verbose: bool) -> None:
+    """Per object with samples, how its frames were named, and the share of samples with no function name."""
+    objects = [o for o in naming(p.leaf_objects, p.unnamed, sources) if o.how != "kernel"]
+    total = sum(p.unnamed.values()) / (p.breakdown.period or 1)
+    parts = [f"{o.object.rsplit('/', 1)[-1]} {o.how}" + (f" ({o.unnamed_share:.1%} unnamed)" if o.unnamed_share >= 0.001
+                                                        else "") + (f" [{o.note}]" if verbose and o.note else "")
+             for o in objects]
+    say(f"  symbols: {total:.1%} of samples in no named function; " + ", ".join(parts), "dim")
+
+
 def _cpu_line(p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -> None:
     """Sampled CPU, with /proc's over the span it was read: a process that starts or exits between two
     readings (every 0.25 s) has CPU there that its samples hold and its readings cannot."""
@@ -336,6 +349,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
             say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
         else:
             say("  mappings: " + ", ".join(m["name"] for m in p.mappings) + " (files and versions: --verbose)", "dim")
+        _symbols_line(p, info.symbols, say, verbose)
         _skid_note(p, say, verbose)
         console.print(_symbols_table(p, top))
         view = analysis.threads.get(p.pid)

@@ -1,0 +1,414 @@
+"""Symbols for stripped objects, found where the tools of the field find them, once per build-id.
+
+Distributions ship their libraries stripped to `.dynsym` (exported functions
+only): a sample in an internal function is `[unknown]` to perf, and a flame
+graph merges an object's functions into one frame. For each object the
+targets map, in this order (the first that has function names wins):
+
+1. its own `.symtab`;
+2. a separate debug file: by build-id (`/usr/lib/debug/.build-id/ab/cdef.debug`,
+   what Debian's -dbgsym packages install) or by `.gnu_debuglink`;
+3. MiniDebugInfo (`.gnu_debugdata`, an xz-compressed symbol table, as Fedora ships);
+4. a debuginfod server, when `DEBUGINFOD_URLS` is set: `GET URL/buildid/ID/debuginfo`,
+   each request bounded by `DEBUGINFOD_TIMEOUT` (default 5 s) and all of them by
+   a budget per run, the file checked (an ELF file with the same build-id) and
+   cached; a 404 is remembered for a day;
+5. the unwind table (`.eh_frame_hdr`): every function's start, named
+   `object+0xSTART` (exported ones by their name), so an object's internal
+   functions stay distinct frames and mapping rules can still place them by object.
+
+perf reads 1-3 itself. A file qprof fetched or made goes into qprof's own
+build-id cache, in perf's layout (`ROOT/.build-id/ab/cdef.../debug`), and
+`perf script` is pointed at it (`perf --buildid-dir ROOT`: perf 6.1 ignores the
+PERF_BUILDID_DIR variable): perf then names the frames.
+The unwind-table file is the object's headers (`objcopy --only-keep-debug`)
+with a symbol table added (`objcopy --add-symbol`), binutils being what makes
+it; without binutils it is said and skipped. What was used for each object is
+recorded (`symbols` in meta.json) and printed by the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+DEBUG_ROOTS = ("/usr/lib/debug",)
+DEFAULT_TIMEOUT_S = 5.0  # one debuginfod request (DEBUGINFOD_TIMEOUT overrides, as for elfutils)
+FETCH_BUDGET_S = 20.0  # all debuginfod requests of one run together: collection never waits longer
+MISS_TTL_S = 24 * 3600  # a build-id a server answered 404 for is not asked again for a day
+MAX_DEBUG_BYTES = 1 << 30  # a debug file larger than this is refused (a server answering garbage forever)
+
+# how an object got its function names, best first
+SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
+    "symtab", "debug file", "debuglink", "minidebuginfo", "debuginfod", "unwind table", "dynsym only", "none")
+
+
+def cache_root() -> Path:
+    """qprof's build-id cache: QPROF_SYMBOL_CACHE, else ~/.cache/qprof/symbols."""
+    env = os.environ.get("QPROF_SYMBOL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "qprof" / "symbols"
+
+
+@dataclass(frozen=True)
+class ObjectSymbols:
+    """How one object's frames got their names (recorded in meta.json, printed by the report)."""
+
+    path: str
+    build_id: str | None
+    how: str  # one of the constants above
+    source: str | None = None  # the debug file or the server it came from
+    note: str = ""  # what happened on the way (fetched in 0.3 s, a server refused, binutils missing...)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ObjectSymbols":
+        return cls(str(d["path"]), d.get("build_id"), str(d.get("how", NONE)), d.get("source"), str(d.get("note", "")))
+
+
+def cached_debug(root: Path, build_id: str) -> Path:
+    """Where perf looks for a build-id's debug file in a build-id cache (`perf --buildid-dir root`)."""
+    return root / ".build-id" / build_id[:2] / build_id[2:] / "debug"
+
+
+def _elf_build_id(elf: ELFFile) -> str | None:
+    for sec in elf.iter_sections():
+        if isinstance(sec, NoteSection):
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return str(note["n_desc"])
+    return None
+
+
+def _has_functions(elf: ELFFile) -> bool:
+    sec = elf.get_section_by_name(".symtab")
+    return isinstance(sec, SymbolTableSection) and sec.num_symbols() > 1
+
+
+def check_debug_file(path: Path, build_id: str) -> str | None:
+    """None when `path` is an ELF file with `build_id` and a symbol table; else why it is refused."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            got = _elf_build_id(elf)
+            if got != build_id:
+                return f"its build-id is {got or 'missing'}, not {build_id}"
+            if not _has_functions(elf):
+                return "it has no symbol table"
+    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+        return f"not a readable ELF file ({type(e).__name__})"
+    return None
+
+
+def _debuglink(elf: ELFFile) -> tuple[str, int] | None:
+    sec = elf.get_section_by_name(".gnu_debuglink")
+    if sec is None:
+        return None
+    data = sec.data()
+    name, _, rest = data.partition(b"\0")
+    if not name or len(data) < 4:
+        return None
+    return name.decode("utf-8", "replace"), struct.unpack("<I", data[-4:])[0]
+
+
+def _by_debuglink(path: str, link: tuple[str, int]) -> Path | None:
+    """The debuglink's file where gdb looks: beside the object, in .debug/, under each debug root;
+    its CRC32 must match."""
+    name, crc = link
+    here = Path(path).parent
+    for cand in [here / name, here / ".debug" / name] + [Path(r + str(here)) / name for r in DEBUG_ROOTS]:
+        try:
+            if cand.is_file() and zlib.crc32(cand.read_bytes()) & 0xFFFFFFFF == crc:
+                return cand
+        except OSError:
+            continue
+    return None
+
+
+def eh_frame_starts(elf: ELFFile) -> list[int]:
+    """Function start addresses from `.eh_frame_hdr`'s sorted search table (the usual encoding:
+    pcrel sdata4 frame pointer, udata4 count, datarel sdata4 table); [] when absent or encoded otherwise."""
+    sec = elf.get_section_by_name(".eh_frame_hdr")
+    if sec is None:
+        return []
+    data = sec.data()
+    if len(data) < 12 or data[0] != 1 or data[1:4] != b"\x1b\x03\x3b":
+        return []
+    (count,) = struct.unpack_from("<I", data, 8)
+    if 12 + 8 * count > len(data):
+        return []
+    base = sec["sh_addr"]
+    return sorted({base + start for start, _ in struct.iter_unpack("<ii", data[12:12 + 8 * count])})
+
+
+def _exported(elf: ELFFile) -> dict[int, str]:
+    """Exported functions: address -> name (the first name an address has)."""
+    sec = elf.get_section_by_name(".dynsym")
+    out: dict[int, str] = {}
+    if isinstance(sec, SymbolTableSection):
+        for sym in sec.iter_symbols():
+            if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
+                out.setdefault(sym["st_value"], sym.name)
+    return out
+
+
+def unwind_symbols(path: str, out: Path) -> int:
+    """Write a debug file for `path` naming each function of its unwind table (exported ones by their
+    name, the others `object+0xSTART`); returns how many. Raises OSError when binutils cannot make it."""
+    objcopy = shutil.which("objcopy")
+    if objcopy is None:
+        raise OSError("objcopy not found (Debian: apt-get install binutils)")
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        text = elf.get_section_by_name(".text")
+        if text is None:
+            raise OSError("no .text section")
+        lo, hi = text["sh_addr"], text["sh_addr"] + text["sh_size"]
+        names = _exported(elf)
+        starts = [a for a in eh_frame_starts(elf) if lo <= a < hi]
+    obj = Path(path).name
+    syms = {a: names.get(a, f"{obj}+{a:#x}") for a in starts}
+    syms.update({a: n for a, n in names.items() if lo <= a < hi})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        keep = Path(tmp) / "debug"
+        args = Path(tmp) / "args"
+        args.write_text("".join(f"--add-symbol {n}=.text:{a - lo:#x},function,global\n" for a, n in sorted(syms.items())))
+        for cmd in ([objcopy, "--only-keep-debug", path, str(keep)], [objcopy, f"@{args}", str(keep)]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise OSError(f"{Path(cmd[0]).name} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        keep.replace(out)
+    return len(syms)
+
+
+class Debuginfod:
+    """A debuginfod client: the servers of DEBUGINFOD_URLS, a time budget, a cache and remembered misses."""
+
+    def __init__(self, urls: list[str], root: Path, timeout_s: float, budget_s: float = FETCH_BUDGET_S) -> None:
+        self.urls, self.root, self.timeout_s = urls, root, timeout_s
+        self.deadline = time.monotonic() + budget_s
+        self._misses_path = root / "debuginfod-misses.json"
+
+    @classmethod
+    def from_env(cls, root: Path) -> "Debuginfod | None":
+        urls = os.environ.get("DEBUGINFOD_URLS", "").split()
+        if not urls:
+            return None
+        try:
+            timeout = float(os.environ.get("DEBUGINFOD_TIMEOUT", DEFAULT_TIMEOUT_S))
+        except ValueError:
+            timeout = DEFAULT_TIMEOUT_S
+        return cls(urls, root, max(0.1, min(timeout, FETCH_BUDGET_S)))
+
+    def _misses(self) -> dict[str, float]:
+        try:
+            got = json.loads(self._misses_path.read_text())
+            return {k: float(v) for k, v in got.items()} if isinstance(got, dict) else {}
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def _miss(self, build_id: str) -> None:
+        misses = {k: v for k, v in self._misses().items() if time.time() - v < MISS_TTL_S}
+        misses[build_id] = time.time()
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._misses_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(misses))
+        tmp.replace(self._misses_path)
+
+    def fetch(self, build_id: str) -> tuple[Path | None, str]:
+        """The build-id's debug file from the first server that has it (cached), or None, with one line
+        saying what happened."""
+        dest = cached_debug(self.root, build_id)
+        if time.time() - self._misses().get(build_id, 0.0) < MISS_TTL_S:
+            return None, "no server had it within the last day"
+        said, all_404 = [], True
+        for url in self.urls:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                said.append("the run's debuginfod time budget is spent")
+                all_404 = False
+                break
+            got, why, is_404 = self._get(url, build_id, dest, min(self.timeout_s, left))
+            if got is not None:
+                return got, why
+            said.append(why)
+            all_404 &= is_404
+        if all_404 and said:
+            self._miss(build_id)
+        return None, "; ".join(said)
+
+    def _get(self, url: str, build_id: str, dest: Path, timeout: float) -> tuple[Path | None, str, bool]:
+        where = f"{url.rstrip('/')}/buildid/{build_id}/debuginfo"
+        t0 = time.monotonic()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=".fetch-")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(where, timeout=timeout) as r:
+                size = 0
+                while True:
+                    if time.monotonic() - t0 > timeout:
+                        return None, f"{url}: too slow (over {timeout:g} s)", False
+                    chunk = r.read(1 << 16)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    if size > MAX_DEBUG_BYTES:
+                        return None, f"{url}: answered more than {MAX_DEBUG_BYTES >> 20} MiB", False
+                    out.write(chunk)
+            bad = check_debug_file(tmp, build_id)
+            if bad is not None:
+                return None, f"{url}: refused its answer: {bad}", False
+            tmp.replace(dest)
+            return dest, f"fetched from {url} in {time.monotonic() - t0:.1f} s", False
+        except urllib.error.HTTPError as e:
+            return None, f"{url}: HTTP {e.code}", e.code == 404
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            return None, f"{url}: {reason}", False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectSymbols:
+    """Where `path`'s function names come from (see the module docstring), preparing qprof's build-id
+    cache where it provides them."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            build_id = _elf_build_id(elf)
+            if _has_functions(elf):
+                return ObjectSymbols(path, build_id, SYMTAB)
+            link = _debuglink(elf)
+            mini = elf.get_section_by_name(".gnu_debugdata") is not None
+            dynsym = elf.get_section_by_name(".dynsym") is not None
+    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+        return ObjectSymbols(path, None, NONE, note=f"unreadable ({type(e).__name__})")
+    mine = cached_debug(root, build_id) if build_id else None
+    if build_id:
+        for r in DEBUG_ROOTS:
+            cand = Path(r) / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+            if cand.is_file():
+                bad = check_debug_file(cand, build_id)
+                if bad is None:
+                    _forget(mine)  # perf would read qprof's cached file first
+                    return ObjectSymbols(path, build_id, DEBUG_FILE, str(cand))
+                note = f"{cand} refused: {bad}"
+                break
+        else:
+            note = ""
+    else:
+        note = "no build-id: no debug file, no debuginfod"
+    if link is not None:
+        found = _by_debuglink(path, link)
+        if found is not None:
+            _forget(mine)
+            return ObjectSymbols(path, build_id, DEBUGLINK, str(found))
+    if mini:
+        _forget(mine)
+        return ObjectSymbols(path, build_id, MINIDEBUGINFO, path)
+    held = _held(mine, build_id)  # what qprof's cache holds for it from an earlier run
+    if held is not None and held.how == DEBUGINFOD:
+        return ObjectSymbols(path, build_id, DEBUGINFOD, held.source, "cached")
+    if build_id and mine is not None and debuginfod is not None:
+        got, said = debuginfod.fetch(build_id)
+        if got is not None:
+            _hold(mine, ObjectSymbols(path, build_id, DEBUGINFOD, said.split(" in ")[0].removeprefix("fetched from ")))
+            return ObjectSymbols(path, build_id, DEBUGINFOD, str(got), said)
+        note = "; ".join(x for x in (note, f"debuginfod: {said}") if x)
+    if held is not None and held.how == UNWIND:
+        return ObjectSymbols(path, build_id, UNWIND, str(mine), "; ".join(x for x in (note, held.note) if x))
+    if build_id and mine is not None:
+        try:
+            n = unwind_symbols(path, mine)
+            made = f"{n} functions named by object and start"
+            _hold(mine, ObjectSymbols(path, build_id, UNWIND, str(mine), made))
+            return ObjectSymbols(path, build_id, UNWIND, str(mine), "; ".join(x for x in (note, made) if x))
+        except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+            note = "; ".join(x for x in (note, f"unwind table not used: {e}") if x)
+    return ObjectSymbols(path, build_id, DYNSYM if dynsym else NONE, note=note)
+
+
+def _hold(debug: Path, what: ObjectSymbols) -> None:
+    """Say beside a cached debug file where it came from (debuginfod, or made from the unwind table)."""
+    (debug.parent / "qprof-source.json").write_text(json.dumps(what.to_json()))
+
+
+def _held(debug: Path | None, build_id: str | None) -> ObjectSymbols | None:
+    """The cached debug file's record, when the file is still good; None otherwise."""
+    if debug is None or build_id is None or not debug.is_file() or check_debug_file(debug, build_id) is not None:
+        return None
+    try:
+        return ObjectSymbols.from_json(json.loads((debug.parent / "qprof-source.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _forget(cached: Path | None) -> None:
+    """Drop qprof's own file for a build-id that now has a better source (a debug package installed)."""
+    if cached is not None:
+        cached.unlink(missing_ok=True)
+        (cached.parent / "qprof-source.json").unlink(missing_ok=True)
+
+
+class Finder:
+    """Looks for names of the objects the targets map as they appear (a target held at exec maps its
+    libraries only once released), in a thread of its own; `ready` is clear while it works, so a
+    folder can wait for the names before it folds."""
+
+    def __init__(self, status: Callable[[str], None] = lambda m: None, root: Path | None = None) -> None:
+        self.status, self.root = status, root or cache_root()
+        self.ready = threading.Event()
+        self.ready.set()
+        self.found: list[ObjectSymbols] = []
+        self._queue: list[str] = []
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._client: Debuginfod | None = Debuginfod.from_env(self.root)  # one time budget for the run
+
+    def add(self, paths: list[str]) -> None:
+        """Objects to name; ones already seen are skipped."""
+        with self._lock:
+            new = [p for p in dict.fromkeys(paths) if p not in self._seen]
+            if not new:
+                return
+            self._seen.update(new)
+            self._queue += new
+            if not self.ready.is_set():
+                return  # the running worker takes them
+            self.ready.clear()
+        threading.Thread(target=self._work, name="qprof-symbols", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._queue = self._queue, []
+                if not batch:
+                    self.ready.set()
+                    return
+            for path in batch:
+                try:
+                    got = symbols_for(path, self.root, self._client)
+                except Exception as e:  # noqa: BLE001  (names are a bonus: folding goes on without them)
+                    got = ObjectSymbols(path, None, NONE, note=f"not looked for ({type(e).__name__}: {e})")
+                if got.how == DEBUGINFOD and got.note != "cached":
+                    self.status(f"symbols for {Path(path).name}: {got.note}")
+                self.found.append(got)
