@@ -9,13 +9,21 @@ own name: the share of samples taken in them says how much the names of an objec
 from __future__ import annotations
 
 import re
+import struct
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 
 from qprof.collectors.records import ObjectSymbols
 
 UNKNOWN = "[unknown]"
+_SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
+_STT_FUNC = 2
 _BY_START = re.compile(r"\+0x[0-9a-f]+$")
 
 
@@ -62,4 +70,30 @@ def naming(leaf_objects: Counter[str], unnamed: Counter[str], sources: tuple[Obj
         how = "kernel" if dso.startswith("[") and dso != UNKNOWN else src.how if src else "not recorded"
         out.append(ObjectNaming(dso, how, src.source if src else None, src.note if src else "", per / total,
                                 unnamed[dso] / total))
+    return out
+
+
+@lru_cache(maxsize=256)
+def function_addresses(path: str) -> dict[str, int]:
+    """Function name -> start address (the object's vaddr) from its fullest symbol table: where pprof's
+    locations point, so a backend can symbolize them again by build-id. {} when unreadable."""
+    out: dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for name in (".symtab", ".dynsym"):
+                sec = elf.get_section_by_name(name)
+                if not isinstance(sec, SymbolTableSection) or sec.num_symbols() <= 1:
+                    continue
+                strtab = elf.get_section(sec["sh_link"]).data()
+                data = sec.data()
+                if elf.elfclass != 64 or not elf.little_endian or len(data) % _SYM64.size:
+                    return {}
+                for name_off, info, _, _, value, _ in _SYM64.iter_unpack(data):
+                    if info & 0xF == _STT_FUNC and value:
+                        end = strtab.find(b"\0", name_off)
+                        out.setdefault(strtab[name_off:end].decode("utf-8", "replace"), value)
+                return out
+    except (OSError, ELFError, ValueError, KeyError):
+        return {}
     return out

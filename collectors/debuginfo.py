@@ -40,7 +40,6 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,39 +47,21 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
+from qprof.collectors.records import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
+                                       ObjectSymbols)
+
 DEBUG_ROOTS = ("/usr/lib/debug",)
 DEFAULT_TIMEOUT_S = 5.0  # one debuginfod request (DEBUGINFOD_TIMEOUT overrides, as for elfutils)
 FETCH_BUDGET_S = 20.0  # all debuginfod requests of one run together: collection never waits longer
 MISS_TTL_S = 24 * 3600  # a build-id a server answered 404 for is not asked again for a day
 MAX_DEBUG_BYTES = 1 << 30  # a debug file larger than this is refused (a server answering garbage forever)
 
-# how an object got its function names, best first
-SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
-    "symtab", "debug file", "debuglink", "minidebuginfo", "debuginfod", "unwind table", "dynsym only", "none")
 
 
 def cache_root() -> Path:
     """qprof's build-id cache: QPROF_SYMBOL_CACHE, else ~/.cache/qprof/symbols."""
     env = os.environ.get("QPROF_SYMBOL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "qprof" / "symbols"
-
-
-@dataclass(frozen=True)
-class ObjectSymbols:
-    """How one object's frames got their names (recorded in meta.json, printed by the report)."""
-
-    path: str
-    build_id: str | None
-    how: str  # one of the constants above
-    source: str | None = None  # the debug file or the server it came from
-    note: str = ""  # what happened on the way (fetched in 0.3 s, a server refused, binutils missing...)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ObjectSymbols":
-        return cls(str(d["path"]), d.get("build_id"), str(d.get("how", NONE)), d.get("source"), str(d.get("note", "")))
 
 
 def cached_debug(root: Path, build_id: str) -> Path:

@@ -55,32 +55,6 @@ def _functions(elf: ELFFile) -> Iterator[tuple[int, int]]:
             return
 
 
-@lru_cache(maxsize=256)
-def function_addresses(path: str) -> dict[str, int]:
-    """Function name -> start address (the object's vaddr) from its fullest symbol table: where pprof's
-    locations point, so a backend can symbolize them again by build-id. {} when unreadable."""
-    out: dict[str, int] = {}
-    try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            for name in (".symtab", ".dynsym"):
-                sec = elf.get_section_by_name(name)
-                if not isinstance(sec, SymbolTableSection) or sec.num_symbols() <= 1:
-                    continue
-                strtab = elf.get_section(sec["sh_link"]).data()
-                data = sec.data()
-                if elf.elfclass != 64 or not elf.little_endian or len(data) % _SYM64.size:
-                    return {}
-                for name_off, info, _, _, value, _ in _SYM64.iter_unpack(data):
-                    if info & 0xF == _STT_FUNC and value:
-                        end = strtab.find(b"\0", name_off)
-                        out.setdefault(strtab[name_off:end].decode("utf-8", "replace"), value)
-                return out
-    except (OSError, ELFError, ValueError, KeyError):
-        return {}
-    return out
-
-
 def _symbol_kind(elf: ELFFile) -> str:
     for name, kind in ((".symtab", "symtab"), (".dynsym", "dynsym")):
         sec = elf.get_section_by_name(name)

@@ -11,11 +11,33 @@ defaults readers assume.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from qprof.collectors.debuginfo import ObjectSymbols
 from qprof.probes.packetio.record import PacketioRecord
+
+
+# how an object got its function names, best first (collectors.debuginfo decides)
+SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
+    "symtab", "debug file", "debuglink", "minidebuginfo", "debuginfod", "unwind table", "dynsym only", "none")
+
+
+@dataclass(frozen=True)
+class ObjectSymbols:
+    """How one object's frames got their names (recorded in meta.json, printed by the report)."""
+
+    path: str
+    build_id: str | None
+    how: str  # one of the constants above
+    source: str | None = None  # the debug file or the server it came from
+    note: str = ""  # what happened on the way (fetched in 0.3 s, a server refused, binutils missing...)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ObjectSymbols":
+        return cls(str(d["path"]), d.get("build_id"), str(d.get("how", NONE)), d.get("source"), str(d.get("note", "")))
 
 
 @dataclass

@@ -145,6 +145,7 @@ class AttachSession:
         self.cgroups: SampleCgroups | None = None
         self.pressure_cgroups: SampleCgroups | None = None  # for PSI, where sampling made none in cgroup v2
         self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from
+        self._mapped_later: dict[int, list[str]] = {}  # per target: objects mapped after it was described
         self.folder: chunks.ChunkFolder | None = None
         self.meta: dict[str, Any] = {}
         self._stop_reason: str | None = None
@@ -333,13 +334,20 @@ class AttachSession:
 
     def _new_objects(self) -> None:
         """Objects a target mapped since it was described (its libraries, once a target held at exec is
-        released; a dlopen): described, and their names looked for before the folder needs them."""
+        released; a dlopen): their names looked for now, in the background, before the folder needs
+        them. Describing them (elf) waits for the end: ~7 ms each, it would delay the readings just
+        when a short transfer's sockets open and close."""
         for t in self.meta["targets"]:
-            known = {o["path"] for o in t["objects"]}
+            later = self._mapped_later.setdefault(t["pid"], [])
+            known = {o["path"] for o in t["objects"]}.union(later)
             new = [p for p in procfs.mapped_objects(t["pid"]) if p not in known]
             if new:
-                t["objects"] += [elf.object_info(p).to_json() for p in new]
+                later += new
                 self.symbols.add(new)
+
+    def _describe_mapped_later(self) -> None:
+        for t in self.meta.get("targets", []):
+            t["objects"] += [elf.object_info(p).to_json() for p in self._mapped_later.pop(t["pid"], [])]
 
     def follow_exec(self, out: Path, elapsed: float) -> None:
         """Targets that exec'd since the last look: their identity, objects and unwinding are the
@@ -518,6 +526,7 @@ class AttachSession:
     def _finish(self, out: Path, status: str, reason: str | None) -> None:
         if not self.meta:
             return
+        self._describe_mapped_later()
         self.meta["status"] = status
         if reason:
             self.meta["incomplete_reason"] = reason

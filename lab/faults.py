@@ -497,8 +497,9 @@ def case_stop_delivered_twice(rig: FaultRig) -> CaseResult:
 # perf, so nothing outlives it when qprof kills it. A fold of real samples takes ~0.5 s here, about
 # when a person's second Ctrl-C may come (REPEAT_WINDOW_S): without the delay the case raced it.
 FOLD_DELAY_S = 5
-SLOW_SCRIPT = ('[ "$1" = script ] && exec python3 -c "import os, sys, time; time.sleep(%d); '
-               'os.execv(sys.argv[1], sys.argv[1:])" "$REAL" "$@"' % FOLD_DELAY_S)
+# The subcommand comes first or after `--buildid-dir DIR` (the fold reads qprof's symbol cache).
+SLOW_SCRIPT = ('case " $1 $3 " in *" script "*) exec python3 -c "import os, sys, time; time.sleep(%d); '
+               'os.execv(sys.argv[1], sys.argv[1:])" "$REAL" "$@";; esac' % FOLD_DELAY_S)
 
 
 def case_second_ctrl_c(rig: FaultRig) -> CaseResult:

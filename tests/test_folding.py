@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import capture_ngtcp2, examples
-from qprof.collectors import perfdata
+from qprof.collectors import debuginfo, perfdata
 from qprof.collectors.archive import Run
 from qprof.collectors.folding import SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, time_slices
 from qprof.collectors.perf import script_command
@@ -180,9 +180,11 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     per_slice = [st_.samples for _, st_ in parts]
     assert len(per_slice) == 3 and all(n > 0.05 * sum(per_slice) for n in per_slice), per_slice
 
-    # the previous implementation: one perf script over the whole file, the line parser, fold
+    # the previous implementation: one perf script over the whole file, the line parser, fold (over
+    # the same build-id cache the run's symbols were prepared in)
     ref_stats = ParseStats()
-    with subprocess.Popen(script_command(perf, data, group["pids"]), stdout=subprocess.PIPE,
+    with subprocess.Popen(script_command(perf, data, group["pids"], buildid_dir=debuginfo.cache_root()),
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, errors="replace") as p:
         reference = fold(parse_samples(p.stdout, ref_stats))  # type: ignore[arg-type]
     assert p.returncode == 0 and ref_stats.samples > 1000
