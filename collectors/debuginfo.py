@@ -45,8 +45,9 @@ from typing import Any, Callable
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.sections import SymbolTableSection
 
+from qprof.collectors.elf import build_id_of
 from qprof.collectors.records import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
                                        ObjectSymbols)
 
@@ -69,15 +70,6 @@ def cached_debug(root: Path, build_id: str) -> Path:
     return root / ".build-id" / build_id[:2] / build_id[2:] / "debug"
 
 
-def _elf_build_id(elf: ELFFile) -> str | None:
-    for sec in elf.iter_sections():
-        if isinstance(sec, NoteSection):
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return str(note["n_desc"])
-    return None
-
-
 def _has_functions(elf: ELFFile) -> bool:
     sec = elf.get_section_by_name(".symtab")
     return isinstance(sec, SymbolTableSection) and sec.num_symbols() > 1
@@ -88,7 +80,7 @@ def check_debug_file(path: Path, build_id: str) -> str | None:
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
-            got = _elf_build_id(elf)
+            got = build_id_of(elf)
             if got != build_id:
                 return f"its build-id is {got or 'missing'}, not {build_id}"
             if not _has_functions(elf):
@@ -275,7 +267,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
-            build_id = _elf_build_id(elf)
+            build_id = build_id_of(elf)
             if _has_functions(elf):
                 return ObjectSymbols(path, build_id, SYMTAB)
             link = _debuglink(elf)

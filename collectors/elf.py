@@ -63,7 +63,8 @@ def _symbol_kind(elf: ELFFile) -> str:
     return "none"
 
 
-def _build_id(elf: ELFFile) -> str | None:
+def build_id_of(elf: ELFFile) -> str | None:
+    """The GNU build-id note, hex: how perf, debug files and debuginfod name an object."""
     for sec in elf.iter_sections():
         if isinstance(sec, NoteSection):
             for note in sec.iter_notes():
@@ -103,6 +104,6 @@ def object_info(path: str) -> ObjectInfo:
             is_go = elf.get_section_by_name(".go.buildinfo") is not None or \
                 elf.get_section_by_name(".gopclntab") is not None
             dynamic = any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments())
-            return ObjectInfo(path, _build_id(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go), dynamic)
+            return ObjectInfo(path, build_id_of(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go), dynamic)
     except (OSError, ELFError, ValueError, KeyError):
         return ObjectInfo(path, None, "unreadable", False, None)
