@@ -58,7 +58,6 @@ MISS_TTL_S = 24 * 3600  # a build-id a server answered 404 for is not asked agai
 MAX_DEBUG_BYTES = 1 << 30  # a debug file larger than this is refused (a server answering garbage forever)
 
 
-
 def cache_root() -> Path:
     """qprof's build-id cache: QPROF_SYMBOL_CACHE, else ~/.cache/qprof/symbols."""
     env = os.environ.get("QPROF_SYMBOL_CACHE")
