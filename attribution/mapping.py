@@ -344,7 +344,7 @@ class MappingSet:
         """
         if stack is not None and stack not in self.names("stack"):
             raise QprofError(f"unknown stack {stack!r} for --stack: choose one of {', '.join(self.names('stack'))}")
-        dsos, symbols = list(dsos), list(symbols)
+        dsos, symbols = sorted(dsos), sorted(symbols)  # the same evidence named every time (sets come unordered)
         chosen = []
         for f in self.files:
             if f.kind == "stack" and stack is not None:
