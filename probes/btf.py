@@ -108,7 +108,7 @@ class BTF:
         kind, _, _, size_or_type, data = self._record(type_id)
         if kind == ARRAY:
             elem, _, nelems = struct.unpack_from("<III", self._data, data)
-            return nelems * self.size(elem)
+            return int(nelems) * self.size(elem)
         if kind == PTR:
             return 8
         return size_or_type if kind in (INT, STRUCT, UNION, ENUM, ENUM64, 16) else 0
@@ -191,19 +191,9 @@ def enumerator(name: str) -> int | None:
     return None
 
 
-def struct_fields(name: str) -> set[str]:
-    b = kernel()
-    return {m.name for i in b.ids(STRUCT, name)[:1] for m in b.members(i)}
-
-
 def tracepoint_exists(event: str) -> bool:
     """Every tracepoint has a `btf_trace_<event>` typedef in BTF."""
     return bool(kernel().ids(TYPEDEF, f"btf_trace_{event}"))
-
-
-def tracepoint_fields(event_class: str) -> set[str]:
-    """Record fields of a tracepoint *class* (an event defined with DEFINE_EVENT uses its class's)."""
-    return struct_fields(f"trace_event_raw_{event_class}")
 
 
 def tracepoint_arity(event: str) -> int | None:

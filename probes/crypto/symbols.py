@@ -164,7 +164,6 @@ _CIPHER_NAMES = (b"AES-128-GCM", b"AES-256-GCM", b"CHACHA20-POLY1305")
 # Cheap prefilter before the rule regexes (most symbols of a large binary are not crypto).
 _INTEREST = re.compile(r"(?i)aes|gcm|chacha|aead|cipher|EVP_|ghash|HeaderProtector")
 _ENTRY_POINT_RES = [(r, re.compile(r.pattern)) for r in ENTRY_POINTS]
-_LIBS = ("openssl", "boringssl", "ring", "gnutls", "nettle", "go")
 
 
 @dataclass(frozen=True)

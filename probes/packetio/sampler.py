@@ -40,7 +40,6 @@ from qprof.probes.sockets import snmp_table, udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
 PRINT_S = 1.0
-PORT_POLL_S = 1.0
 
 
 class NetnsCounters:
