@@ -55,7 +55,7 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     stack record with its decision during attribution (attribution.profile.Visitor)."""
     readings = list(run.proc_readings())
     profile = attribute(run, mappings, stack, readings, visit)
-    info = run.info
+    info = run.meta
     pids = [t.pid for t in info.targets]
     probes = run.probes() or ProbeRecord({})
     pio = analyse(probes.doc, pids)
@@ -88,6 +88,6 @@ def _datagrams(pio: PacketIO | None, pid: int) -> float | None:
 def observer_cpu(info: Meta, probes: ProbeRecord) -> dict[str, float]:
     """CPU seconds qprof's own helpers used while observing (perf record, the probe loaders): the
     cost of the run that is not in the targets' samples."""
-    out = {f"perf record ({mode})": s for mode, s in info.perf_cpu_s.items()}
+    out = {f"perf record ({mode})": s for mode, s in info.perf_cpu_s.items() if s is not None}
     out.update({f"probes {name}": p.cpu_s for name, p in probes.programs.items() if p.cpu_s is not None})
     return out

@@ -33,6 +33,10 @@ from qprof.errors import QprofError
 GB = 1e9
 
 
+def _round6(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
 @dataclass(frozen=True)
 class Side:
     """One matched process in one run."""
@@ -90,7 +94,7 @@ class Change:
         return None if self.per_gb_a is None or self.per_gb_b is None else self.per_gb_b - self.per_gb_a
 
     def to_json(self) -> dict[str, Any]:
-        r = lambda x: None if x is None else round(x, 6)  # noqa: E731
+        r = _round6
         d: dict[str, Any] = {"category": self.category}
         if self.symbol is not None:
             d.update(symbol=self.symbol, dso=self.dso)

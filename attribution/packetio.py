@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
@@ -184,14 +184,14 @@ _MMSG_MAPS = {"@tx_mmsg_calls": ("tx", "mmsg_calls"), "@tx_mmsg_msgs": ("tx", "m
               "@rx_mmsg_calls": ("rx", "mmsg_calls"), "@rx_mmsg_msgs": ("rx", "mmsg_msgs")}
 
 
-def _fill(pair: tuple[Direction, Direction], totals: dict[str, float]) -> None:
+def _fill(pair: tuple[Direction, Direction], totals: Mapping[str, float]) -> None:
     for name, (direction, attr) in _COUNTERS.items():
         if name in totals:
             d = pair[0 if direction == "tx" else 1]
             setattr(d, attr, getattr(d, attr) + int(round(totals[name])))
 
 
-def _rx_dgrams(t: dict[str, float]) -> float:
+def _rx_dgrams(t: Mapping[str, float]) -> float:
     return t["rx_msgs"] - t["rx_gro_skbs"] + t["rx_gro_dgrams"]
 
 
@@ -208,7 +208,7 @@ def _headline(sample: GroupSample, tx: Direction, rx: Direction) -> dict[str, Es
     """The figures a report leads with, as estimates of functions of the totals."""
     tx_calls = tx.mmsg_calls - tx.mmsg_msgs  # + messages: calls that moved data (mmsg counts are exact)
     rx_calls = rx.mmsg_calls - rx.mmsg_msgs
-    figures = {
+    figures: dict[str, Callable[[Mapping[str, float]], float | None]] = {
         "tx.datagrams": lambda t: t["tx_dgrams"], "tx.bytes": lambda t: t["tx_bytes"],
         "tx.messages": lambda t: t["tx_msgs"], "rx.datagrams": _rx_dgrams, "rx.bytes": lambda t: t["rx_bytes"],
         "rx.messages": lambda t: t["rx_msgs"],
@@ -276,11 +276,11 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
     for pid, proc in procs.items():
         proc.ports |= rec.ports.get(pid, set())
         sample = _sample(w, str(pid)) if w is not None else None
-        if sample is not None:
+        if w is not None and sample is not None:
             _fill((proc.tx, proc.rx), sample.totals(list(sample.sum)))
-            for key in w.groups:
-                p, _, t = key.partition(",")
-                ts = _sample(w, key) if t and p == str(pid) else None
+            for group in w.groups:
+                p, _, t = group.partition(",")
+                ts = _sample(w, group) if t and p == str(pid) else None
                 if ts is not None:
                     _fill(proc.thread(int(t)), ts.totals(list(ts.sum)))
         for rx in [proc.rx] + [t[1] for t in proc.threads.values()]:
@@ -327,11 +327,11 @@ def _softirq(maps: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
             if in_target:
                 slot["in_target_s"] += ns / 1e9
         total = sum(v["net_rx_s"] + v["net_tx_s"] for v in per_cpu.values())
-        in_target = sum(v["in_target_s"] for v in per_cpu.values())
+        in_target_s = sum(v["in_target_s"] for v in per_cpu.values())
         return {"source": "softirq probes (network softirqs)",
                 "per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
-                "total_s": round(total, 6), "in_target_s": round(in_target, 6),
-                "in_target_share": _r(in_target / total) if total else None}
+                "total_s": round(total, 6), "in_target_s": round(in_target_s, 6),
+                "in_target_share": _r(in_target_s / total) if total else None}
     before, after = probes.get("before", {}), probes.get("after", {})
     s0, s1 = before.get("softirq_seconds") or {}, after.get("softirq_seconds") or {}
     c0, c1 = before.get("softirqs") or {}, after.get("softirqs") or {}

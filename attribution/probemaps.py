@@ -7,7 +7,7 @@ from typing import Any
 
 def keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
     """[(key parts as ints, value)] of a counter map; entries that are not integer-keyed are skipped."""
-    out = []
+    out: list[tuple[list[int], int]] = []
     if not isinstance(m, dict):  # a damaged snapshot: no counters, rather than an error
         return out
     for k, v in m.items():

@@ -63,10 +63,11 @@ class Breakdown:
         """Add another breakdown's counts (a pool's threads into the pool)."""
         self.period += other.period
         self.samples += other.samples
-        for mine, theirs in ((self.categories, other.categories), (self.subcategories, other.subcategories),
-                             (self.symbols, other.symbols), (self.category_samples, other.category_samples),
-                             (self.symbol_samples, other.symbol_samples)):
-            mine.update(theirs)  # type: ignore[attr-defined]
+        self.categories.update(other.categories)
+        self.subcategories.update(other.subcategories)
+        self.symbols.update(other.symbols)
+        self.category_samples.update(other.category_samples)
+        self.symbol_samples.update(other.symbol_samples)
 
     def shares(self) -> dict[str, float]:
         if self.period == 0:
@@ -196,7 +197,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     `visit`: called with each stack record and its decision (see Visitor)."""
     if readings is None:
         readings = list(run.proc_readings())
-    info = run.info
+    info = run.meta
     targets = {t.pid: t for t in info.targets}
     # Pass 1: what each process runs, to pick its mapping files.
     dsos: dict[int, set[str]] = defaultdict(set)
@@ -214,14 +215,14 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     for pid in sorted(set(dsos) | set(targets)):
         chosen = mappings.for_process(dsos[pid], syms[pid], stack)
         files = [f for f, _ in chosen]
-        t = targets.get(pid)
-        app = application_rule(t, (f.name for f in files), syms[pid])
+        target = targets.get(pid)
+        app = application_rule(target, (f.name for f in files), syms[pid])
         key = (*(f.path for f in files), app.source if app else "")
         clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files, [app] if app else []))
         per_pid_classifier[pid] = clf
         pools = [pool for f in files for pool in f.pools]
         per_pid_pools[pid] = PoolMatcher(pools)
-        procs[pid] = ProcessProfile(pid, t.comm if t else "?", t.role if t else None,
+        procs[pid] = ProcessProfile(pid, target.comm if target else "?", target.role if target else None,
                                     mappings=[f.describe(why) for f, why in chosen],
                                     mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
                                     application=app.source if app else None,
@@ -279,7 +280,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     for p in sampled:
         if spp:
             p.cpu_note = cpu_shortfall_note(p.breakdown.period * spp, p.breakdown.samples, p.proc_cpu_seconds,
-                                            info.sampling.scope)
+                                            info.sampling.scope_mode)
     if spp == 0.0:  # non-time event: approximate CPU time by samples / frequency
         total_p = sum(p.breakdown.period for p in sampled) or 1
         total_s = sum(p.breakdown.samples for p in sampled)

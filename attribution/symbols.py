@@ -13,7 +13,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -57,7 +57,7 @@ class ObjectNaming:
                 "share": round(self.share, 6), "unnamed_share": round(self.unnamed_share, 6)}
 
 
-def naming(leaf_objects: Counter[str], unnamed: Counter[str], sources: tuple[ObjectSymbols, ...],
+def naming(leaf_objects: Counter[str], unnamed: Counter[str], sources: Sequence[ObjectSymbols],
            least: float = 0.005) -> list[ObjectNaming]:
     """The objects holding at least `least` of a process's samples, largest first, with how they were named."""
     total = sum(leaf_objects.values()) or 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from qprof.attribution.categories import HANDOFF, RUNTIME, UNCATEGORIZED
 from qprof.attribution.handoff import KINDS
@@ -90,9 +90,8 @@ def window(readings: list[ProcReading], pid: int) -> Window:
     cores = []
     for a, b in zip(rs, rs[1:]):
         dt = b.mono - a.mono
-        before = {t.tid: t.on_cpu_s for t in a.threads[pid]}
-        used = [t.on_cpu_s - before[t.tid] for t in b.threads[pid]
-                if t.on_cpu_s is not None and before.get(t.tid) is not None]
+        before = {t.tid: t.on_cpu_s for t in a.threads[pid] if t.on_cpu_s is not None}
+        used = [t.on_cpu_s - before[t.tid] for t in b.threads[pid] if t.on_cpu_s is not None and t.tid in before]
         if dt > 0 and used:
             cores.append(max(sum(used), 0.0) / dt)
     return Window(rs[-1].mono - rs[0].mono, stats, tuple(cores))
@@ -120,7 +119,7 @@ class Pool:
     threads: list[ThreadRow]
     breakdown: Breakdown = field(default_factory=Breakdown)
 
-    def _sum(self, attr: str) -> Any:
+    def _sum(self, attr: str) -> float | None:
         return _sum_known(getattr(t.stat, attr) for t in self.threads)
 
     @property
@@ -133,11 +132,13 @@ class Pool:
 
     @property
     def voluntary(self) -> int | None:
-        return self._sum("voluntary")
+        n = self._sum("voluntary")
+        return None if n is None else int(n)
 
     @property
     def involuntary(self) -> int | None:
-        return self._sum("involuntary")
+        n = self._sum("involuntary")
+        return None if n is None else int(n)
 
 
 @dataclass
@@ -225,9 +226,9 @@ def thread_view(readings: list[ProcReading], pid: int, proc: ProcessProfile | No
     stems = Counter(m.group(1) for t in stats.values() if (m := _NUMBERED.match(t.comm)) and m.group(1))
     rows = []
     for tid, st in stats.items():
-        th = sampled.get(tid)
-        pool = th.pools.most_common(1)[0][0] if th is not None and th.pools else _name_pool(st.comm, stems)
-        rows.append(ThreadRow(st, pool, th.breakdown if th is not None else Breakdown()))
+        seen = sampled.get(tid)
+        pool = seen.pools.most_common(1)[0][0] if seen is not None and seen.pools else _name_pool(st.comm, stems)
+        rows.append(ThreadRow(st, pool, seen.breakdown if seen is not None else Breakdown()))
     rows.sort(key=lambda t: (-(t.stat.on_cpu_s if t.stat.on_cpu_s is not None else -1.0),
                              -t.breakdown.period, t.stat.tid))
     notes = proc.pool_notes if proc is not None else {}
@@ -242,13 +243,19 @@ def thread_view(readings: list[ProcReading], pid: int, proc: ProcessProfile | No
                if cat == UNCATEGORIZED and (sub.startswith(RUNTIME) or sub == HANDOFF)}
     hand = proc.handoffs if proc is not None else Counter()
     handoffs = Handoffs({k: hand[k] * seconds_per_period for k in KINDS if hand[k]}, sum(hand.values()) / total,
-                        _sum_known(t.voluntary for t in w.threads), _sum_known(t.involuntary for t in w.threads),
+                        _count(t.voluntary for t in w.threads), _count(t.involuntary for t in w.threads),
                         bytes_moved / 1e9 if bytes_moved else None, datagrams)
     ordered = sorted(pools.values(), key=lambda p: -(p.on_cpu_s or 0.0))
     return ThreadView(pid, w.seconds, rows, ordered, runtime, handoffs, w.cores_mean, w.cores_peak)
 
 
-def _sum_known(values: Any) -> Any:
+def _count(values: Iterable[int | None]) -> int | None:
+    """The sum of the counts that are known; None when none is."""
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
     """The sum of the figures that are known; None when none is."""
     vals = [v for v in values if v is not None]
     return sum(vals) if vals else None

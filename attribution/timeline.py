@@ -169,7 +169,7 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading
           pids: list[int] | None = None, transfers: dict[int, Transfer] | None = None) -> Timeline:
     """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass;
     `transfers`: the processes' transfers (the report's bytes, which the rates add up to)."""
-    aligned = profile.run.info.sampling.clock == SAMPLE_CLOCK and bool(readings)
+    aligned = profile.run.meta.sampling.clock == SAMPLE_CLOCK and bool(readings)
     # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
     # starts at a multiple of the grain
     grain = max(1, int((read_header(profile.run.stacks_path) or {}).get("bin_grain", 1)))

@@ -63,7 +63,7 @@ class Transfer:
                 f"moved {self.bytes / 1e6:,.1f} MB; goodput: – (no span)"
         what = f"{self.protocol} payload {self.direction}" + (" (QUIC headers and tags included)"
                                                               if self.protocol == "UDP" else "")
-        return (f"goodput {self.gbps:.2f} Gbit/s: {self.bytes / 1e6:,.1f} MB of {what}, {self.counted}, over "
+        return (f"goodput {self.gbps:.2f} Gbit/s: {(self.bytes or 0) / 1e6:,.1f} MB of {what}, {self.counted}, over "
                 f"{self.seconds:.3f} s from {self.span_from}")
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +97,8 @@ def transfer(pid: int, pio: PacketIO | None, tcp: TcpIO | None, span_ns: tuple[i
             (f"estimated ±{half:.1%}" if half is not None else "estimated (no interval)")
         moved.append((d.bytes, "sent" if key == "tx.bytes" else "received", "UDP", counted))
     b, direction, protocol, counted = max(moved) if moved else (None, None, None, "")
+    start: float | None
+    end: float | None
     if span_ns is not None:
         start, end, how = span_ns[0] / 1e9, span_ns[1] / 1e9, SPAN_FROM_SAMPLES
     else:

@@ -75,11 +75,6 @@ WAIT_SYSCALLS = {"232": "epoll_wait", "281": "epoll_pwait", "441": "epoll_pwait2
 OTHER_SYSCALLS = {"202": "futex", "35": "nanosleep", "230": "clock_nanosleep", "0": "read", "1": "write"}
 
 
-def is_queue_reason(reason: str) -> bool:
-    """A drop in a queueing discipline (tbf, fq_codel, ...) or by tc on the way."""
-    return reason.startswith(("QDISC", "TC_", "FQ_", "CAKE"))
-
-
 @dataclass
 class Finding:
     """One measured fact against its threshold: what decided (or did not decide) a cause."""
@@ -186,7 +181,7 @@ def _mode(values: list[Any]) -> Any:
 
 
 def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, host_cpus: int,
-                  pio: PacketIO | None, cpu_nodes: dict[str, int] | None = None,
+                  pio: PacketIO | None, cpu_nodes: dict[int, int] | None = None,
                   qdiscs: dict[str, NamespaceQueues] | None = None, moved: Transfer | None = None,
                   threads: ThreadView | None = None) -> SideEvidence | None:
     """The measured facts of one side over its window, judged (its cause, if it limits).
@@ -236,7 +231,7 @@ def _binds(ev: SideEvidence, view: ThreadView | None) -> str:
     return f"{pool} together, {ev.process_cpu_cores:.2f} cores of {ev.capacity_cores:.2f} ({ev.capacity_from})"
 
 
-def _cpu(ev: SideEvidence, rs: list[ProcReading], pid: int, wall: float, cpu_nodes: dict[str, int] | None) -> None:
+def _cpu(ev: SideEvidence, rs: list[ProcReading], pid: int, wall: float, cpu_nodes: dict[int, int] | None) -> None:
     """schedstat per thread (first and last reading it appears in), summed over the process; the
     busiest thread is the one with the most on-CPU time (attribution.threads.busiest), as everywhere."""
     w = window(rs, pid)
@@ -260,7 +255,7 @@ def _cpu(ev: SideEvidence, rs: list[ProcReading], pid: int, wall: float, cpu_nod
         ev.blocked_in[name] = ev.blocked_in.get(name, 0.0) + 1 / len(blocked)
     cpus = [t.cpu for t in states if t.cpu >= 0]
     ev.cpus = sorted(set(cpus))
-    ev.numa_nodes = sorted({(cpu_nodes or {}).get(str(c), 0) for c in ev.cpus})
+    ev.numa_nodes = sorted({(cpu_nodes or {}).get(c, 0) for c in ev.cpus})
     ev.cpu_changes = sum(1 for a, b in zip(cpus, cpus[1:]) if a != b)
 
 

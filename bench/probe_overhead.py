@@ -313,12 +313,12 @@ class ExitWatcher:
 
 def read_archive(run: Path, probes: tuple[str, ...]) -> dict[str, Any]:
     """What a probe-overhead run needs from qprof's archive; raise when the run did not measure."""
-    meta = json.loads((run / runfiles.META).read_text(encoding="utf-8"))
-    info: dict[str, Any] = {"session_s": meta.get("duration_s"), "stop_reason": meta.get("stop_reason")}
-    if str(meta.get("stop_reason") or "").startswith("interrupted"):
+    meta = archive.Run.open(run).meta
+    info: dict[str, Any] = {"session_s": meta.duration_s, "stop_reason": meta.stop_reason}
+    if (meta.stop_reason or "").startswith("interrupted"):
         raise KeyboardInterrupt
-    if meta.get("status") != archive.STATUS_COMPLETE:
-        raise QprofError(f"archive incomplete: {meta.get('incomplete_reason')}")
+    if meta.status != archive.STATUS_COMPLETE:
+        raise QprofError(f"archive incomplete: {meta.incomplete_reason}")
     try:
         pj = json.loads((run / runfiles.PROBES).read_text(encoding="utf-8"))
     except FileNotFoundError:

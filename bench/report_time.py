@@ -94,8 +94,8 @@ def stage(name: str, run: Path) -> None:
     t0 = time.monotonic()
     if name == "script":  # perf's own figures: wait4 gives its peak RSS (mostly its mapping of the data)
         rss = 0
-        for g in meta["sampling"]["groups"]:
-            p = subprocess.Popen(script_command(perf, run / g["perf_data"], g["pids"]), stdout=subprocess.DEVNULL,
+        for g in meta.sampling.groups:
+            p = subprocess.Popen(script_command(perf, run / g.perf_data, g.pids), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             _, status, ru = os.wait4(p.pid, 0)
             p.returncode = os.waitstatus_to_exitcode(status)
@@ -105,13 +105,13 @@ def stage(name: str, run: Path) -> None:
         out["rss_kib"] = rss
     elif name == "previous":
         stats = ParseStats()
-        for g in meta["sampling"]["groups"]:
-            with subprocess.Popen(script_command(perf, run / g["perf_data"], g["pids"]), stdout=subprocess.PIPE,
+        for g in meta.sampling.groups:
+            with subprocess.Popen(script_command(perf, run / g.perf_data, g.pids), stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True, errors="replace", bufsize=1 << 20) as p:
                 fold(parse_samples(p.stdout, stats))  # type: ignore[arg-type]
         out["samples"] = stats.samples
     elif name in ("fold", "fold1"):
-        out["samples"] = fold_run(perf, run, meta, jobs=1 if name == "fold1" else None).samples
+        out["samples"] = fold_run(perf, run, meta.sampling.groups, jobs=1 if name == "fold1" else None).samples
     elif name in ("report", "refold"):
         from qprof.cli import print_report
 
@@ -167,7 +167,7 @@ def main() -> None:
             print(f"capturing {seconds:.0f} s ...", flush=True)
             capture(run, seconds, args.unwind)
         meta = archive.Run.open(run).meta
-        data_bytes = sum((run / g["perf_data"]).stat().st_size for g in meta["sampling"]["groups"])
+        data_bytes = sum((run / g.perf_data).stat().st_size for g in meta.sampling.groups)
         names = ["script", "fold", "fold1"] + ([] if args.no_previous else ["previous"]) + ["report", "refold"]
         load = os.getloadavg()
         run_stage("script", run)  # warm the page cache and perf's own caches: every stage starts alike
@@ -188,7 +188,7 @@ def main() -> None:
     samples = results["fold"][0]["samples"]
     script_s = best["script"]
     print(f"capture: {meta.get('duration_s') or 0:.1f} s, {samples} target samples, "
-          f"unwinding {[g['unwind'] for g in meta['sampling']['groups']]}, perf data {data_bytes / 1e9:.2f} GB, "
+          f"unwinding {[g.unwind for g in meta.sampling.groups]}, perf data {data_bytes / 1e9:.2f} GB, "
           f"{os.cpu_count()} CPUs; best of {args.repeat} interleaved repeats, each in a fresh process")
     print(f"load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after (other work on the machine)")
     print(f"{'stage':36s} {'seconds':>8s} {'x perf script':>13s} {'CPU s':>7s} {'peak RSS':>10s}")

@@ -15,7 +15,6 @@ Mappings are not applied here: reports apply them later, on any machine.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass
@@ -23,19 +22,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.collectors import procfs, schema
-from qprof.collectors.records import Meta, ProbeRecord, ProcReading
+from qprof.collectors.records import (FORMAT, STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, VERSION, Meta,
+                                     ProbeRecord, ProcReading)
 from qprof.collectors.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.probes.mapsout import read_maps
 
-FORMAT = "qprof-run"
-VERSION = 1
-
-STATUS_COLLECTING = "collecting"
-STATUS_COMPLETE = "complete"
-STATUS_INCOMPLETE = "incomplete"
+__all__ = ["FORMAT", "VERSION", "STATUS_COLLECTING", "STATUS_COMPLETE", "STATUS_INCOMPLETE", "Run", "write_meta"]
+META_SHAPE = schema.shape_of(Meta)
 RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
 # largest documents read back (qprof writes some KiB; an archive from elsewhere may be hostile)
 MAX_META_BYTES, MAX_PROBES_BYTES = 64 << 20, 256 << 20
@@ -51,6 +47,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
+
+
+def write_meta(out: Path, meta: Meta) -> None:
+    """meta.json from its record, atomically: the one way the archive's metadata is written."""
+    write_json_atomic(out / META, schema.encode(meta))
 
 
 def create_run_dir(path: Path) -> Path:
@@ -90,28 +91,20 @@ def release_space(out: Path) -> None:
     (out / RESERVE).unlink(missing_ok=True)
 
 
-def effective_status(meta: dict[str, Any]) -> tuple[str, str | None]:
+def effective_status(meta: Meta) -> tuple[str, str | None]:
     """(status, reason) as a reader should see it: a run still marked "collecting" whose
     collector is gone (killed, or the machine rebooted) is incomplete."""
-    status = str(meta.get("status"))
-    reason = meta.get("incomplete_reason")
-    if status == STATUS_COLLECTING:
-        ident = meta.get("collector")
-        if not (isinstance(ident, dict) and procfs.identity_alive(ident)):
-            return STATUS_INCOMPLETE, "qprof stopped while collecting (killed?): what was written is kept"
-    return status, str(reason) if reason is not None else None
+    if meta.status == STATUS_COLLECTING and not (meta.collector is not None and procfs.identity_alive(meta.collector)):
+        return STATUS_INCOMPLETE, "qprof stopped while collecting (killed?): what was written is kept"
+    return meta.status, meta.incomplete_reason
 
 
 @dataclass
 class Run:
-    """A run archive opened for reading: `info` is its metadata typed, `meta` the document."""
+    """A run archive opened for reading: `meta` is its meta.json as the typed record."""
 
     path: Path
-    meta: dict[str, Any]
-
-    @functools.cached_property
-    def info(self) -> Meta:
-        return Meta.from_json(self.meta)
+    meta: Meta
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "Run":
@@ -120,43 +113,41 @@ class Run:
         if not p.is_dir():
             raise QprofError(f"{p} is not a run directory (made by `qprof attach -o DIR`)")
         try:
-            meta = schema.loads(read_text(meta_path, MAX_META_BYTES))
+            doc = schema.loads(read_text(meta_path, MAX_META_BYTES))
         except FileNotFoundError:
             raise QprofError(f"{p} has no {META}: not a qprof run directory") from None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
             raise QprofError(f"{meta_path}: unreadable metadata ({e})") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise QprofError(f"{meta_path}: not a qprof run archive")
-        if meta.get("version") != VERSION:
-            raise QprofError(f"{meta_path}: archive version {meta.get('version')!r} is not "
+        if doc.get("version") != VERSION:
+            raise QprofError(f"{meta_path}: archive version {doc.get('version')!r} is not "
                              f"supported by this qprof (reads version {VERSION})")
-        if not isinstance(meta.get("targets"), list):
+        if not isinstance(doc.get("targets"), list):
             raise QprofError(f"{meta_path}: metadata has no target list")
-        schema.validate(meta, schema.META, str(meta_path))
-        status, reason = effective_status(meta)
-        if status != meta.get("status"):  # its collector is gone: say so wherever the run is shown
-            meta.update(status=status, incomplete_reason=reason)
+        schema.validate(doc, META_SHAPE, str(meta_path))
+        meta: Meta = schema.decode(Meta, doc)
+        # its collector is gone: say so wherever the run is shown
+        meta.status, meta.incomplete_reason = effective_status(meta)
         return cls(p, meta)
+
+    def save_meta(self) -> None:
+        """Write the (changed) metadata back: `--refold`, `qprof record` adding its entry."""
+        write_meta(self.path, self.meta)
 
     @property
     def status(self) -> tuple[str, str | None]:
         """(status, reason why it is not complete)."""
-        reason = self.meta.get("incomplete_reason")
-        return str(self.meta.get("status")), str(reason) if reason is not None else None
+        return self.meta.status, self.meta.incomplete_reason
 
     def unfolded_chunks(self) -> list[str]:
         """Raw perf data chunks the stacks file does not hold (a run cut short)."""
-        sampling = self.meta.get("sampling")
-        groups = sampling.get("groups") if isinstance(sampling, dict) else None
-        if not isinstance(groups, list):
-            return []
         head = read_header(self.stacks_path)
         if head is None and self.stacks_path.is_file():  # folded in one piece from all its raw data
             return []
         folded = set((head or {}).get("folded", []))
-        return [p.name for g in groups if isinstance(g, dict)
-                for p in chunk_files(self.path, str(g.get("perf_data", "")), include_current=True)
-                if p.name not in folded]
+        return [p.name for g in self.meta.sampling.groups
+                for p in chunk_files(self.path, g.perf_data, include_current=True) if p.name not in folded]
 
     @property
     def stacks_path(self) -> Path:
@@ -169,9 +160,9 @@ class Run:
         """Why a reader here may not fold the run's raw perf data unasked (None: it may). Symbols,
         kernel ones too, resolve as they were only on the boot that recorded the run, and only its
         owner's perf data goes through `perf script` without being asked for."""
-        collector = self.meta.get("collector")
-        recorded_boot = collector.get("boot_id") if isinstance(collector, dict) else None
-        if recorded_boot is None or recorded_boot != procfs.process_identity(os.getpid()).get("boot_id"):
+        collector = self.meta.collector
+        recorded_boot = collector.boot_id if collector is not None else None
+        if recorded_boot is None or recorded_boot != procfs.process_identity(os.getpid()).boot_id:
             return "it was recorded on another host or before a reboot"
         owner = self.path.stat().st_uid
         if owner != os.geteuid():
@@ -184,10 +175,10 @@ class Run:
             why = self.fold_refusal()
             if why is None and not self.unfolded_chunks():  # refolding here would find nothing
                 raise QprofError(f"{self.path} has no folded stacks and no perf data to fold "
-                                 f"(run {self.meta.get('status')}): collection stopped before sampling "
+                                 f"(run {self.meta.status}): collection stopped before sampling "
                                  "wrote any, or the files were removed; record the run again")
             raise QprofError(f"{self.path} has no folded stacks (collection was cut short: "
-                             f"{self.meta.get('status')}" + (f"; not folded here: {why}" if why else "") +
+                             f"{self.meta.status}" + (f"; not folded here: {why}" if why else "") +
                              f"); run `qprof report --refold {self.path}` on the host that recorded it")
 
     def stacks(self) -> Iterator[StackRecord]:
@@ -232,7 +223,7 @@ class Run:
         with open_regular(p) as f:
             for line in lines(f, p):
                 try:
-                    obj = schema.loads(line)
+                    obj = schema.loads(line.decode() if isinstance(line, bytes) else line)
                 except (ValueError, RecursionError):
                     continue
                 if schema.conforms(obj, schema.PROC_READING):

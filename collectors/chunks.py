@@ -31,6 +31,7 @@ from typing import Any, Callable
 from qprof.collectors import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
+from qprof.collectors.records import ChunkSummary, SampleGroup
 from qprof.collectors.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
 from qprof import runfiles
 from qprof.errors import QprofError
@@ -114,7 +115,7 @@ class FoldState:
 class ChunkFolder:
     """Folds a run's finished perf chunks in a background thread, and the rest at the end."""
 
-    def __init__(self, perf: str, out: Path, groups: list[dict[str, Any]], *, keep_raw: bool = False,
+    def __init__(self, perf: str, out: Path, groups: list[SampleGroup], *, keep_raw: bool = False,
                  raw_budget: int = DEFAULT_RAW_BUDGET, state: FoldState | None = None,
                  status: Callable[[str], None] | None = None) -> None:
         self.perf, self.out, self.groups = perf, out, groups
@@ -169,7 +170,7 @@ class ChunkFolder:
             return
         self.symbols_ready.wait()
         waiting = [(p, g) for g in self.groups
-                   for p in runfiles.chunk_files(self.out, g["perf_data"], include_current=final)
+                   for p in runfiles.chunk_files(self.out, g.perf_data, include_current=final)
                    if p.name not in self.state.folded]
         waiting.sort(key=lambda pg: pg[0].name)
         if not final:
@@ -178,7 +179,7 @@ class ChunkFolder:
             if path.exists():
                 self._fold_chunk(path, group, final or self._behind(waiting[i:]))
 
-    def _enforce_budget(self, waiting: list[tuple[Path, dict[str, Any]]]) -> None:
+    def _enforce_budget(self, waiting: list[tuple[Path, SampleGroup]]) -> None:
         sizes = {p: _size(p) for p, _ in waiting}
         total = sum(sizes.values())
         while total > self.raw_budget and len(waiting) > 1:
@@ -191,23 +192,23 @@ class ChunkFolder:
                         "slower than sampling; lower -F or use --unwind fp")
             self._save()
 
-    def _behind(self, waiting: list[tuple[Path, dict[str, Any]]]) -> bool:
+    def _behind(self, waiting: list[tuple[Path, SampleGroup]]) -> bool:
         """Folding must keep up now: the chunks waiting fill half the raw budget (past all of it
         the oldest are dropped)."""
         return sum(_size(p) for p, _ in waiting) > self.raw_budget // 2
 
-    def _fold_chunk(self, path: Path, group: dict[str, Any], urgent: bool) -> None:
+    def _fold_chunk(self, path: Path, group: SampleGroup, urgent: bool) -> None:
         """`urgent`: at the targets' priority, on every CPU once sampling is over. Otherwise, while
         sampling goes on, one perf script at the lowest priority: it takes the CPU the targets
         leave, not theirs (at the same priority it is scheduled against them)."""
         st = self.state
-        log = self.out / runfiles.perf_log(group["unwind"])
+        log = self.out / runfiles.perf_log(group.unwind)
         chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         background = threading.current_thread() is not threading.main_thread()
         try:
-            part, stats = fold_file(self.perf, path, log, list(group["pids"]), 1 if background else None,
-                                    group.get("windows"), 0 if urgent else BACKGROUND_NICE)
+            part, stats = fold_file(self.perf, path, log, list(group.pids), 1 if background else None,
+                                    group.windows, 0 if urgent else BACKGROUND_NICE)
             for r in part:
                 add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
@@ -253,12 +254,12 @@ def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
     return e
 
 
-def summary(state: FoldState) -> dict[str, Any]:
+def summary(state: FoldState) -> ChunkSummary:
     """What meta.json says about the chunks of a finished run."""
-    return {"folded": len(state.folded), "dropped": state.dropped, "unreadable": state.unreadable}
+    return ChunkSummary(len(state.folded), list(state.dropped), list(state.unreadable))
 
 
-def refold(perf: str, out: Path, groups: list[dict[str, Any]], status: Callable[[str], None] | None = None
+def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[str], None] | None = None
            ) -> ParseStats:
     """`report --refold`: fold what is raw. From scratch when every folded chunk is still on
     disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
@@ -266,7 +267,7 @@ def refold(perf: str, out: Path, groups: list[dict[str, Any]], status: Callable[
     stacks = out / runfiles.STACKS
     head = read_header(stacks) or {}
     folded = [str(x) for x in head.get("folded", [])]
-    raw = {p.name for g in groups for p in runfiles.chunk_files(out, g["perf_data"], include_current=True)}
+    raw = {p.name for g in groups for p in runfiles.chunk_files(out, g.perf_data, include_current=True)}
     fresh = all(name in raw for name in folded)
     state = FoldState() if fresh else FoldState.load(stacks)
     folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)

@@ -41,12 +41,13 @@ import urllib.error
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from qprof.collectors import schema
 from qprof.collectors.elf import build_id_of
 from qprof.collectors.records import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
                                        ObjectSymbols)
@@ -321,7 +322,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
 
 def _hold(debug: Path, what: ObjectSymbols) -> None:
     """Say beside a cached debug file where it came from (debuginfod, or made from the unwind table)."""
-    (debug.parent / "qprof-source.json").write_text(json.dumps(what.to_json()))
+    (debug.parent / "qprof-source.json").write_text(json.dumps(schema.encode(what)))
 
 
 def _held(debug: Path | None, build_id: str | None) -> ObjectSymbols | None:
@@ -329,9 +330,11 @@ def _held(debug: Path | None, build_id: str | None) -> ObjectSymbols | None:
     if debug is None or build_id is None or not debug.is_file() or check_debug_file(debug, build_id) is not None:
         return None
     try:
-        return ObjectSymbols.from_json(json.loads((debug.parent / "qprof-source.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        doc = schema.loads((debug.parent / "qprof-source.json").read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    shape = schema.shape_of(ObjectSymbols)
+    return schema.decode(ObjectSymbols, doc) if schema.conforms(doc, shape) else None
 
 
 def _forget(cached: Path | None) -> None:

@@ -8,32 +8,18 @@ tell which exact objects were profiled and how well they were symbolised.
 from __future__ import annotations
 
 import struct
-from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Iterator
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
+from qprof.collectors.records import MappedObject
+
 # push %rbp; mov %rsp,%rbp (optionally after endbr64): what a frame-pointer prologue looks like.
 _FP_PROLOGUES = (b"\x55\x48\x89\xe5", b"\xf3\x0f\x1e\xfa\x55\x48\x89\xe5")
 _SAMPLE_FUNCS = 300
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """What qprof records of one mapped object."""
-
-    path: str
-    build_id: str | None
-    symbols: str  # "symtab" (full), "dynsym" (exported only), "none", or "unreadable"
-    go: bool
-    frame_pointers: bool | None  # None: no function symbols to judge by
-    dynamic: bool = False  # has a program interpreter: runs shared libraries (glibc) at run time
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
@@ -96,7 +82,7 @@ def _frame_pointers(elf: ELFFile, is_go: bool) -> bool | None:
 
 
 @lru_cache(maxsize=512)
-def object_info(path: str) -> ObjectInfo:
+def object_info(path: str) -> MappedObject:
     """Read one object; an unreadable or non-ELF file is reported as such, never raised."""
     try:
         with open(path, "rb") as f:
@@ -104,6 +90,6 @@ def object_info(path: str) -> ObjectInfo:
             is_go = elf.get_section_by_name(".go.buildinfo") is not None or \
                 elf.get_section_by_name(".gopclntab") is not None
             dynamic = any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments())
-            return ObjectInfo(path, build_id_of(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go), dynamic)
+            return MappedObject(path, build_id_of(elf), _symbol_kind(elf), is_go, _frame_pointers(elf, is_go), dynamic)
     except (OSError, ELFError, ValueError, KeyError):
-        return ObjectInfo(path, None, "unreadable", False, None)
+        return MappedObject(path, None, "unreadable", False, None)

@@ -25,7 +25,6 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qprof import runfiles
 from qprof.collectors import debuginfo
@@ -33,14 +32,15 @@ from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.stacks import StackKey, StackRecord, add_counts, records, write_stacks
+from qprof.collectors.records import SampleGroup
 from qprof.collectors.streamfold import StreamFolder
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 
 Window = tuple[int | None, int | None]  # (first, last) sample time in ns, both included; None: open
-# per pid (str), the windows in which a group's perf data holds that pid's samples: a target that exec'd
+# per pid, the windows in which a group's perf data holds that pid's samples: a target that exec'd
 # into an image unwound the other way moved to the other group then (collectors.session); absent: always
-PidWindows = dict[str, list[list[int | None]]]
+PidWindows = dict[int, list[list[int | None]]]
 _READ = 1 << 20
 _PIPE_SIZE = 1 << 20  # fewer wake-ups than the default 64 KiB pipe
 
@@ -121,21 +121,20 @@ def file_specs(data: Path, log: Path, pids: list[int], jobs: int, windows: PidWi
     exec'd into an image unwound the other way), which is read only inside them."""
     slices = time_slices(prepare(data, jobs, pids).cuts)
     windows = windows or {}
-    free = [p for p in pids if str(p) not in windows]
+    free = [p for p in pids if p not in windows]
     specs = [SliceSpec(data, log, free, w) for w in slices] if free else []
     for p in pids:
-        for pw in windows.get(str(p), []):
+        for pw in windows.get(p, []):
             specs += [SliceSpec(data, log, [p], w) for s in slices for w in [_intersect(s, pw)] if w is not None]
     return specs
 
 
-def run_specs(out: Path, meta: dict[str, Any], jobs: int) -> list[SliceSpec]:
+def run_specs(out: Path, groups: list[SampleGroup], jobs: int) -> list[SliceSpec]:
     """The slices of every perf data file of a run, in time order within a file, files in group order."""
     specs = []
-    for g in meta["sampling"]["groups"]:
-        pids = [int(p) for p in g["pids"]]
-        for data in runfiles.chunk_files(out, g["perf_data"], include_current=True):
-            specs += file_specs(data, out / runfiles.perf_log(g["unwind"]), pids, jobs, g.get("windows"))
+    for g in groups:
+        for data in runfiles.chunk_files(out, g.perf_data, include_current=True):
+            specs += file_specs(data, out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows)
     return specs
 
 
@@ -146,13 +145,13 @@ def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | Non
     return merge(run_slices(perf, file_specs(data, log, pids, jobs, windows), jobs, nice))
 
 
-def fold_run(perf: str, out: Path, meta: dict[str, Any], jobs: int | None = None) -> ParseStats:
+def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None = None) -> ParseStats:
     """Symbolise and fold every perf data file of a run into its stacks file.
 
     `jobs`: perf script processes at once (default: one per usable CPU); 1 runs one
     perf script per file, the plain sequential way."""
     jobs = default_jobs() if jobs is None else jobs
-    records, stats = merge(run_slices(perf, run_specs(out, meta, jobs), jobs))
+    records, stats = merge(run_slices(perf, run_specs(out, groups, jobs), jobs))
     write_stacks(out / runfiles.STACKS, records)
     return stats
 

@@ -62,7 +62,7 @@ from qprof.collectors.procfs import process_identity
 from qprof.probes.features import Hierarchy
 
 def _starttime(pid: int) -> str:
-    return str(process_identity(pid)["start_ticks"])
+    return str(process_identity(pid).start_ticks)
 
 
 def _procs(cg: Path) -> list[int]:

@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+from qprof.collectors.records import ProcessIdentity, Target
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -90,23 +91,18 @@ def mapped_objects(pid: int) -> list[str]:
     return list(seen)
 
 
-def target_info(pid: int) -> dict[str, Any]:
-    """Identity of a target for the archive (no environment is read)."""
+def target_info(pid: int) -> Target:
+    """Identity of a target for the archive (no environment is read); its objects, which only the
+    collectors describe (collectors.elf), are left to them: mapped_objects(pid)."""
     raw = _read(f"/proc/{pid}/cmdline") or ""
     argv = [a for a in raw.split("\0") if a]
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         exe = None
-    return {
-        "pid": pid,
-        "comm": (_read(f"/proc/{pid}/comm") or "").strip(),
-        "cmdline": redact_cmdline(argv),
-        "exe": exe,
-        "objects": mapped_objects(pid),
-        "threads": {str(t["tid"]): t["comm"] for t in thread_times(pid)},
-        "cgroup": (_read(f"/proc/{pid}/cgroup") or "").strip().splitlines(),
-    }
+    return Target(pid, (_read(f"/proc/{pid}/comm") or "").strip(), exe=exe, cmdline=redact_cmdline(argv),
+                  threads={int(t["tid"]): str(t["comm"]) for t in thread_times(pid)},
+                  cgroup=(_read(f"/proc/{pid}/cgroup") or "").strip().splitlines())
 
 
 def thread_times(pid: int) -> list[dict[str, Any]]:
@@ -326,19 +322,16 @@ def _boot_id() -> str:
     return (_read("/proc/sys/kernel/random/boot_id") or "").strip()
 
 
-def process_identity(pid: int) -> dict[str, Any]:
+def process_identity(pid: int) -> ProcessIdentity:
     """What tells this process apart from a later one with the same pid: boot and start time."""
     stat = _read(f"/proc/{pid}/stat")
     start = int(_stat_fields(stat)[1][19]) if stat else None
-    return {"pid": pid, "start_ticks": start, "boot_id": _boot_id()}
+    return ProcessIdentity(pid, start, _boot_id())
 
 
-def identity_alive(ident: dict[str, Any]) -> bool:
+def identity_alive(ident: ProcessIdentity) -> bool:
     """Is the process `process_identity` described still running (same boot, same start)?"""
-    try:
-        pid = int(ident["pid"])
-    except (KeyError, TypeError, ValueError):
+    pid = ident.pid
+    if ident.boot_id != _boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
         return False
-    if ident.get("boot_id") != _boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
-        return False
-    return process_identity(pid).get("start_ticks") == ident.get("start_ticks")
+    return process_identity(pid).start_ticks == ident.start_ticks

@@ -2,7 +2,7 @@
 
 collectors/schema.py checks a document's shape once, when a run is opened; the records here are
 built from the checked document (`from_json`) and are what attribution and the viewer read:
-Meta and Target (meta.json), ProcReading (each line of proc.jsonl), ProbeRecord (probes.json, with
+Meta and the records under it (meta.json, written and read through this one model), ProcReading (each line of proc.jsonl), ProbeRecord (probes.json, with
 the packetio group's own typed record, probes.packetio.record.PacketioRecord), and LiveData, the
 session's raw view of one second for the live panel. Both sides import them from here, the layer
 between them, never from the collectors themselves. Fields absent from older archives get the
@@ -11,7 +11,7 @@ defaults readers assume.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from qprof.probes.packetio.record import PacketioRecord
@@ -32,13 +32,6 @@ class ObjectSymbols:
     source: str | None = None  # the debug file or the server it came from
     note: str = ""  # what happened on the way (fetched in 0.3 s, a server refused, binutils missing...)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ObjectSymbols":
-        return cls(str(d["path"]), d.get("build_id"), str(d.get("how", NONE)), d.get("source"), str(d.get("note", "")))
-
 
 @dataclass
 class LiveData:
@@ -57,6 +50,10 @@ class LiveData:
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 def _int(v: Any) -> int | None:
@@ -168,39 +165,35 @@ class ProcReading:
                    {cpu: float(v) for cpu, v in _pid_keyed(d.get("cpu_idle")).items()})
 
 
-# ---- meta.json: what was profiled, how, on what host; checked against schema.META -------------------
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
+# ---- meta.json: what was profiled, how, on what host ----------------------------------------------
+# One model both ways: the session builds these records and writes them (schema.encode), readers get them
+# back (schema.decode) after the document was checked against the shape derived from them
+# (schema.shape_of(Meta)). Fields absent from older archives take the defaults below.
 
 
 @dataclass(frozen=True)
 class MappedObject:
-    """A file mapped executable into a target: its binary or a shared library."""
+    """A file mapped executable into a target: its binary or a shared library (collectors.elf)."""
 
     path: str
     build_id: str | None = None
-    go: bool = False  # a Go binary (its runtime's frames are Go's)
-
-    @classmethod
-    def from_json(cls, d: Any) -> "MappedObject":
-        if not isinstance(d, dict):  # archives before objects were described: a bare path
-            return cls(str(d))
-        return cls(str(d["path"]), _str(d.get("build_id")), bool(d.get("go")))
+    symbols: str | None = None  # "symtab" (full), "dynsym" (exported only), "none", or "unreadable"
+    go: bool | None = False  # a Go binary (its runtime's frames are Go's)
+    frame_pointers: bool | None = None  # None: no function symbols to judge by
+    dynamic: bool | None = False  # has a program interpreter: runs shared libraries (glibc) at run time
 
 
-@dataclass(frozen=True)
+@dataclass
 class Image:
     """A program a target ran after it exec'd, from `since_s` into the run."""
 
-    exe: str | None
-    comm: str
-    unwind: str | None
-    since_s: float
+    exe: str | None = None
+    comm: str = "?"
+    unwind: str | None = None
+    since_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Target:
     """One profiled process as the session found it."""
 
@@ -208,91 +201,171 @@ class Target:
     comm: str = "?"
     role: str | None = None  # "server", "client" or None
     exe: str | None = None
-    cmdline: tuple[str, ...] = ()
-    objects: tuple[MappedObject, ...] = ()
+    cmdline: list[str] = field(default_factory=list)
+    objects: list[MappedObject] = field(default_factory=list)
+    threads: dict[int, str] = field(default_factory=dict)  # tid -> name when it was described
+    cgroup: list[str] = field(default_factory=list)  # /proc/PID/cgroup
     unwind: str | None = None
     unwind_reason: str | None = None
-    images: tuple[Image, ...] = ()
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Target":
-        return cls(int(d["pid"]), str(d.get("comm", "?")), _str(d.get("role")), _str(d.get("exe")),
-                   tuple(d.get("cmdline") or ()), tuple(MappedObject.from_json(o) for o in d.get("objects") or ()),
-                   _str(d.get("unwind")), _str(d.get("unwind_reason")),
-                   tuple(Image(_str(i.get("exe")), str(i.get("comm", "?")), _str(i.get("unwind")),
-                               _num(i.get("since_s")) or 0.0) for i in d.get("images") or ()))
+    images: list[Image] = field(default_factory=list)  # after an exec: every image, the first one included
 
 
-@dataclass(frozen=True)
+@dataclass
+class SampleGroup:
+    """One perf recorder: the unwinding mode, the pids it holds samples of and its data file. `windows`:
+    per pid, the [start, end] sample times (ns, None: open) in which this group holds that pid's samples
+    (a target that exec'd into a program wanting the other unwinding mode moved between groups)."""
+
+    unwind: str
+    pids: list[int] = field(default_factory=list)
+    perf_data: str = ""
+    windows: dict[int, list[list[int | None]]] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingScope:
+    """How samples were kept to the targets: "cgroup" (perf -G) or "system"; with auto, why it fell back."""
+
+    mode: str = "system"
+    requested: str | None = None
+    cgroups: list[str] = field(default_factory=list)
+    hierarchy: str | None = None
+    fallback: str | None = None
+
+
+@dataclass
 class Sampling:
-    """How perf sampled: event, frequency, the clock of sample times and how samples were kept to
-    the targets (scope: "system" or "cgroup"; older archives say nothing: system)."""
+    """How perf sampled: event, frequency, the clock of sample times, its recorders, how samples were
+    kept to the targets (older archives say nothing of the scope: system)."""
 
     event: str = "cpu-clock"
     frequency: int | None = None
     clock: str | None = None  # None: an archive from before samples and readings shared a clock
-    scope: str = "system"
+    groups: list[SampleGroup] = field(default_factory=list)
+    chunk_bytes: int | None = None
+    keep_raw: bool | None = False
+    scope: SamplingScope | None = None
 
-    @classmethod
-    def from_json(cls, d: Any) -> "Sampling":
-        d = d if isinstance(d, dict) else {}
-        scope = d.get("scope")  # any shape in damaged archives: the schema does not describe it
-        return cls(str(d.get("event", "cpu-clock")), d.get("frequency"), _str(d.get("clock")),
-                   str(scope.get("mode", "system")) if isinstance(scope, dict) else "system")
+    @property
+    def scope_mode(self) -> str:
+        return self.scope.mode if self.scope is not None else "system"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Nic:
     name: str
     numa_node: int | None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Host:
+    hostname: str | None = None  # tells runs recorded on two hosts apart in tables
     kernel: str | None = None
+    kernel_build: str | None = None
+    machine: str | None = None
     cpu_model: str | None = None
     cpus: int | None = None
-    cpu_nodes: dict[str, int] = field(default_factory=dict)  # CPU (decimal) -> NUMA node
-    nics: tuple[Nic, ...] = ()
-
-    @classmethod
-    def from_json(cls, d: Any) -> "Host":
-        d = d if isinstance(d, dict) else {}
-        return cls(_str(d.get("kernel")), _str(d.get("cpu_model")), d.get("cpus"), dict(d.get("cpu_nodes") or {}),
-                   tuple(Nic(str(n["name"]), n.get("numa_node")) for n in d.get("nics") or ()))
+    python: str | None = None
+    cpu_nodes: dict[int, int] = field(default_factory=dict)  # CPU -> NUMA node
+    nics: list[Nic] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
+class ProcessIdentity:
+    """What tells a process apart from a later one with the same pid: boot and start time."""
+
+    pid: int
+    start_ticks: int | None = None
+    boot_id: str | None = None
+
+
+@dataclass
+class PressureSource:
+    """Where each target's own CPU pressure (PSI) was read, or why it could not be."""
+
+    hierarchy: str | None = None
+    unavailable: str | None = None
+
+
+@dataclass
+class ParseSummary:
+    """What folding the perf data met: samples, and lines it could not read (with a few examples)."""
+
+    samples: int = 0
+    bad_lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass
+class ChunkSummary:
+    """The perf data chunks of a finished run: how many were folded, which were dropped or unreadable."""
+
+    folded: int = 0
+    dropped: list[dict[str, Scalar]] = field(default_factory=list)
+    unreadable: list[dict[str, Scalar]] = field(default_factory=list)
+
+
+@dataclass
+class RecordEntry:
+    """What `qprof record` ran for this repetition and how its commands ended."""
+
+    repetition: int | None = None
+    repetitions: int | None = None
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    exit: dict[str, int | None] = field(default_factory=dict)
+    ready: str | None = None
+    ready_after_s: float | None = None
+    client_s: float | None = None  # the client's wall time, released to exited
+    failures: list[str] = field(default_factory=list)
+
+
+FORMAT = "qprof-run"
+VERSION = 1
+STATUS_COLLECTING = "collecting"
+STATUS_COMPLETE = "complete"
+STATUS_INCOMPLETE = "incomplete"
+
+
+@dataclass
 class Meta:
-    """meta.json as readers use it. The document itself stays in Run.meta (reports pass parts of it
-    through, `qprof record` and `--refold` add to it); every reader takes its fields from here."""
+    """meta.json: written at the start with status "collecting", rewritten as the run goes and at its end."""
 
-    status: str
-    incomplete_reason: str | None
-    targets: tuple[Target, ...]
-    sampling: Sampling
-    host: Host
+    format: str = FORMAT
+    version: Scalar = VERSION
+    status: str = STATUS_COLLECTING
+    incomplete_reason: str | None = None
+    qprof_version: str | None = None
+    host: Host = field(default_factory=Host)
+    tools: dict[str, str | None] = field(default_factory=dict)
+    kernel_features: dict[str, Scalar] = field(default_factory=dict)
+    sampling: Sampling = field(default_factory=Sampling)
+    targets: list[Target] = field(default_factory=list)
+    requested_duration_s: float | None = None
+    probes: list[str] = field(default_factory=list)
+    collector: ProcessIdentity | None = None  # the qprof that collects: a run "collecting" without it was cut
+    pressure: PressureSource | None = None
+    symbols: list[ObjectSymbols] = field(default_factory=list)  # where each object's names came from
     start_time: str | None = None
+    end_time: str | None = None
     duration_s: float | None = None
     stop_reason: str | None = None
-    perf_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's perf record per unwinding mode
-    client_s: float | None = None  # `qprof record`: the client's wall time
-    symbols: tuple[ObjectSymbols, ...] = ()  # where each object's function names came from (collectors.debuginfo)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Meta":
-        """`d` conforms to schema.META (Run.open checked it)."""
-        record = d.get("record")
-        client_s = record.get("client_s") if isinstance(record, dict) else None
-        return cls(str(d.get("status")), _str(d.get("incomplete_reason")),
-                   tuple(Target.from_json(t) for t in d.get("targets") or ()), Sampling.from_json(d.get("sampling")),
-                   Host.from_json(d.get("host")), _str(d.get("start_time")), _num(d.get("duration_s")),
-                   _str(d.get("stop_reason")),
-                   {str(k): float(v) for k, v in (d.get("perf_cpu_s") or {}).items() if v is not None},
-                   _num(client_s), tuple(ObjectSymbols.from_json(o) for o in d.get("symbols") or ()))
+    exited: list[int] = field(default_factory=list)
+    perf_exit: dict[str, int | None] = field(default_factory=dict)
+    perf_cpu_s: dict[str, float | None] = field(default_factory=dict)  # qprof's perf record per unwinding mode
+    parse: ParseSummary | None = None
+    chunks: ChunkSummary | None = None
+    record: RecordEntry | None = None
 
     def target(self, pid: int) -> Target | None:
         return next((t for t in self.targets if t.pid == pid), None)
+
+    @property
+    def client_s(self) -> float | None:
+        """`qprof record`: the client's wall time."""
+        return self.record.client_s if self.record is not None else None
 
 
 # ---- probes.json: the probe groups' programs and maps, socket and queue readings; schema.PROBES -----

@@ -1,4 +1,4 @@
-"""The shapes of meta.json and probes.json, checked once when a run is opened.
+"""The shapes of the archive's documents, checked once when a run is opened; typed records decoded.
 
 An archive is data from another machine or an older qprof, possibly cut or edited:
 reports must not crash deep in the analysis on a field of the wrong type. Each
@@ -6,12 +6,20 @@ document is checked against the shape qprof writes (fields may be absent; when
 present they have this type), and a mismatch is one line naming the file and the
 field: `meta.json: targets[0].pid must be an integer`. NaN and Infinity, which
 Python's json accepts but JSON does not, are refused while parsing (`loads`).
+
+A document written from a typed record (meta.json from collectors.records.Meta) has its
+shape derived from the record's type hints (`shape_of`) and is read back by the same
+hints (`decode`): the record is the one description of the document.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
+import types
+import typing
 from typing import Any
 
 from qprof.errors import QprofError
@@ -31,7 +39,8 @@ class T(Of):
 
     def __init__(self, *types: type | None) -> None:
         self.types = types
-        names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", None: "null"}
+        names: dict[type | None, str] = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                                         None: "null"}
         self.desc = " or ".join(names[t] for t in types)
 
     def check(self, value: Any, where: str) -> str | None:
@@ -141,34 +150,91 @@ def spec(s: Any) -> Of:
     return T(s)
 
 
+# ---- shapes and decoding derived from a typed record's hints ---------------------------------------
+
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _args(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+@functools.lru_cache(maxsize=None)
+def shape_of(hint: Any) -> Of:
+    """The JSON shape a record type is written in: a dataclass is an object whose fields without a
+    default are required; `X | None` may be null; lists and tuples are lists; `dict[int, X]` has
+    decimal-number keys."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        h = _hints(hint)
+        return Obj({f.name: shape_of(h[f.name]) for f in _fields(hint)},
+                   required=tuple(f.name for f in _fields(hint) if f.default is dataclasses.MISSING
+                                  and f.default_factory is dataclasses.MISSING))
+    if hint is Any:
+        return Anything()
+    if _is_union(hint):
+        opts = _args(hint)
+        if all(o in _SCALARS for o in opts):
+            return T(*(None if o is type(None) else o for o in opts))
+        return Either(*(T(None) if o is type(None) else shape_of(o) for o in opts))
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        return List(shape_of(_args(hint)[0]))
+    if origin is dict:
+        key, value = _args(hint)
+        return MapOf(shape_of(value), numbered=key is int)
+    if hint in _SCALARS:
+        return T(None if hint is type(None) else hint)
+    raise TypeError(f"no JSON shape for {hint!r}")
+
+
+def decode(hint: Any, value: Any) -> Any:
+    """`value`, a document already checked against `shape_of(hint)`, as the typed record. Fields the
+    document lacks (an older archive) take the record's defaults; fields it does not know are left."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        h = _hints(hint)
+        return hint(**{f.name: decode(h[f.name], value[f.name]) for f in _fields(hint) if f.name in value})
+    if hint is Any or hint in (int, str, bool, type(None)):
+        return value
+    if hint is float:
+        return float(value)
+    if _is_union(hint):
+        if value is None:
+            return None
+        opts = [o for o in _args(hint) if o is not type(None)]
+        if len(opts) == 1:
+            return decode(opts[0], value)
+        return value  # a union of scalars: as written
+    origin = typing.get_origin(hint)
+    if origin is list:
+        return [decode(_args(hint)[0], v) for v in value]
+    if origin is tuple:
+        return tuple(decode(_args(hint)[0], v) for v in value)
+    if origin is dict:
+        key, item = _args(hint)
+        return {(int(k) if key is int else k): decode(item, v) for k, v in value.items()}
+    raise TypeError(f"cannot decode {hint!r}")
+
+
+def encode(record: Any) -> Any:
+    """A record as its JSON document (dataclasses.asdict; int keys become decimal strings when dumped)."""
+    return dataclasses.asdict(record)
+
+
 INT, NUM, STR, BOOL = T(int), T(float), T(str), T(bool)
 OPT_INT, OPT_NUM, OPT_STR = T(int, None), T(float, None), T(str, None)
-
-_OBJECT = Obj({"path": STR, "build_id": OPT_STR, "symbols": OPT_STR, "go": T(bool, None),
-               "frame_pointers": T(bool, None), "dynamic": T(bool, None)}, required=("path",))
-META = Obj({
-    "format": STR, "version": ANY, "status": STR, "incomplete_reason": OPT_STR, "qprof_version": OPT_STR,
-    "host": Obj({"kernel": OPT_STR, "kernel_build": OPT_STR, "machine": OPT_STR, "cpu_model": OPT_STR,
-                 "cpus": OPT_INT, "python": OPT_STR, "cpu_nodes": MapOf(INT, numbered=True),
-                 "nics": [Obj({"name": STR, "numa_node": OPT_INT}, required=("name", "numa_node"))]}),
-    "tools": MapOf(OPT_STR), "kernel_features": MapOf(ANY),
-    "sampling": Obj({"event": STR, "frequency": INT, "chunk_bytes": INT, "keep_raw": BOOL, "clock": STR,
-                     "groups": [{"unwind": STR, "pids": [INT], "perf_data": STR,
-                                 "windows": MapOf([[OPT_INT]], numbered=True)}]}),
-    "targets": [Obj({"pid": INT, "comm": STR, "cmdline": [STR], "exe": OPT_STR, "objects": [_OBJECT],
-                     "threads": MapOf(STR, numbered=True), "cgroup": [STR], "role": OPT_STR, "unwind": OPT_STR,
-                     "unwind_reason": OPT_STR,
-                     "images": [Obj({"exe": OPT_STR, "comm": STR, "unwind": OPT_STR, "since_s": NUM})]},
-                    required=("pid",))],
-    "requested_duration_s": OPT_NUM, "probes": [STR], "collector": MapOf(ANY),
-    "pressure": Obj({"hierarchy": OPT_STR, "unavailable": OPT_STR}),
-    "symbols": [Obj({"path": STR, "build_id": OPT_STR, "how": STR, "source": OPT_STR, "note": STR},
-                    required=("path", "how"))],
-    "start_time": OPT_STR, "end_time": OPT_STR, "duration_s": OPT_NUM, "stop_reason": OPT_STR,
-    "exited": [INT], "perf_exit": MapOf(OPT_INT), "perf_cpu_s": MapOf(OPT_NUM),
-    "parse": {"samples": INT, "bad_lines": INT, "bad_examples": [STR]},
-    "chunks": {"folded": INT, "dropped": [MapOf(ANY)], "unreadable": [MapOf(ANY)]},
-})
 
 _HIST = [{"min": OPT_NUM, "max": OPT_NUM, "count": NUM}]
 _MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))

@@ -35,7 +35,9 @@ from qprof.collectors import archive, chunks, debuginfo, elf, netstat, procfs, s
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
-from qprof.collectors.records import LiveData, ProcReading, Target
+from qprof.collectors.records import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, Image,
+                                     LiveData, MappedObject, Meta, ParseSummary, PressureSource, ProcReading,
+                                     SampleGroup, Sampling, SamplingScope, Target)
 from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
@@ -80,7 +82,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def choose_unwind(requested: str, exe: elf.ObjectInfo | None) -> tuple[str, str]:
+def choose_unwind(requested: str, exe: MappedObject | None) -> tuple[str, str]:
     """Frame pointers when every frame will have them (cheap, exact); DWARF otherwise.
 
     A binary built with frame pointers still runs distribution libraries built
@@ -147,7 +149,7 @@ class AttachSession:
         self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from
         self._mapped_later: dict[int, list[str]] = {}  # per target: objects mapped after it was described
         self.folder: chunks.ChunkFolder | None = None
-        self.meta: dict[str, Any] = {}
+        self.meta: Meta | None = None  # None until the run directory holds a meta.json
         self._stop_reason: str | None = None
         self._interrupts = 0
         self._last_signal, self._last_signal_at = 0, 0.0
@@ -214,58 +216,60 @@ class AttachSession:
             self.traffic.close()
         for r in self.recorders:
             r.stop()
-        if not self.meta:  # nothing collected yet: leave no half-made run directory
+        if self.meta is None:  # nothing collected yet: leave no half-made run directory
             archive.release_space(out)
             try:
                 out.rmdir()
             except OSError:
                 pass
             return
-        self._finish(out, archive.STATUS_INCOMPLETE, reason)
+        self._finish(out, STATUS_INCOMPLETE, reason)
 
-    def _describe(self, pid: int) -> dict[str, Any]:
-        info = procfs.target_info(pid)
-        info["objects"] = [elf.object_info(p).to_json() for p in info["objects"]]
-        info["role"] = self.opts.roles.get(pid)
-        return info
+    def _describe(self, pid: int) -> Target:
+        t = procfs.target_info(pid)
+        t.objects = [elf.object_info(p) for p in procfs.mapped_objects(pid)]
+        t.role = self.opts.roles.get(pid)
+        return t
 
-    def _describe_targets(self) -> list[dict[str, Any]]:
+    def _describe_targets(self) -> list[Target]:
         targets = []
         for pid in self.opts.pids:
-            info = self._describe(pid)
-            exe = elf.object_info(info["exe"]) if info["exe"] else None
-            info["unwind"], info["unwind_reason"] = choose_unwind(self.opts.unwind, exe)
-            targets.append(info)
+            t = self._describe(pid)
+            t.unwind, t.unwind_reason = choose_unwind(self.opts.unwind, elf.object_info(t.exe) if t.exe else None)
+            targets.append(t)
         return targets
+
+    @staticmethod
+    def _renew(t: Target, fresh: Target) -> None:
+        """`t` as described again (its image, libraries, threads); its plan (role, unwinding) kept."""
+        t.comm, t.cmdline, t.exe, t.objects, t.threads, t.cgroup = (fresh.comm, fresh.cmdline, fresh.exe,
+                                                                      fresh.objects, fresh.threads, fresh.cgroup)
 
     def _refresh_targets(self, pids: set[int]) -> None:
         """Re-read live targets at the end: libraries loaded since the start; keep the plan."""
-        for t in self.meta["targets"]:
-            if t["pid"] in pids and procfs.is_alive(t["pid"]):
-                fresh = self._describe(t["pid"])
-                if fresh["exe"]:
-                    t.update({k: fresh[k] for k in ("comm", "cmdline", "exe", "objects", "threads", "cgroup")})
+        assert self.meta is not None
+        for t in self.meta.targets:
+            if t.pid in pids and procfs.is_alive(t.pid):
+                fresh = self._describe(t.pid)
+                if fresh.exe:
+                    self._renew(t, fresh)
 
     def _collect(self, perf: str, out: Path) -> None:
         opts = self.opts
         targets = self._describe_targets()
         groups: dict[str, list[int]] = {}
         for t in targets:
-            groups.setdefault(t["unwind"], []).append(t["pid"])
-        self.meta = {
-            "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COLLECTING,
-            "qprof_version": __version__, "host": sysinfo.host_info(),
-            "tools": {"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
-            "kernel_features": kernel_features(),
-            "sampling": {"event": opts.event, "frequency": opts.frequency, "clock": SAMPLE_CLOCK,
-                         "groups": [{"unwind": m, "pids": p, "perf_data": runfiles.perf_data(m)}
-                                    for m, p in groups.items()],
-                         "chunk_bytes": opts.chunk_bytes, "keep_raw": opts.keep_raw},
-            "targets": targets, "requested_duration_s": opts.duration, "probes": list(opts.probes),
-            "collector": procfs.process_identity(os.getpid()),
-            "start_time": None, "end_time": None,
-        }
-        archive.write_json_atomic(out / runfiles.META, self.meta)
+            groups.setdefault(t.unwind or "dwarf", []).append(t.pid)
+        meta = self.meta = Meta(
+            status=STATUS_COLLECTING, qprof_version=__version__, host=sysinfo.host_info(),
+            tools={"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
+            kernel_features=kernel_features(),
+            sampling=Sampling(opts.event, opts.frequency, SAMPLE_CLOCK,
+                              [SampleGroup(m, p, runfiles.perf_data(m)) for m, p in groups.items()],
+                              opts.chunk_bytes, opts.keep_raw),
+            targets=targets, requested_duration_s=opts.duration, probes=list(opts.probes),
+            collector=procfs.process_identity(os.getpid()))
+        archive.write_meta(out, meta)
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
         self.probes.launch()
@@ -275,16 +279,16 @@ class AttachSession:
         for mode, pids in groups.items():
             self._start_recorder(out, mode, pids)
         self._pressure_cgroups(out, opts.pids)
-        self.folder = chunks.ChunkFolder(perf, out, self.meta["sampling"]["groups"], keep_raw=opts.keep_raw,
+        self.folder = chunks.ChunkFolder(perf, out, meta.sampling.groups, keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status)
         # names for stripped objects (collectors.debuginfo), looked for in the background as the targets map
         # them: a debuginfod server may take its time, sampling never waits; the folder waits for them
         self.folder.symbols_ready = self.symbols.ready
-        self.symbols.add([o["path"] for t in self.meta["targets"] for o in t["objects"]])
+        self.symbols.add([o.path for t in meta.targets for o in t.objects])
         self.folder.start()
         start = time.monotonic()
-        self.meta["start_time"] = _now()
-        archive.write_json_atomic(out / runfiles.META, self.meta)
+        meta.start_time = _now()
+        archive.write_meta(out, meta)
         self.probes.wait_ready(should_stop=lambda: self._stop_reason is not None)
         self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
                                                           else " until every target exits; Ctrl-C stops"))
@@ -293,34 +297,33 @@ class AttachSession:
         self._poll(out, start)
         self._collecting = False
         self._refresh_targets(set(opts.pids))
-        self.meta["duration_s"] = round(time.monotonic() - start, 3)
-        self.meta["end_time"] = _now()
-        self.meta["stop_reason"] = self._stop_reason
-        self.meta["exited"] = [p for p in opts.pids if not procfs.is_alive(p)]
+        meta.duration_s = round(time.monotonic() - start, 3)
+        meta.end_time = _now()
+        meta.stop_reason = self._stop_reason
+        meta.exited = [p for p in opts.pids if not procfs.is_alive(p)]
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self._last_reading(out)
-        self.meta["perf_exit"] = {r.unwind: r.stop() for r in self.recorders}
-        self.meta["perf_cpu_s"] = {r.unwind: r.cpu_s for r in self.recorders}
+        meta.perf_exit = {r.unwind: r.stop() for r in self.recorders}
+        meta.perf_cpu_s = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
         _keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
         assert self.folder is not None
-        self.symbols.add([o["path"] for t in self.meta["targets"] for o in t["objects"]])
+        self.symbols.add([o.path for t in meta.targets for o in t.objects])
         self.symbols.ready.wait()
-        self.meta["symbols"] = [s.to_json() for s in self.symbols.found]
+        meta.symbols = list(self.symbols.found)
         stats = self.folder.finish()
-        self.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
-                              "bad_examples": stats.bad_examples}
-        self.meta["chunks"] = chunks.summary(self.folder.state)
+        meta.parse = ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
+        meta.chunks = chunks.summary(self.folder.state)
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
-        broken = {m: rc for m, rc in self.meta["perf_exit"].items() if rc not in (0, None, -signal.SIGINT)}
+        broken = {m: rc for m, rc in meta.perf_exit.items() if rc not in (0, None, -signal.SIGINT)}
         if broken or (self._stop_reason or "").startswith("perf exited"):
             codes = ", ".join(f"{m}: exit {rc}" for m, rc in broken.items()) or "exit 0"
             raise QprofError(f"perf record ended before qprof stopped it ({codes}; "
                              f"{self.recorders[0].log_tail()}): {out} is marked incomplete and keeps "
                              "the samples written until then")
-        self._finish(out, archive.STATUS_COMPLETE, None)
+        self._finish(out, STATUS_COMPLETE, None)
 
     def _start_recorder(self, out: Path, mode: str, pids: list[int]) -> PerfRecorder:
         opts = self.opts
@@ -337,69 +340,70 @@ class AttachSession:
         released; a dlopen): their names looked for now, in the background, before the folder needs
         them. Describing them (elf) waits for the end: ~7 ms each, it would delay the readings just
         when a short transfer's sockets open and close."""
-        for t in self.meta["targets"]:
-            later = self._mapped_later.setdefault(t["pid"], [])
-            known = {o["path"] for o in t["objects"]}.union(later)
-            new = [p for p in procfs.mapped_objects(t["pid"]) if p not in known]
+        assert self.meta is not None
+        for t in self.meta.targets:
+            later = self._mapped_later.setdefault(t.pid, [])
+            known = {o.path for o in t.objects}.union(later)
+            new = [p for p in procfs.mapped_objects(t.pid) if p not in known]
             if new:
                 later += new
                 self.symbols.add(new)
 
     def _describe_mapped_later(self) -> None:
-        for t in self.meta.get("targets", []):
-            t["objects"] += [elf.object_info(p).to_json() for p in self._mapped_later.pop(t["pid"], [])]
+        for t in self.meta.targets if self.meta is not None else ():
+            t.objects += [elf.object_info(p) for p in self._mapped_later.pop(t.pid, [])]
 
     def follow_exec(self, out: Path, elapsed: float) -> None:
         """Targets that exec'd since the last look: their identity, objects and unwinding are the
         new image's. When the new image wants the other unwinding mode, its samples are taken from
         a recorder in that mode from now on (started on first need; both sample every CPU), and
         each group records the time window in which it holds the pid's samples."""
-        for t in self.meta["targets"]:
-            pid = t["pid"]
+        assert self.meta is not None
+        for t in self.meta.targets:
+            pid = t.pid
             try:
                 exe = os.readlink(f"/proc/{pid}/exe")
             except OSError:
                 continue  # gone, or a kernel thread
-            if exe.removesuffix(" (deleted)") == t.get("exe"):
+            if exe.removesuffix(" (deleted)") == t.exe:
                 continue  # the same image (its file replaced on disk is not an exec)
             fresh = self._describe(pid)
-            if not fresh["exe"]:
+            if not fresh.exe:
                 continue
-            images = t.setdefault("images", [{"exe": t.get("exe"), "comm": t.get("comm", "?"),
-                                              "unwind": t.get("unwind"), "since_s": 0.0}])
-            t.update({k: fresh[k] for k in ("comm", "cmdline", "exe", "objects", "threads", "cgroup")})
-            info = elf.object_info(fresh["exe"])
-            mode, reason = choose_unwind(self.opts.unwind, info)
-            images.append({"exe": fresh["exe"], "comm": fresh["comm"], "unwind": mode, "since_s": round(elapsed, 3)})
-            self.status(f"pid {pid} exec'd {fresh['exe']} ({fresh['comm']})")
-            if mode != t.get("unwind"):
+            if not t.images:
+                t.images.append(Image(t.exe, t.comm, t.unwind, 0.0))
+            self._renew(t, fresh)
+            mode, reason = choose_unwind(self.opts.unwind, elf.object_info(fresh.exe))
+            t.images.append(Image(fresh.exe, fresh.comm, mode, round(elapsed, 3)))
+            self.status(f"pid {pid} exec'd {fresh.exe} ({fresh.comm})")
+            if mode != t.unwind:
                 if self._move(out, pid, mode):
-                    t["unwind"], t["unwind_reason"] = mode, f"{reason} (after it exec'd {Path(fresh['exe']).name})"
+                    t.unwind, t.unwind_reason = mode, f"{reason} (after it exec'd {Path(fresh.exe).name})"
                 else:
-                    images[-1]["unwind"] = t.get("unwind")
-                    t["unwind_reason"] = (f"{t.get('unwind_reason')}; kept after it exec'd {Path(fresh['exe']).name}"
-                                          f" (wanted {mode}: --scope cgroup cannot add it to a running recorder)")
-            archive.write_json_atomic(out / runfiles.META, self.meta)
+                    t.images[-1].unwind = t.unwind
+                    t.unwind_reason = (f"{t.unwind_reason}; kept after it exec'd {Path(fresh.exe).name}"
+                                       f" (wanted {mode}: --scope cgroup cannot add it to a running recorder)")
+            archive.write_meta(out, self.meta)
 
     def _move(self, out: Path, pid: int, new: str) -> bool:
         """Read `pid`'s samples from the `new` mode's recorder from now on; False if it cannot be."""
-        groups = self.meta["sampling"]["groups"]
-        target = next((g for g in groups if g["unwind"] == new), None)
+        assert self.meta is not None
+        groups = self.meta.sampling.groups
+        target = next((g for g in groups if g.unwind == new), None)
         if target is None:
-            target = {"unwind": new, "pids": [], "perf_data": runfiles.perf_data(new)}
+            target = SampleGroup(new, [], runfiles.perf_data(new))
             self._start_recorder(out, new, [pid])
             groups.append(target)  # after its recorder runs: the folding thread may pick it up at once
         elif self.cgroups is not None:
             return False  # that recorder samples fixed cgroups, not this pid's
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # the samples' clock (perf -k mono)
         for g in groups:
-            if pid in g["pids"] and g is not target:
-                spans = g.setdefault("windows", {}).setdefault(str(pid), [[None, None]])
+            if pid in g.pids and g is not target:
+                spans = g.windows.setdefault(pid, [[None, None]])
                 spans[-1][1] = now
-        spans = target.setdefault("windows", {}).setdefault(str(pid), [])
-        spans.append([now + 1, None])
-        if pid not in target["pids"]:
-            target["pids"].append(pid)
+        target.windows.setdefault(pid, []).append([now + 1, None])
+        if pid not in target.pids:
+            target.pids.append(pid)
         return True
 
     def _sampling_cgroups(self, pids: list[int]) -> list[str] | None:
@@ -407,9 +411,12 @@ class AttachSession:
         cgroup can be set up), or None for system-wide sampling. Recorded in meta.json's
         sampling.scope: the mode in effect, and with auto the reason it fell back to system."""
         want = self.opts.scope
-        scope = self.meta["sampling"].setdefault(
-            "scope", {"mode": "system" if want == "system" else "cgroup", "requested": want, "cgroups": []})
-        if scope["mode"] == "system":
+        assert self.meta is not None
+        sampling = self.meta.sampling
+        if sampling.scope is None:
+            sampling.scope = SamplingScope("system" if want == "system" else "cgroup", want)
+        scope = sampling.scope
+        if scope.mode == "system":
             return None
         h = find_hierarchy()
         try:
@@ -421,16 +428,16 @@ class AttachSession:
                 self.cgroups = SampleCgroups(h)
             names = self.cgroups.place(pids)
         except OSError as e:
-            if want == "cgroup" or scope["cgroups"]:
+            if want == "cgroup" or scope.cgroups:
                 # a later recorder cannot change mode: its targets' samples would follow another clock
                 raise QprofError(f"cannot keep sampling to the targets with a cgroup: {e}; "
                                  "use --scope system") from None
-            scope.update(mode="system", fallback=str(e))
+            scope.mode, scope.fallback = "system", str(e)
             self.status(f"sampling system-wide: no cgroup for the targets ({e}); shares of work that "
-                        "starts when a target wakes can be off (README: The report)")
+                        "starts when a target wakes can be off (docs/usage.md: The report)")
             return None
-        scope.update(hierarchy=f"{h.version} {h.mount}")
-        scope["cgroups"] += names
+        scope.hierarchy = f"{h.version} {h.mount}"
+        scope.cgroups += names
         return names
 
     def _pressure_cgroups(self, out: Path, pids: list[int]) -> None:
@@ -439,26 +446,26 @@ class AttachSession:
         sampling) the targets get children there for this alone. A child has no controller: nothing
         about how a target runs changes. Recorded in meta.json's `pressure`; where none can be had the
         verdict judges a multi-threaded target's stalls from its run-queue time and says so."""
-        record: dict[str, Any] = {"hierarchy": None, "unavailable": None}
-        self.meta["pressure"] = record
+        assert self.meta is not None
+        record = self.meta.pressure = PressureSource()
         h = pressure_hierarchy()
         if h is None:
-            record["unavailable"] = "no cgroup v2 hierarchy with CPU pressure (PSI) is mounted"
+            record.unavailable = "no cgroup v2 hierarchy with CPU pressure (PSI) is mounted"
         elif self.cgroups is not None and self.cgroups.h.mount == h.mount:
-            record["hierarchy"] = f"v2 {h.mount} (the sampling cgroups)"
+            record.hierarchy = f"v2 {h.mount} (the sampling cgroups)"
         else:
             try:
                 for gone in cleanup_leftovers(h):
                     self.status(f"removed a cgroup left by a killed qprof: {gone}")
                 self.pressure_cgroups = SampleCgroups(h)
                 self.pressure_cgroups.place(pids)
-                record["hierarchy"] = f"v2 {h.mount}"
+                record.hierarchy = f"v2 {h.mount}"
             except OSError as e:
-                record["unavailable"] = f"cannot give the targets a cgroup of their own in {h.mount}: {e}"
-        if record["unavailable"]:
-            self.status(f"no CPU pressure per target: {record['unavailable']}; the verdict estimates the stalls "
+                record.unavailable = f"cannot give the targets a cgroup of their own in {h.mount}: {e}"
+        if record.unavailable:
+            self.status(f"no CPU pressure per target: {record.unavailable}; the verdict estimates the stalls "
                         "of multi-threaded targets from run-queue time")
-        archive.write_json_atomic(out / runfiles.META, self.meta)
+        archive.write_meta(out, self.meta)
 
     def _release_cgroups(self) -> None:
         for cg in (self.cgroups, self.pressure_cgroups):
@@ -506,7 +513,7 @@ class AttachSession:
                     if self.on_tick is not None:
                         self.on_tick(LiveData(now - start, opts.duration, ProcReading.from_json(reading),
                                               self._probe_maps, netstat.softirq_seconds(),
-                                              tuple(Target.from_json(t) for t in self.meta["targets"])))
+                                              tuple(self.meta.targets if self.meta else ())))
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:
@@ -524,17 +531,17 @@ class AttachSession:
                     time.sleep(max(0.005, min(POLL_TICK, left)))
 
     def _finish(self, out: Path, status: str, reason: str | None) -> None:
-        if not self.meta:
+        if self.meta is None:
             return
         self._describe_mapped_later()
-        self.meta["status"] = status
+        self.meta.status = status
         if reason:
-            self.meta["incomplete_reason"] = reason
+            self.meta.incomplete_reason = reason
         archive.release_space(out)  # a full disk still takes this last small write
         try:
-            archive.write_json_atomic(out / runfiles.META, self.meta)
+            archive.write_meta(out, self.meta)
         except OSError:
-            if status == archive.STATUS_COMPLETE:
+            if status == STATUS_COMPLETE:
                 raise
             # meta.json keeps "collecting" with a collector that is gone: readers see "incomplete"
 

@@ -159,9 +159,10 @@ def read_header(path: Path) -> dict[str, Any] | None:
         raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
                          "on the host that recorded the run") from None
     if isinstance(obj, dict) and HEADER_KEY in obj:
-        if not isinstance(obj[HEADER_KEY], dict):
+        header = obj[HEADER_KEY]
+        if not isinstance(header, dict):
             raise QprofError(f"{path}:1: damaged stacks header")
-        return obj[HEADER_KEY]
+        return header
     return None
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any
+
+from qprof.collectors.records import Host, Nic
 
 
 def cpu_model() -> str | None:
@@ -18,9 +19,9 @@ def cpu_model() -> str | None:
     return None
 
 
-def cpu_nodes() -> dict[str, int]:
+def cpu_nodes() -> dict[int, int]:
     """CPU -> NUMA node (from sysfs; one node when the kernel shows none)."""
-    out: dict[str, int] = {}
+    out: dict[int, int] = {}
     base = "/sys/devices/system/cpu"
     try:
         cpus = [d for d in os.listdir(base) if d.startswith("cpu") and d[3:].isdigit()]
@@ -31,13 +32,13 @@ def cpu_nodes() -> dict[str, int]:
             nodes = [n for n in os.listdir(f"{base}/{d}") if n.startswith("node") and n[4:].isdigit()]
         except OSError:
             continue
-        out[d[3:]] = int(nodes[0][4:]) if nodes else 0
+        out[int(d[3:])] = int(nodes[0][4:]) if nodes else 0
     return out
 
 
-def nics() -> list[dict[str, Any]]:
+def nics() -> list[Nic]:
     """Network devices backed by hardware (not lo/veth/bridges) with their NUMA node."""
-    out = []
+    out: list[Nic] = []
     try:
         names = sorted(os.listdir("/sys/class/net"))
     except OSError:
@@ -51,20 +52,12 @@ def nics() -> list[dict[str, Any]]:
                 node = int(f.read().strip())
         except (OSError, ValueError):
             node = -1
-        out.append({"name": n, "numa_node": node})
+        out.append(Nic(n, node))
     return out
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> Host:
     u = os.uname()
-    return {
-        "hostname": u.nodename,  # tells runs recorded on two hosts apart in tables
-        "kernel": u.release,
-        "kernel_build": u.version,
-        "machine": u.machine,
-        "cpu_model": cpu_model(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "cpu_nodes": cpu_nodes(),
-        "nics": nics(),
-    }
+    return Host(hostname=u.nodename, kernel=u.release, kernel_build=u.version, machine=u.machine,
+                cpu_model=cpu_model(), cpus=os.cpu_count(), python=platform.python_version(),
+                cpu_nodes=cpu_nodes(), nics=nics())

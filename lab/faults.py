@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import unprivileged
+from qprof.collectors import archive
+from qprof.collectors.archive import Run
+from qprof.collectors.records import STATUS_COMPLETE, Meta, ProcessIdentity, SampleGroup
+from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 from qprof.probes.leftovers import Leftovers, bpf_programs, leftovers
 
@@ -73,6 +77,14 @@ def _json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+def _meta(run: Path) -> Meta:
+    """A run's metadata through the archive's model; an empty record where there is none to read yet."""
+    try:
+        return Run.open(run).meta
+    except QprofError:
+        return Meta(status="unreadable")
 
 
 def probes_attached(run: Path) -> bool:
@@ -255,9 +267,9 @@ def _ends_complete(att: subprocess.Popen[str], run: Path, stop: str) -> CaseResu
     """qprof exits 0 with its run complete and stopped for the reason `stop`."""
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
-    meta = _json(run / "meta.json")
-    ok = ok and meta.get("stop_reason") == stop and meta.get("status") == "complete"
-    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
+    meta = _meta(run)
+    ok = ok and meta.stop_reason == stop and meta.status == "complete"
+    return ok, f"{detail}; stop: {meta.stop_reason}", run
 
 
 def case_target_exits(rig: FaultRig) -> CaseResult:
@@ -275,9 +287,9 @@ def case_target_sigkill(rig: FaultRig) -> CaseResult:
     t.kill()
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
-    meta = _json(run / "meta.json")
-    ok = ok and meta.get("exited") == [t.pid] and meta.get("status") == "complete"
-    return ok, f"{detail}; stop: {meta.get('stop_reason')}", run
+    meta = _meta(run)
+    ok = ok and meta.exited == [t.pid] and meta.status == "complete"
+    return ok, f"{detail}; stop: {meta.stop_reason}", run
 
 
 def case_one_of_two_exits(rig: FaultRig) -> CaseResult:
@@ -286,8 +298,8 @@ def case_one_of_two_exits(rig: FaultRig) -> CaseResult:
     att = rig.attach([short.pid, long.pid], run, "-d", "8")
     rc, err = _finish(att)
     ok, detail = _expect(rc, err, 0)
-    meta = _json(run / "meta.json")
-    ok = ok and meta.get("stop_reason") == "duration reached" and meta.get("exited") == [short.pid]
+    meta = _meta(run)
+    ok = ok and meta.stop_reason == "duration reached" and meta.exited == [short.pid]
     rep = subprocess.run([*QPROF, "report", str(run), "--format", "json"], capture_output=True, text=True)
     pids = {p["pid"]: p["samples"] for p in json.loads(rep.stdout or "{}").get("processes", [])}
     ok = ok and pids.get(short.pid, 0) > 0 and pids.get(long.pid, 0) > pids.get(short.pid, 0)
@@ -340,7 +352,7 @@ def _signal_case(sig: signal.Signals, when: str, *, crypto: bool = False
             ok, detail = _expect(rc, err, 2, "interrupted while writing")
         else:
             ok, detail = _expect(rc, err, 0)
-            ok = ok and _json(run / "meta.json").get("status") == "complete"
+            ok = ok and _meta(run).status == "complete"
         if when == "start-up":
             detail += "; signalled before probes attached" if started_early else "; probes had attached"
         return ok, detail, run
@@ -413,7 +425,7 @@ def _probe_case(kind: str) -> Callable[[FaultRig], CaseResult]:
         else:
             ok = ok and needle in unavailable
             detail += f"; unavailable: {unavailable[:140]}"
-        return ok and _json(run / "meta.json").get("status") == "complete", detail, run
+        return ok and _meta(run).status == "complete", detail, run
     return case
 
 
@@ -554,8 +566,8 @@ def case_target_execs(rig: FaultRig) -> CaseResult:
                 by_comm[r.comm] = by_comm.get(r.comm, 0) + r.samples
     except Exception as e:  # noqa: BLE001  (reported as the case's failure)
         return False, f"{detail}; stacks unreadable: {e}", run
-    meta = _json(run / "meta.json")
-    ended_as = (meta.get("targets") or [{}])[0].get("comm")
+    targets = _meta(run).targets
+    ended_as = targets[0].comm if targets else None
     before = sum(n for c, n in by_comm.items() if c != "sh")
     ok = ok and before > 0 and by_comm.get("sh", 0) > 0 and ended_as == "sh"
     return ok, f"{detail}; samples by program {by_comm}; described as {ended_as!r}", run
@@ -568,7 +580,7 @@ def case_two_attach_one_pid(rig: FaultRig) -> CaseResult:
     atts = [rig.attach([t.pid], r, "-d", "5") for r in runs]
     results = [_finish(a) for a in atts]
     checks = [_expect(rc, err, 0) for rc, err in results]
-    ok = all(c[0] for c in checks) and all(_json(r / "meta.json").get("status") == "complete" for r in runs)
+    ok = all(c[0] for c in checks) and all(_meta(r).status == "complete" for r in runs)
     other, why = data_kept(runs[1])  # the first run is checked by run_case
     return ok and other == "yes", f"{checks[0][1]}; {checks[1][1]}; second run: {why}", runs[0]
 
@@ -612,8 +624,7 @@ def _minimal_run(root: Path, name: str, symbol: str = "main") -> Path:
 
     run = root / name
     run.mkdir()
-    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "status": "complete",
-                                               "targets": []}))
+    archive.write_meta(run, Meta(status=STATUS_COMPLETE))
     write_stacks(run / "stacks.jsonl.gz", [StackRecord(7, 7, "x", 1, 1000, ((symbol, "/usr/bin/x"),))])
     return run
 
@@ -694,11 +705,10 @@ def case_untrusted_archive(rig: FaultRig) -> CaseResult:
                       4_000_000)
     r = runs["raw perf data, not folded"] = _minimal_run(rig.root, "raw")
     (r / "stacks.jsonl.gz").unlink()
-    meta = _json(r / "meta.json")
-    meta.update(sampling={"groups": [{"unwind": "fp", "pids": [1], "perf_data": "perf-fp.data"}]},
-                collector={"pid": os.getpid(), "start_ticks": 0,
-                           "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()})
-    (r / "meta.json").write_text(json.dumps(meta))
+    raw = Run.open(r)
+    raw.meta.sampling.groups = [SampleGroup("fp", [1], "perf-fp.data")]
+    raw.meta.collector = ProcessIdentity(os.getpid(), 0, Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    raw.save_meta()
     (r / "perf-fp.data.2026010100000000").write_bytes(b"PERFILE2" + b"\0" * 4096)
     r = runs["names that look like code"] = _minimal_run(rig.root, "code", f"$(touch {rig.root / 'canary'})")
     for r in runs.values():

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from lab.endpoints.build import build
 from lab.endpoints.transfer import BulkTransfer
 from lab.transfers import Ngtcp2Transfer, Transfer
+from qprof.collectors.archive import Run
 from qprof.errors import QprofError
 from qprof.netlab import ROLES, Hog, Lab, LabError, signals_held
 from qprof.probes.sockets import socket_fds, udp_ports
@@ -384,8 +385,8 @@ def run_scenario(scenario: Scenario, stack: str, factory: TransferFactory, size:
             res.run = AttachSession(opts, on_ready=placed.release, stop_when=xfer.client_done,
                                     status=status).run()
             after = {r: lab.throttling(r) for r in ROLES}
-            meta = json.loads((res.run / "meta.json").read_text())
-            if str(meta.get("stop_reason") or "").startswith("interrupted"):
+            meta = Run.open(res.run).meta
+            if (meta.stop_reason or "").startswith("interrupted"):
                 raise KeyboardInterrupt
             assert xfer.client is not None
             xfer.client.wait(60)
@@ -408,7 +409,7 @@ def run_scenario(scenario: Scenario, stack: str, factory: TransferFactory, size:
             res.cause = verdict.get("cause")
             res.stack_word = verdict.get("stack_record")
         evidence = verdict.get("evidence", {}) if isinstance(verdict, dict) else {}
-        wall = float(meta.get("duration_s") or 0) or None
+        wall = meta.duration_s or None
         for p in report.get("processes", []):
             role = p.get("role")
             cores = (evidence.get(role) or {}).get("process_cpu_cores") if isinstance(evidence, dict) else None

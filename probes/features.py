@@ -44,7 +44,10 @@ def require_sampling_privileges() -> None:
     if os.geteuid() == 0:
         return
     caps = effective_capabilities()
-    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+
+    def has(bit: int) -> bool:
+        return bool(caps >> bit & 1)
+
     missing = []
     if not (has(CAP_PERFMON) or has(CAP_SYS_ADMIN)):
         missing.append("CAP_PERFMON")
@@ -131,7 +134,7 @@ def _hardware_cycles() -> bool:
     return False
 
 
-def kernel_features() -> dict[str, object]:
+def kernel_features() -> dict[str, str | int | float | bool | None]:
     """What this kernel offers qprof, detected now (recorded in every run archive).
 
     kprobes and fentry are not used by the shipped probes (tracepoints are the

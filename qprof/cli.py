@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 import click
 
-from qprof import runfiles
 from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.errors import QprofError
 from qprof.viewer.console import text_console
@@ -467,13 +466,13 @@ def _pid_pair(text: str) -> tuple[int, int]:
 
 
 def _refold(run: Any) -> None:
-    from qprof.collectors import archive, chunks
+    from qprof.collectors import chunks
+    from qprof.collectors.records import ParseSummary
     from qprof.probes.features import require_perf
 
-    stats = chunks.refold(require_perf(), run.path, run.meta["sampling"]["groups"])
-    run.meta["parse"] = {"samples": stats.samples, "bad_lines": stats.bad_lines,
-                         "bad_examples": stats.bad_examples}
-    archive.write_json_atomic(run.path / runfiles.META, run.meta)
+    stats = chunks.refold(require_perf(), run.path, run.meta.sampling.groups)
+    run.meta.parse = ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
+    run.save_meta()
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
 

@@ -75,7 +75,7 @@ def run_demo(size: str, out: Path, status: Callable[[str], None], loopback: bool
         if rep.path is None or rep.failures:
             raise QprofError("the demo's transfer failed" +
                              (f"; run archive kept in {rep.path}" if rep.path else ""))
-        took = Run.open(rep.path).info.client_s
+        took = Run.open(rep.path).meta.client_s
         if took:
             # its goodput is the report's (attribution.transfer): one figure, printed once
             status(f"transfer of {size} done: the client ran {took:.2f} s, start-up and handshake included")

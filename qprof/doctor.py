@@ -98,11 +98,10 @@ def _target_checks(pid: int) -> list[Check]:
     out: list[Check] = []
     if not procfs.is_alive(pid):
         return [Check(f"pid {pid}", False, "no such process", f"check it with `ps -p {pid}`", "sampling")]
-    info = procfs.target_info(pid)
-    exe = elf.object_info(info["exe"]) if info["exe"] else None
-    mode, why = choose_unwind("auto", exe)
+    target = procfs.target_info(pid)
+    mode, why = choose_unwind("auto", elf.object_info(target.exe) if target.exe else None)
     out.append(Check(f"pid {pid} unwinding", True, f"{mode}: {why}", needed_for="information"))
-    for path in info["objects"]:
+    for path in procfs.mapped_objects(pid):
         o = elf.object_info(path)
         debuglink = _has_debuglink(path)
         detail = (f"{o.symbols} symbols, build-id {o.build_id or 'none'}, "

@@ -31,7 +31,7 @@ from typing import Callable
 
 from qprof import runfiles
 from qprof.collectors import archive
-from qprof.collectors.records import LiveData
+from qprof.collectors.records import LiveData, RecordEntry
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Placement, StoppedProcess
 from qprof.errors import QprofError
@@ -274,7 +274,7 @@ def run_repetition(opts: RecordOptions, index: int, status: Callable[[str], None
             exits = {p.cmd.label: p.stop() for p in procs}
         conductor.ended(by_itself)
         rep.failures = conductor.failures
-        rep.interrupted = str(session.meta.get("stop_reason") or "").startswith("interrupted")
+        rep.interrupted = (session.meta is not None and (session.meta.stop_reason or "").startswith("interrupted"))
         if conductor.client is not None and conductor.client.released_at is None and not rep.interrupted:
             shutil.rmtree(out, ignore_errors=True)  # the client never ran: nothing was measured
             rep.path = None
@@ -292,16 +292,11 @@ def _describe(path: Path, opts: RecordOptions, index: int, procs: list[_Process]
         with contextlib.suppress(OSError):
             shutil.copyfile(p.log, path / p.log.name)
             (path / p.log.name).chmod(0o600)
-    meta_path = path / runfiles.META
-    meta = archive.Run.open(path).meta
-    meta["record"] = {
-        "repetition": index, "repetitions": opts.repeat,
-        "commands": {p.cmd.label: list(p.cmd.argv) for p in procs},
-        "exit": exits, "ready": conductor.ready.describe() if conductor.server else None,
-        "ready_after_s": conductor.ready_after_s, "client_s": conductor.client_s,
-        "failures": conductor.failures,
-    }
-    archive.write_json_atomic(meta_path, meta)
+    run = archive.Run.open(path)
+    run.meta.record = RecordEntry(index, opts.repeat, {p.cmd.label: list(p.cmd.argv) for p in procs}, exits,
+                                  conductor.ready.describe() if conductor.server else None,
+                                  conductor.ready_after_s, conductor.client_s, list(conductor.failures))
+    run.save_meta()
 
 
 def record(opts: RecordOptions, status: Callable[[str], None],

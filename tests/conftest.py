@@ -3,15 +3,19 @@ they skip only when the facility is truly absent, and say which."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
+
+from qprof.collectors.archive import Run
+from qprof.collectors.records import Meta
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tests"
@@ -57,6 +61,15 @@ def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
     if check and r.returncode != 0:
         raise AssertionError(f"qprof {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
     return r
+
+
+@contextlib.contextmanager
+def edited_meta(run: Path) -> Iterator[Meta]:
+    """A run's metadata to change, written back through the archive's model when the block ends: how
+    tests make an archive into one that was cut short, recorded elsewhere or by an older qprof."""
+    opened = Run.open(run)
+    yield opened.meta
+    opened.save_meta()
 
 
 def as_nobody(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:

@@ -15,13 +15,18 @@ from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PAC
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.analysis import analyse_run
 from qprof.collectors import archive
+from qprof.collectors import schema
 from qprof.collectors.archive import Run, create_run_dir
 from qprof.collectors.procfs import REDACTED, redact_cmdline
-from qprof.collectors.records import ProcReading
+from qprof.collectors.records import (STATUS_COMPLETE, ChunkSummary, Host, Image, MappedObject, Meta, Nic,
+                                     ObjectSymbols, ParseSummary, PressureSource, ProcessIdentity, ProcReading,
+                                     RecordEntry, SampleGroup, Sampling, SamplingScope, Target)
 from qprof.collectors.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
-from conftest import examples
+from conftest import ROOT, examples
+
+DATA = ROOT / "tests" / "data"
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -175,17 +180,47 @@ def test_infinite_number_record(tmp_path: Path) -> None:
 
 
 def _meta(**over: object) -> dict:
-    meta = {"format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
-            "targets": []}
-    meta.update(over)
-    return meta
+    """A complete run's meta.json as the model writes it, with fields changed: damaged on purpose."""
+    return {**schema.encode(Meta(status=STATUS_COMPLETE)), **over}
 
 
 def test_run_open_ok(tmp_path: Path) -> None:
-    (tmp_path / runfiles.META).write_text(json.dumps(_meta()))
+    archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
     run = Run.open(tmp_path)
-    assert run.meta["status"] == "complete" and not run.has_stacks()
+    assert run.meta.status == "complete" and not run.has_stacks()
     assert list(run.proc_readings()) == []
+
+
+def test_meta_round_trips_through_its_model(tmp_path: Path) -> None:
+    """What the session writes is what readers get back: every record of meta.json, nested ones too."""
+    meta = Meta(status=STATUS_COMPLETE, host=Host(hostname="h", cpus=2, cpu_nodes={0: 0, 1: 1}, nics=[Nic("eth0", 1)]),
+                sampling=Sampling(frequency=999, clock="monotonic",
+                                  groups=[SampleGroup("fp", [7], "perf-fp.data", {7: [[None, 5], [9, None]]})],
+                                  scope=SamplingScope("cgroup", "auto", ["a/b"])),
+                targets=[Target(7, "srv", "server", "/bin/srv", ["srv", "-q"], [MappedObject("/bin/srv", "ab", "symtab")],
+                                {7: "srv", 8: "worker"}, ["0::/x"], "fp", "frame pointers",
+                                [Image("/bin/sh", "sh", "dwarf", 0.0), Image("/bin/srv", "srv", "fp", 0.25)])],
+                collector=ProcessIdentity(1, 2, "boot"), pressure=PressureSource("v2 /sys/fs/cgroup"),
+                symbols=[ObjectSymbols("/bin/srv", "ab", "symtab")], duration_s=1.5, exited=[7],
+                perf_exit={"fp": 0}, perf_cpu_s={"fp": 0.25}, parse=ParseSummary(10, 1, ["x"]),
+                chunks=ChunkSummary(2, [{"chunk": "perf-fp.data.1", "bytes": 5}]),
+                record=RecordEntry(1, 3, {"client": ["c"]}, {"client": 0}, "UDP port 1 bound", 0.1, 0.5, []))
+    archive.write_meta(tmp_path, meta)
+    assert Run.open(tmp_path).meta == meta
+    assert Run.open(tmp_path).meta.client_s == 0.5
+
+
+def test_meta_shape_comes_from_the_model() -> None:
+    """The checker refuses what the model cannot hold, naming the field; it accepts what it writes."""
+    shape = archive.META_SHAPE
+    assert schema.conforms(schema.encode(Meta()), shape)
+    bad = schema.encode(Meta(targets=[Target(7)]))
+    bad["targets"][0]["threads"] = {"x": "y"}
+    assert shape.check(bad, "") == "targets[0].threads keys must be decimal numbers, not 'x'"
+    bad = schema.encode(Meta(sampling=Sampling(groups=[SampleGroup("fp")])))
+    bad["sampling"]["groups"][0]["windows"] = {"7": [["a", None]]}
+    assert shape.check(bad, "") == "sampling.groups[0].windows['7'][0][0] must be an integer or null"
+    assert shape.check({"targets": [{"comm": "x"}]}, "") == "targets[0] lacks `pid`"
 
 
 @pytest.mark.parametrize("content,match", [
@@ -218,18 +253,12 @@ def test_run_open_missing_dir_and_file(tmp_path: Path) -> None:
         Run.open(f)
 
 
-def test_typed_records_of_an_archive_with_only_required_fields(tmp_path: Path) -> None:
-    """Older archives lack fields newer ones have: the typed records fill in what readers assume."""
-    target = {"pid": 7, "images": [{"comm": "a"}], "objects": [{"path": "/bin/a"}]}
-    (tmp_path / runfiles.META).write_text(json.dumps(_meta(targets=[target], sampling={"event": "cpu-clock",
-                                                                                       "frequency": 99})))
-    (tmp_path / runfiles.PROC).write_text(json.dumps({"mono": 1.5, "threads": {"7": [
-        {"tid": 8, "comm": "a", "utime_s": 1, "stime_s": 2}]}, "cgroups": {"7": None}}) + "\n")
-    (tmp_path / runfiles.PROBES).write_text(json.dumps({"programs": {"packetio": {"output": "probe-packetio.jsonl",
-                                                                                  "maps": {}}}}))
-    run = Run.open(tmp_path)
-    info = run.info
-    assert (info.status, info.sampling.frequency, info.sampling.clock, info.sampling.scope) == \
+def test_typed_records_of_an_archive_with_only_required_fields() -> None:
+    """Older archives lack fields newer ones have: the typed records fill in what readers assume
+    (tests/data/minimal-run: only the fields every qprof wrote)."""
+    run = Run.open(DATA / "minimal-run")
+    info = run.meta
+    assert (info.status, info.sampling.frequency, info.sampling.clock, info.sampling.scope_mode) == \
         ("complete", 99, None, "system")
     (t,) = info.targets
     assert (t.pid, t.comm, t.role, t.objects[0].path, t.objects[0].go, t.images[0].since_s) == \
@@ -243,7 +272,7 @@ def test_typed_records_of_an_archive_with_only_required_fields(tmp_path: Path) -
 
 
 def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
-    (tmp_path / runfiles.META).write_text(json.dumps(_meta()))
+    archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
     whole = {"t": 1, "mono": 1, "threads": {}}
     (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
     assert list(Run.open(tmp_path).proc_readings()) == [ProcReading.from_json(whole)]
@@ -316,9 +345,8 @@ def test_redact_keeps_shape(argv: list[str]) -> None:
 # ---------------------------------------------------------------- end to end (pure)
 
 
-def _objects(*paths: str) -> list[dict]:
-    return [{"path": p, "build_id": "ab" * 20, "symbols": "dynsym", "go": False, "frame_pointers": None}
-            for p in paths]
+def _objects(*paths: str) -> list[MappedObject]:
+    return [MappedObject(p, "ab" * 20, "dynsym") for p in paths]
 
 
 SERVER, CLIENT, IDLE = 4242, 4343, 4444
@@ -327,30 +355,21 @@ SERVER, CLIENT, IDLE = 4242, 4343, 4444
 def _fake_run(root: Path) -> Path:
     out = create_run_dir(root / "run")
     targets = [
-        {"pid": SERVER, "comm": "gtlsserver", "cmdline": ["gtlsserver", f"--token={REDACTED}"], "exe": APP,
-         "objects": _objects(APP, LIBC, NGTCP2, GNUTLS), "threads": {str(SERVER): "gtlsserver"}, "cgroup": [],
-         "role": "server", "unwind": "fp", "unwind_reason": "frame pointers present"},
-        {"pid": CLIENT, "comm": "client", "cmdline": ["client"], "exe": "/usr/bin/client",
-         "objects": _objects("/usr/bin/client", LIBC), "threads": {}, "cgroup": [], "role": "client",
-         "unwind": "dwarf", "unwind_reason": "no frame pointers"},
-        {"pid": IDLE, "comm": "idle", "cmdline": ["idle"], "exe": "/usr/bin/idle", "objects": [],
-         "threads": {}, "cgroup": [], "role": None, "unwind": "fp", "unwind_reason": "x"},
+        Target(SERVER, "gtlsserver", "server", APP, ["gtlsserver", f"--token={REDACTED}"],
+               _objects(APP, LIBC, NGTCP2, GNUTLS), {SERVER: "gtlsserver"}, [], "fp", "frame pointers present"),
+        Target(CLIENT, "client", "client", "/usr/bin/client", ["client"], _objects("/usr/bin/client", LIBC),
+               unwind="dwarf", unwind_reason="no frame pointers"),
+        Target(IDLE, "idle", None, "/usr/bin/idle", ["idle"], unwind="fp", unwind_reason="x"),
     ]
-    meta = {
-        "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
-        "qprof_version": "0.1.0",
-        "host": {"kernel": "6.1.0", "kernel_build": "#1 SMP", "machine": "x86_64", "cpu_model": "cpu",
-                 "cpus": 8, "python": "3.11.7"},
-        "tools": {"perf": "perf version 6.1", "bpftrace": None},
-        "sampling": {"event": "cpu-clock", "frequency": 999,
-                     "groups": [{"unwind": "fp", "pids": [SERVER, IDLE], "perf_data": "perf-fp.data"},
-                                {"unwind": "dwarf", "pids": [CLIENT], "perf_data": "perf-dwarf.data"}]},
-        "targets": targets, "requested_duration_s": 10, "start_time": "2026-01-01T00:00:00Z",
-        "end_time": "2026-01-01T00:00:10Z", "duration_s": 10.0, "stop_reason": "duration reached",
-        "exited": [], "perf_exit": {"fp": 0, "dwarf": 0}, "parse": {"samples": 100, "bad_lines": 0,
-                                                                   "bad_examples": []},
-    }
-    archive.write_json_atomic(out / runfiles.META, meta)
+    archive.write_meta(out, Meta(
+        status=STATUS_COMPLETE, qprof_version="0.1.0",
+        host=Host(kernel="6.1.0", kernel_build="#1 SMP", machine="x86_64", cpu_model="cpu", cpus=8, python="3.11.7"),
+        tools={"perf": "perf version 6.1", "bpftrace": None},
+        sampling=Sampling(frequency=999, groups=[SampleGroup("fp", [SERVER, IDLE], "perf-fp.data"),
+                                                 SampleGroup("dwarf", [CLIENT], "perf-dwarf.data")]),
+        targets=targets, requested_duration_s=10, start_time="2026-01-01T00:00:00Z",
+        end_time="2026-01-01T00:00:10Z", duration_s=10.0, stop_reason="duration reached",
+        perf_exit={"fp": 0, "dwarf": 0}, parse=ParseSummary(100)))
     send = [("ip_output", K), ("udp_sendmsg", K), ("__sys_sendmsg", K), ("__libc_sendmsg", LIBC),
             ("ngtcp2_conn_write_pkt", NGTCP2)]
     samples = (

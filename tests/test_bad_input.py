@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import as_nobody, qprof
+from qprof.collectors import archive
+from qprof.collectors.archive import Run
+from qprof.collectors.records import STATUS_COMPLETE, Meta
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -87,9 +90,9 @@ def test_target_exits_during_attach_keeps_the_run(kernel_facing: None, tmp_path:
     busy.wait()
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 20, "attach ends when its only target exits"
-    meta = json.loads((run / "meta.json").read_text())
-    assert meta["status"] == "complete" and meta["stop_reason"] == "every target exited"
-    assert meta["exited"] == [busy.pid]
+    meta = Run.open(run).meta
+    assert meta.status == "complete" and meta.stop_reason == "every target exited"
+    assert meta.exited == [busy.pid]
     report = json.loads(qprof("report", str(run), "--format", "json").stdout)
     (p,) = report["processes"]
     assert p["pid"] == busy.pid and p["samples"] > 300
@@ -127,7 +130,7 @@ def test_report_with_broken_mapping(tmp_path: Path) -> None:
     m.write_text('[mapping]\nname = "x"\n\n[[rule]]\nsymbol = "(unclosed"\ncategory = "Crypto"\n')
     run = tmp_path / "run"
     run.mkdir()
-    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "targets": []}))
+    archive.write_meta(run, Meta())
     from qprof.collectors.stacks import write_stacks
 
     write_stacks(run / "stacks.jsonl.gz", [])
@@ -137,8 +140,7 @@ def test_report_with_broken_mapping(tmp_path: Path) -> None:
 def _run_with_symbol(tmp_path: Path, symbol: str) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "meta.json").write_text(json.dumps({"format": "qprof-run", "version": 1, "status": "complete",
-                                               "targets": []}))
+    archive.write_meta(run, Meta(status=STATUS_COMPLETE))
     from qprof.collectors.stacks import Sample, fold, write_stacks
 
     write_stacks(run / "stacks.jsonl.gz", fold([Sample(7, 7, "x", 1000, ((symbol, "/usr/bin/x"),))]))

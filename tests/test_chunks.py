@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples, qprof
+from conftest import edited_meta, examples, qprof
+from qprof.collectors.archive import Run
+from qprof.collectors.records import STATUS_COLLECTING, SampleGroup
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
 from qprof.collectors.stacks import Sample, fold, read_header, read_stacks, write_stacks
@@ -54,18 +56,18 @@ def totals(run: Path) -> dict[int, int]:
     return out
 
 
-def groups(run: Path) -> list[dict]:
-    return json.loads((run / "meta.json").read_text())["sampling"]["groups"]
+def groups(run: Path) -> list[SampleGroup]:
+    return Run.open(run).meta.sampling.groups
 
 
 def test_rotated_and_folded_while_sampling(capture: Path) -> None:
-    meta = json.loads((capture / "meta.json").read_text())
+    meta = Run.open(capture).meta
     head = read_header(capture / "stacks.jsonl.gz")
     raw = [p.name for p in chunk_files(capture, "perf-dwarf.data", include_current=True)]
-    assert meta["status"] == "complete" and meta["chunks"]["folded"] >= 3, meta["chunks"]
+    assert meta.status == "complete" and meta.chunks is not None and meta.chunks.folded >= 3, meta.chunks
     assert head is not None and sorted(head["folded"]) == sorted(raw), "every chunk folded once"
     # the target's 8 s of CPU minus what it used before sampling started (qprof's start-up, < 3 s)
-    assert head["samples"] == meta["parse"]["samples"] == sum(totals(capture).values()) > 5 * DEFAULT_FREQUENCY * 0.9
+    assert meta.parse is not None and head["samples"] == meta.parse.samples == sum(totals(capture).values()) > 5 * DEFAULT_FREQUENCY * 0.9
     assert not (capture / "perf-dwarf.data").exists(), "perf renamed its last file too"
 
 
@@ -110,9 +112,8 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     for c in chunks[:2]:
         folder._fold_chunk(c, groups(run)[0], urgent=True)
     assert not chunks[0].exists() and not chunks[1].exists()
-    meta = json.loads((run / "meta.json").read_text())
-    meta["status"] = "collecting"  # its collector is long gone
-    (run / "meta.json").write_text(json.dumps(meta))
+    with edited_meta(run) as meta:
+        meta.status = STATUS_COLLECTING  # its collector is long gone
     r = qprof("report", str(run), "--format", "json")
     assert "is incomplete" in r.stderr and f"{len(chunks) - 2} perf data chunk(s)" in r.stderr
     assert json.loads(r.stdout)["run"]["status"] == "incomplete"
@@ -129,9 +130,8 @@ def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path
     run = tmp_path / "run"
     shutil.copytree(capture, run)
     (run / "stacks.jsonl.gz").unlink()
-    meta = json.loads((run / "meta.json").read_text())
-    meta["status"] = "collecting"  # its collector is long gone
-    (run / "meta.json").write_text(json.dumps(meta))
+    with edited_meta(run) as meta:
+        meta.status = STATUS_COLLECTING  # its collector is long gone
     theirs = tmp_path / "theirs"
     shutil.copytree(run, theirs)
     os.chown(theirs, 65534, 65534)

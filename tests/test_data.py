@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import qprof
-from conftest import capture_ngtcp2, qprof as qprof_cli
+from conftest import capture_ngtcp2, edited_meta, qprof as qprof_cli
 from qprof.api import report_of
 from qprof.viewer.frames import frame
 from qprof.attribution.categories import CATEGORIES
@@ -164,8 +164,8 @@ def test_table_bad_input(runs: list[Path], tmp_path: Path) -> None:
     with pytest.raises(QprofError, match="no folded stacks"):
         qprof.load(cut)
     # elsewhere (another boot), the raw data may still be where it was recorded
-    meta = json.loads((cut / "meta.json").read_text())
-    meta["collector"]["boot_id"] = "another-boot"
-    (cut / "meta.json").write_text(json.dumps(meta))
+    with edited_meta(cut) as meta:
+        assert meta.collector is not None
+        meta.collector.boot_id = "another-boot"
     one_line_error(qprof_cli("table", str(cut), check=False), "no folded stacks", "--refold",
                    "on the host that recorded it")

@@ -20,6 +20,7 @@ from test_flamegraph_real import report_of, role_of
 from qprof import runfiles
 from qprof.attribution.categories import PACKET_IO
 from qprof.collectors import archive
+from qprof.collectors.records import STATUS_COMPLETE, Meta, Sampling, Target
 from qprof.collectors.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
@@ -39,10 +40,8 @@ def make_run(path: Path, procs: list[dict[str, Any]]) -> Path:
     """A run archive: each proc has pid, comm, role, `send`/`seal` sample counts and `bytes` (UDP bytes sent,
     as the packetio probes count them; None: no probes ran)."""
     path.mkdir()
-    targets = [{"pid": p["pid"], "comm": p["comm"], "role": p.get("role"), "objects": []} for p in procs]
-    archive.write_json_atomic(path / runfiles.META, {
-        "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
-        "sampling": {"event": "cpu-clock", "frequency": 999}, "targets": targets})
+    archive.write_meta(path, Meta(status=STATUS_COMPLETE, sampling=Sampling(frequency=999),
+                                  targets=[Target(p["pid"], p["comm"], p.get("role")) for p in procs]))
     samples = [Sample(p["pid"], p["pid"], p["comm"], MS, stack)
                for p in procs for stack, n in ((SEND, p["send"]), (SEAL, p["seal"])) for _ in range(n)]
     write_stacks(path / runfiles.STACKS, fold(samples))

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, as_nobody, examples, qprof
+from conftest import ROOT, as_nobody, edited_meta, examples, qprof
 from test_archive import CLIENT, SERVER, _fake_run
 from test_bad_input import one_line_error
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
@@ -314,10 +314,9 @@ def test_cli_bad_selection_and_output(tmp_path: Path) -> None:
     one_line_error(fg("-o", str(tmp_path / "link.svg")), "symbolic link")
     assert not (tmp_path / "elsewhere.svg").exists(), "nothing written through the link"
     one_line_error(qprof("flamegraph", str(tmp_path / "nope"), check=False), "not a run directory")
-    meta = json.loads((run / "meta.json").read_text())
-    for t in meta["targets"]:
-        t["role"] = None
-    (run / "meta.json").write_text(json.dumps(meta))
+    with edited_meta(run) as meta:
+        for t in meta.targets:
+            t.role = None
     one_line_error(fg("--role", "client"), "has no client", "--server PID / --client PID")
 
 

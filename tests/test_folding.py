@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import struct
 import subprocess
@@ -169,21 +168,21 @@ def _category_samples(run: Path) -> Counter[tuple[int, str]]:
 def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     perf = shutil.which("perf")
     assert perf is not None
-    meta = json.loads((capture / "meta.json").read_text())
-    (group,) = meta["sampling"]["groups"]
+    groups = Run.open(capture).meta.sampling.groups
+    (group,) = groups
     from qprof.runfiles import chunk_files
 
-    (data,) = chunk_files(capture, group["perf_data"], include_current=True)  # one chunk: chunk_bytes is 1 TiB
+    (data,) = chunk_files(capture, group.perf_data, include_current=True)  # one chunk: chunk_bytes is 1 TiB
     # the cuts split the target samples into slices that each do a share of the work
-    cuts = perfdata.prepare(data, 3, group["pids"]).cuts
-    parts = run_slices(perf, [SliceSpec(data, tmp_path / "perf.log", group["pids"], w) for w in time_slices(cuts)], 3)
+    cuts = perfdata.prepare(data, 3, group.pids).cuts
+    parts = run_slices(perf, [SliceSpec(data, tmp_path / "perf.log", group.pids, w) for w in time_slices(cuts)], 3)
     per_slice = [st_.samples for _, st_ in parts]
     assert len(per_slice) == 3 and all(n > 0.05 * sum(per_slice) for n in per_slice), per_slice
 
     # the previous implementation: one perf script over the whole file, the line parser, fold (over
     # the same build-id cache the run's symbols were prepared in)
     ref_stats = ParseStats()
-    with subprocess.Popen(script_command(perf, data, group["pids"], buildid_dir=debuginfo.cache_root()),
+    with subprocess.Popen(script_command(perf, data, group.pids, buildid_dir=debuginfo.cache_root()),
                           stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, errors="replace") as p:
         reference = fold(parse_samples(p.stdout, ref_stats))  # type: ignore[arg-type]
@@ -192,12 +191,12 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     counts = {}
     for jobs in (1, 2, 3):
         run = _copy(capture, tmp_path / f"jobs{jobs}")
-        assert len(run_specs(run, meta, jobs)) == jobs
-        stats = fold_run(perf, run, meta, jobs=jobs)
+        assert len(run_specs(run, groups, jobs)) == jobs
+        stats = fold_run(perf, run, groups, jobs=jobs)
         records = list(read_stacks(run / "stacks.jsonl.gz"))
         assert records == reference, f"jobs={jobs}: same stacks, counts, periods and order"
         assert (stats.samples, stats.bad_lines) == (ref_stats.samples, ref_stats.bad_lines)
         counts[jobs] = _category_samples(run)
     assert counts[1] == counts[2] == counts[3]
     assert sum(counts[1].values()) == ref_stats.samples
-    assert {pid for pid, _ in counts[1]} == set(group["pids"])
+    assert {pid for pid, _ in counts[1]} == set(group.pids)

@@ -20,7 +20,7 @@ from qprof.attribution.live import LiveMonitor
 from qprof.collectors.records import LiveData, ProcReading, Target
 from qprof.probes.packetio import windows
 
-TARGETS = [{"pid": 10, "comm": "srv", "role": "server"}]
+TARGETS = (Target(10, "srv", "server"),)
 
 
 def _data(mono: float, on_cpu: dict[int, float], tx: int, txb: int, skbs: int, rx: int, sirq: float) -> LiveData:
@@ -28,7 +28,7 @@ def _data(mono: float, on_cpu: dict[int, float], tx: int, txb: int, skbs: int, r
         {"tid": t, "comm": "srv", "on_cpu_s": s, "utime_s": 0, "stime_s": 0} for t, s in on_cpu.items()]}})
     maps = {"@tx_dgrams": {"10,11": tx}, "@tx_bytes": {"10,11": txb}, "@tx_skbs": {"10,11": skbs},
             "@rx_msgs": {"10,12,4433": rx}, "@rx_bytes": {"10,12": rx * 100}, "@udp_drops": {"2,4433": 7}}
-    return LiveData(mono, 30.0, reading, maps, {"0": sirq, "1": sirq}, tuple(Target.from_json(t) for t in TARGETS))
+    return LiveData(mono, 30.0, reading, maps, {"0": sirq, "1": sirq}, TARGETS)
 
 
 def test_rates_are_counter_differences_over_the_reading_interval() -> None:

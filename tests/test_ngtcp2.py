@@ -59,7 +59,7 @@ def test_demo_1gib_download_server_and_client(ngtcp2_tools: None, tmp_path: Path
     # saying so, whatever the scope: system-wide cpu-clock sampling misses work that starts when a
     # process wakes on a timer (the server: -19% to +3%, 6 of 13 runs short beyond chance here), and
     # then the note names the cure: no tolerance may hide it.
-    scope = Run.open(run).info.sampling.scope
+    scope = Run.open(run).meta.sampling.scope_mode
     for p in (srv, cli):
         chance = 3 / p["samples"] ** 0.5
         sampled, proc = p["cpu_seconds"], p["proc_cpu_seconds"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from qprof.attribution.application import application_rule
+from qprof.collectors import schema
 from qprof.collectors.records import Target
 from qprof.attribution.categories import APPLICATION, CONNECTION, HANDOFF, PACKET_IO, SKID, UNCATEGORIZED, is_named_other
 from qprof.attribution.engine import Classifier
@@ -124,7 +125,7 @@ def test_application_code_is_not_the_caller_library_s(tmp_path: Path) -> None:
     app = "/usr/local/bin/h3client"
     target = {"exe": app, "cmdline": [app], "objects": [{"path": app, "go": False}]}
     files = [f for f in MappingSet.load().files if f.name in ("ngtcp2", "common")]
-    rule = application_rule(Target.from_json({"pid": 1, **target}), [f.name for f in files], [])
+    rule = application_rule(schema.decode(Target, {"pid": 1, **target}), [f.name for f in files], [])
     assert rule is not None
     c = Classifier(files, [rule])
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -151,7 +152,7 @@ def test_application_code_is_not_the_caller_library_s(tmp_path: Path) -> None:
 ])
 def test_application_namespace(target: dict, files: list[str], symbols: list[str], matches: list[str],
                                not_matches: list[str]) -> None:
-    rule = application_rule(Target.from_json({"pid": 1, **target}), files, symbols)
+    rule = application_rule(schema.decode(Target, {"pid": 1, **target}), files, symbols)
     assert rule is not None and rule.symbol is not None
     assert all(rule.symbol.search(s) for s in matches)
     assert not any(rule.symbol.search(s) for s in not_matches)

@@ -210,7 +210,7 @@ def test_diff_per_gb_against_proc_and_bytes(runs: dict[str, Path]) -> None:
                 # (it does once the shortfall is beyond the samples' own error, by its /proc figure)
                 p = procs[side][s["pid"]]
                 run = runs["quic" if side == "a" else "tcp"]
-                scope = Run.open(run).info.sampling.scope
+                scope = Run.open(run).meta.sampling.scope_mode
                 if cpu_shortfall_note(p["cpu_seconds"], p["samples"], p["proc_cpu_seconds"], scope):
                     assert p["cpu_note"] and ("--scope cgroup" in p["cpu_note"]) == (scope == "system"), \
                         (pair["key"], side, p)

@@ -17,6 +17,7 @@ from conftest import qprof
 from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
 from qprof.collectors import archive
+from qprof.collectors.records import STATUS_COMPLETE, Meta, Sampling, Target
 from qprof.collectors.traffic import udp_totals
 from qprof.collectors.stacks import Sample, fold, write_stacks
 
@@ -40,10 +41,8 @@ def run(tmp_path: Path, user_config: Path) -> Path:
     Crypto; 0.3-0.5 s: nothing. TCP: 125 MB sent in the first 0.25 s (4 Gbit/s), then 0."""
     path = tmp_path / "run"
     path.mkdir()
-    archive.write_json_atomic(path / runfiles.META, {
-        "format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
-        "sampling": {"event": "cpu-clock", "frequency": 999, "clock": "monotonic"},
-        "targets": [{"pid": 7, "comm": "srv", "role": "server", "objects": []}]})
+    archive.write_meta(path, Meta(status=STATUS_COMPLETE, sampling=Sampling(frequency=999, clock="monotonic"),
+                                  targets=[Target(7, "srv", "server")]))
     first_bin = int(T0 * 10)
     samples = [Sample(7, 7, "srv", MS, SEND, first_bin + b) for b in (0, 1) for _ in range(100)]
     samples += [Sample(7, 7, "srv", MS, SEAL, first_bin + 2) for _ in range(50)]
@@ -105,9 +104,9 @@ def test_report_timeline_text(run: Path) -> None:
 def test_timeline_needs_text_or_json_and_old_runs_say_why(run: Path) -> None:
     r = qprof("report", str(run), "--timeline", "--format", "folded", check=False)
     assert r.returncode == 2 and "--timeline goes with --format text or json" in r.stderr
-    meta = json.loads((run / runfiles.META).read_text())
-    del meta["sampling"]["clock"]  # a run recorded before sample times were on the readings' clock
-    archive.write_json_atomic(run / runfiles.META, meta)
+    old = archive.Run.open(run)
+    old.meta.sampling.clock = None  # a run recorded before sample times were on the readings' clock
+    old.save_meta()
     doc = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]
     assert not doc["aligned"] and doc["bins"] == 3 and doc["targets"][0]["rates"] == []
     assert "no common clock" in qprof("report", str(run), "--timeline").stdout

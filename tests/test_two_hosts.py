@@ -8,18 +8,18 @@ from pathlib import Path
 from conftest import qprof
 from qprof import runfiles
 from qprof.collectors import archive
+from qprof.collectors.records import STATUS_COMPLETE, Host, Meta, Sampling, Target
 from qprof.collectors.stacks import Sample, fold, write_stacks
 
 
 def one_side(root: Path, role: str, pid: int, on_cpu: float, t0: float) -> Path:
     """An archive holding one endpoint, its /proc readings in its own clock (starting at t0)."""
     out = archive.create_run_dir(root / role)
-    meta = {"format": archive.FORMAT, "version": archive.VERSION, "status": archive.STATUS_COMPLETE,
-            "host": {"kernel": "6.1", "cpus": 4, "cpu_nodes": {"0": 0, "1": 0, "2": 1, "3": 1}, "nics": []},
-            "sampling": {"event": "cpu-clock", "frequency": 999, "groups": []},
-            "targets": [{"pid": pid, "comm": f"{role}d", "role": role, "objects": [], "unwind": "fp",
-                         "unwind_reason": "test"}], "duration_s": 10.0}
-    archive.write_json_atomic(out / runfiles.META, meta)
+    archive.write_meta(out, Meta(status=STATUS_COMPLETE, host=Host(kernel="6.1", cpus=4,
+                                                                    cpu_nodes={0: 0, 1: 0, 2: 1, 3: 1}),
+                                 sampling=Sampling(frequency=999),
+                                 targets=[Target(pid, f"{role}d", role, unwind="fp", unwind_reason="test")],
+                                 duration_s=10.0))
     write_stacks(out / runfiles.STACKS, fold([Sample(pid, pid, f"{role}d", 1_000_000, (("udp_sendmsg", "[kernel.kallsyms]"),))] * 50))
     with open(out / runfiles.PROC, "w", encoding="utf-8") as f:
         for i in range(11):

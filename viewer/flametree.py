@@ -183,7 +183,7 @@ def process_label(pid: int, comm: str, role: str | None) -> str:
 
 
 def _role_pids(run: Run, role: str) -> set[int]:
-    targets = run.info.targets
+    targets = run.meta.targets
     pids = {t.pid for t in targets if t.role == role}
     if not pids:
         roles = sorted({t.role for t in targets if t.role})
@@ -230,7 +230,7 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
     """
     sel = selection
     role_pids = _role_pids(run, sel.role) if sel.role else None
-    targets = {t.pid: t for t in run.info.targets}
+    targets = {t.pid: t for t in run.meta.targets}
     labels: dict[int, str] = {}
 
     def label(rec: StackRecord) -> str | None:
@@ -258,7 +258,7 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
     if sel.tid is not None:
         what += f", thread {sel.tid}"
     cpu = builder.root.period * profile.seconds_per_period
-    sampling = run.info.sampling
+    sampling = run.meta.sampling
     sub = (f"{what}: {builder.root.samples:,} samples, {cpu:.2f} CPU s; {sampling.event} at "
            f"{sampling.frequency} Hz; colour: the category holding most of a frame's time")
     return Flame(builder.root, f"qprof flame graph: {Path(run.path).resolve().name}", sub,

@@ -14,6 +14,7 @@ from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 from qprof.attribution.symbols import naming
 from qprof.attribution.timeline import Timeline
+from qprof.collectors import schema
 
 
 def _r(x: float) -> float:
@@ -47,12 +48,12 @@ def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float
     program's own code or its language runtime (and, with `probes_apart`, without eBPF programs' frames)."""
     subs = process["subcategories"][UNCATEGORIZED]
     named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s in (PROBE_COST, OTHER_BPF)))
-    return float(process["categories"][UNCATEGORIZED]) - named
+    return float(process["categories"][UNCATEGORIZED]) - float(named)
 
 
 def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None) -> dict[str, Any]:
     profile = analysis.profile
-    meta, info = profile.run.meta, profile.run.info
+    info = profile.run.meta
     procs = []
     for p in profile.processes:
         d: dict[str, Any] = {"pid": p.pid, "comm": p.comm, "role": p.role}
@@ -86,10 +87,10 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
             "duration_s": info.duration_s,
             "stop_reason": info.stop_reason,
             # as recorded: the report carries these parts of meta.json over unchanged
-            "sampling": meta.get("sampling"),
-            "host": meta.get("host"),
-            "tools": meta.get("tools"),
-            "probes": meta.get("probes"),
+            "sampling": schema.encode(info.sampling),
+            "host": schema.encode(info.host),
+            "tools": info.tools,
+            "probes": info.probes,
             "unwinding": {str(t.pid): {"mode": t.unwind, "reason": t.unwind_reason} for t in info.targets},
         },
         "categories": list(CATEGORIES),
@@ -99,7 +100,7 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         "tcp": None if analysis.tcp is None else analysis.tcp.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
-        "crypto": None if getattr(analysis, "crypto", None) is None else analysis.crypto.to_json(),
+        "crypto": None if analysis.crypto is None else analysis.crypto.to_json(),
         "observer_cpu_s": {k: _r(v) for k, v in analysis.observer_cpu_s.items()},
         **({"timeline": timeline.to_json()} if timeline is not None else {}),
     }

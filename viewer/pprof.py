@@ -131,7 +131,7 @@ def _start_nanos(start_time: str | None) -> int:
 
 def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
     """The gzipped Profile of the records `seen` during `analysis`'s attribution."""
-    info = analysis.profile.run.info
+    info = analysis.profile.run.meta
     strings = _Strings()
     prof = profile_class()()
     prof.sample_type.add(type=strings("cpu"), unit=strings("nanoseconds"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -282,7 +282,7 @@ def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
         say(line + f" [{cr.cost.get('basis')}]")
 
 
-def _symbols_line(p: ProcessProfile, sources: tuple[ObjectSymbols, ...], say: "Callable[..., None]",
+def _symbols_line(p: ProcessProfile, sources: Sequence[ObjectSymbols], say: "Callable[..., None]",
                   verbose: bool) -> None:
     """Per object with samples, how its frames were named, and the share of samples with no function name."""
     objects = [o for o in naming(p.leaf_objects, p.unnamed, sources) if o.how != "kernel"]
@@ -309,7 +309,7 @@ def _cpu_line(p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -
 def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = False) -> None:
     """The report; `verbose` adds the method notes and the mapping files each process was read with."""
     profile, pio = analysis.profile, analysis.packet_io
-    info = profile.run.info
+    info = profile.run.meta
     s, host = info.sampling, info.host
     say = lambda text, style=None: console.print(Text(text, style=style or ""))  # noqa: E731  (no markup)
     say(f"qprof report {profile.run.path}", "bold")

@@ -101,16 +101,17 @@ class Windows:
         for key, g in (obj.get("groups") or {}).items() if isinstance(obj.get("groups"), dict) else []:
             if not isinstance(g, dict):
                 continue
-            vals = [g.get("sum"), g.get("counted"), g.get("q")]
-            if not all(isinstance(v, list) and all(_num(x) is not None for x in v) for v in vals):
+            sums, counted, q = g.get("sum"), g.get("counted"), g.get("q")
+            if not (isinstance(sums, list) and isinstance(counted, list) and isinstance(q, list)) or \
+                    not all(_num(x) is not None for v in (sums, counted, q) for x in v):
                 continue
-            if len(vals[0]) != n or len(vals[1]) != n or len(vals[2]) != n * (n + 1) // 2:
+            if len(sums) != n or len(counted) != n or len(q) != n * (n + 1) // 2:
                 continue
             seen = g.get("seen")
             seen_t = tuple(int(x) for x in seen) if isinstance(seen, list) and len(seen) == n and \
                 all(_num(x) is not None for x in seen) else tuple([0] * n)
-            groups[str(key)] = GroupWindows(str(g.get("netns", "")), tuple(map(float, vals[0])),
-                                            tuple(map(float, vals[1])), seen_t, tuple(map(float, vals[2])))
+            groups[str(key)] = GroupWindows(str(g.get("netns", "")), tuple(map(float, sums)),
+                                            tuple(map(float, counted)), seen_t, tuple(map(float, q)))
         mib = {}
         for ns, t in (obj.get("netns") or {}).items() if isinstance(obj.get("netns"), dict) else []:
             if isinstance(t, dict):

@@ -1,0 +1,34 @@
+"""The archive and attribution layers type-check strictly (mypy --strict, configured in pyproject.toml).
+
+The typed records between the layers are what keeps a field's meaning in one place; a checker is what
+keeps callers honest about them (None where a figure may be unknown, a list where one was written).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+# the packages installed from the design card's folders (pyproject.toml's package-dir)
+FOLDERS = ("probes", "collectors", "attribution", "mappings", "viewer")
+STRICT = ["-m", "qprof.collectors.archive", "-m", "qprof.collectors.schema", "-m", "qprof.collectors.records",
+          "-m", "qprof.collectors.stacks", "-m", "qprof.collectors.procfs", "-p", "qprof.attribution"]
+
+
+def test_archive_and_attribution_type_check_strictly(tmp_path: Path) -> None:
+    pkg = tmp_path / "qprof"
+    pkg.mkdir()
+    for f in (ROOT / "qprof").glob("*.py"):
+        (pkg / f.name).symlink_to(f)
+    for folder in FOLDERS:
+        (pkg / folder).symlink_to(ROOT / folder, target_is_directory=True)
+    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                        "--cache-dir", str(ROOT / ".cache" / "mypy"), *STRICT],
+                       cwd=tmp_path, env={**os.environ, "MYPYPATH": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success: no issues found" in r.stdout
