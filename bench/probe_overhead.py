@@ -67,6 +67,7 @@ from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
 from qprof import runfiles  # noqa: E402
 from qprof.collectors import archive
 from qprof.collectors.procfs import descendants
+from qprof.collectors.records import STATUS_COMPLETE
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.units import parse_size
 from qprof.errors import QprofError
@@ -317,7 +318,7 @@ def read_archive(run: Path, probes: tuple[str, ...]) -> dict[str, Any]:
     info: dict[str, Any] = {"session_s": meta.duration_s, "stop_reason": meta.stop_reason}
     if (meta.stop_reason or "").startswith("interrupted"):
         raise KeyboardInterrupt
-    if meta.status != archive.STATUS_COMPLETE:
+    if meta.status != STATUS_COMPLETE:
         raise QprofError(f"archive incomplete: {meta.incomplete_reason}")
     try:
         pj = json.loads((run / runfiles.PROBES).read_text(encoding="utf-8"))

@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.collectors import procfs, schema
-from qprof.collectors.records import (FORMAT, STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, VERSION, Meta,
-                                     ProbeRecord, ProcReading)
+from qprof.collectors.records import (FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
+                                     ProcReading)
 from qprof.collectors.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.probes.mapsout import read_maps
 
-__all__ = ["FORMAT", "VERSION", "STATUS_COLLECTING", "STATUS_COMPLETE", "STATUS_INCOMPLETE", "Run", "write_meta"]
 META_SHAPE = schema.shape_of(Meta)
 RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
 # largest documents read back (qprof writes some KiB; an archive from elsewhere may be hostile)
@@ -223,7 +222,7 @@ class Run:
         with open_regular(p) as f:
             for line in lines(f, p):
                 try:
-                    obj = schema.loads(line.decode() if isinstance(line, bytes) else line)
+                    obj = schema.loads(line)
                 except (ValueError, RecursionError):
                     continue
                 if schema.conforms(obj, schema.PROC_READING):

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from qprof.collectors import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
-from qprof.collectors.records import ChunkSummary, SampleGroup
+from qprof.collectors.records import ChunkSummary, ParseSummary, SampleGroup
 from qprof.collectors.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
 from qprof import runfiles
 from qprof.errors import QprofError
@@ -252,6 +252,11 @@ def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
         return QprofError(f"writing folded stacks in {out}: {e.strerror or e}; the perf data is kept: "
                           f"free space and run `qprof report --refold {out}`")
     return e
+
+
+def parse_summary(stats: ParseStats) -> ParseSummary:
+    """What meta.json says about folding: samples and the lines perf script wrote that were not read."""
+    return ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
 
 
 def summary(state: FoldState) -> ChunkSummary:

@@ -1,8 +1,9 @@
 """The run archive's records, typed: what crosses from collection to analysis.
 
 collectors/schema.py checks a document's shape once, when a run is opened; the records here are
-built from the checked document (`from_json`) and are what attribution and the viewer read:
-Meta and the records under it (meta.json, written and read through this one model), ProcReading (each line of proc.jsonl), ProbeRecord (probes.json, with
+built from the checked document and are what attribution and the viewer read: Meta and the records
+under it (meta.json: one model, written by the session and read back with schema.decode),
+ProcReading (each line of proc.jsonl, `from_json`), ProbeRecord (probes.json, with
 the packetio group's own typed record, probes.packetio.record.PacketioRecord), and LiveData, the
 session's raw view of one second for the live panel. Both sides import them from here, the layer
 between them, never from the collectors themselves. Fields absent from older archives get the

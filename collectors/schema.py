@@ -308,8 +308,8 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def loads(text: str) -> Any:
-    """json.loads without NaN/Infinity (ValueError like any other malformed JSON)."""
+def loads(text: str | bytes) -> Any:
+    """json.loads without NaN/Infinity (ValueError like any other malformed JSON); bytes are UTF-8."""
     return json.loads(text, parse_constant=_no_constant)
 
 

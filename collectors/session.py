@@ -36,7 +36,7 @@ from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
 from qprof.collectors.records import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, Image,
-                                     LiveData, MappedObject, Meta, ParseSummary, PressureSource, ProcReading,
+                                     LiveData, MappedObject, Meta, PressureSource, ProcReading,
                                      SampleGroup, Sampling, SamplingScope, Target)
 from qprof.collectors.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
@@ -314,7 +314,7 @@ class AttachSession:
         self.symbols.ready.wait()
         meta.symbols = list(self.symbols.found)
         stats = self.folder.finish()
-        meta.parse = ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
+        meta.parse = chunks.parse_summary(stats)
         meta.chunks = chunks.summary(self.folder.state)
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
         broken = {m: rc for m, rc in meta.perf_exit.items() if rc not in (0, None, -signal.SIGINT)}

@@ -467,11 +467,10 @@ def _pid_pair(text: str) -> tuple[int, int]:
 
 def _refold(run: Any) -> None:
     from qprof.collectors import chunks
-    from qprof.collectors.records import ParseSummary
     from qprof.probes.features import require_perf
 
     stats = chunks.refold(require_perf(), run.path, run.meta.sampling.groups)
-    run.meta.parse = ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
+    run.meta.parse = chunks.parse_summary(stats)
     run.save_meta()
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
