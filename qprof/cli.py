@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -225,34 +224,25 @@ def record(command: tuple[str, ...], server: str | None, client: str | None, rea
         sys.exit(2)
 
 
-def _table_rows(runs: list[Path], mappings: tuple[str, ...] = (), stack: str | None = None) -> list[Any]:
-    """`qprof table`'s rows of runs: one per run x process x category."""
-    from qprof.api import report_of
-    from qprof.viewer import rows as R
-
-    return [row for r in runs for row in R.table_rows(report_of(r, mappings, stack, top=1))]
-
-
 def _print_summary(runs: list[Path]) -> None:
     """`qprof table`'s view of runs just recorded: one line per run and process, then the summary."""
-    from qprof.viewer import rows as R
-    from qprof.viewer.table import render, render_summary
+    from qprof.attribution.mapping import MappingSet
 
-    table_rows = _table_rows(runs)
-    console = text_console()
-    render(table_rows, console)
-    if len(runs) > 1:  # one run has nothing to summarize over
-        render_summary(R.summary_rows(table_rows), console)
+    _write_table([_open_run(r) for r in runs], MappingSet.load([]), None)
+
+
+def _format_help(kind: str) -> str:
+    from qprof.viewer.outputs import of_kind
+
+    return "; ".join(f"{o.name} ({o.summary}; -o {'/'.join('*' + x for x in o.suffixes)})" for o in of_kind(kind))
 
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "folded", "pprof"]), default="text",
-              show_default=True,
-              help="text (tables), json (machine-readable), folded (stacks for flamegraph.pl/inferno/speedscope), "
-                   "pprof (gzipped protobuf for go tool pprof, Pyroscope, Parca: needs -o).")
+@click.option("--format", "fmt", default=None,
+              help="What to write, by name (default: from -o's suffix, else text): " + _format_help("report") + ".")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
-              help="With --format pprof: the file to write (e.g. profile.pb.gz).")
+              help="Write to this file instead of stdout; its suffix picks the format when --format is not given.")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--top", type=int, default=5, show_default=True, help="Top symbols shown per category.")
@@ -270,36 +260,11 @@ def _print_summary(runs: list[Path]) -> None:
               help="Text: also how interrupt skid was placed and each mapping file's path and version "
                    "(always in the JSON).")
 @_guard
-def report(runs: tuple[Path, ...], fmt: str, out: Path | None, mappings: tuple[str, ...], top: int,
+def report(runs: tuple[Path, ...], fmt: str | None, out: Path | None, mappings: tuple[str, ...], top: int,
            stack: str | None, refold: bool, timeline: bool, qlog: Path | None, verbose: bool) -> None:
     """Attribute runs' samples to categories and print them, with the verdict when the
     targets have roles. Give two runs (server and client recorded on two hosts) for one verdict."""
-    if (fmt == "pprof") != (out is not None):
-        raise QprofError("--format pprof writes a file: give -o FILE (e.g. -o profile.pb.gz); -o is only for pprof")
-    if timeline and fmt not in ("text", "json"):
-        raise QprofError(f"--timeline goes with --format text or json, not {fmt}")
-    if fmt == "pprof":
-        _write_pprof(list(runs), out, list(mappings), refold, stack)
-        return
-    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog, verbose)
-
-
-def _write_pprof(run_paths: list[Path], out: Path, mappings: list[str], refold: bool, stack: str | None) -> None:
-    from qprof.attribution.analysis import analyse_run
-    from qprof.attribution.mapping import MappingSet
-    from qprof.viewer.output import output_format, write_atomic
-    from qprof.viewer.pprof import PprofCollector, pprof_bytes
-
-    if len(run_paths) != 1:
-        raise QprofError("--format pprof takes one run: give one run directory")
-    output_format(out, {".gz": "pprof", ".pb": "pprof", ".pprof": "pprof"})
-    seen = PprofCollector()
-    analysis = analyse_run(_open_run(run_paths[0], refold), MappingSet.load(mappings), stack, visit=seen)
-    data = pprof_bytes(analysis, seen)
-    write_atomic(out, data)
-    click.echo(str(out))
-    _stderr.print(f"qprof: pprof profile of {len(seen.seen):,} stacks written ({len(data):,} bytes)",
-                  markup=False, highlight=False)
+    print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog, verbose, out)
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
@@ -324,58 +289,50 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     return run
 
 
-def print_report(run_paths: list[Path], fmt: str, mappings: list[str], top: int, refold: bool = False,
+def _emit(name: str, rendered: Any, out: Path | None, path_on_stdout: bool = True) -> None:
+    """An output (viewer.outputs.Rendered) to stdout, or written whole to `out` with one line saying
+    what was written (and its path on stdout, unless stdout carries another output)."""
+    from qprof.viewer.output import write_atomic
+
+    data = rendered.data
+    if out is None:
+        assert isinstance(data, str)
+        click.echo(data, nl=False)
+        return
+    write_atomic(out, data)
+    if path_on_stdout:
+        click.echo(str(out))
+    size = len(data.encode()) if isinstance(data, str) else len(data)
+    what = f" {rendered.what}" if rendered.what else ""
+    _stderr.print(f"qprof: {name}{what} written to {out} ({size:,} bytes)", markup=False, highlight=False)
+
+
+def print_report(run_paths: list[Path], fmt: str | None, mappings: list[str], top: int, refold: bool = False,
                  stack: str | None = None, timeline: bool = False, qlog: Path | None = None,
-                 verbose: bool = False) -> None:
-    from qprof.attribution.analysis import analyse_run, verdict_of
+                 verbose: bool = False, out: Path | None = None) -> None:
+    """`qprof report`: the output chosen by name or -o's suffix (viewer.outputs), attributed once."""
     from qprof.attribution.mapping import MappingSet
     from qprof.attribution.stackrecord import read_dir
-    from qprof.attribution.timeline import TimelineBuilder, build
+    from qprof.viewer.outputs import Request, choose, of_kind, render
 
     if top < 1:
         raise QprofError("--top must be at least 1")
-    if fmt == "folded":
-        from qprof.viewer.folded import folded_lines
-
-        for p in run_paths:
-            for line in folded_lines(_open_run(p, refold)):
-                click.echo(line)
-        return
-    ms = MappingSet.load(mappings)
-    builders = [TimelineBuilder() if timeline else None for _ in run_paths]
-    analyses = [analyse_run(_open_run(p, refold), ms, stack, visit=b) for p, b in zip(run_paths, builders)]
-    lines = [build(a.profile, b, list(a.profile.run.proc_readings()), transfers=a.transfers) if b is not None
-             else None for a, b in zip(analyses, builders)]
-    records = read_dir(qlog) if qlog is not None else []
-    for a in analyses:
-        a.stack_records = records
-    if fmt == "json":
-        from qprof.viewer.json_report import merged_dict, to_dict
-
-        doc = to_dict(analyses[0], top, lines[0]) if len(analyses) == 1 else merged_dict(analyses, top, lines)
-        click.echo(json.dumps(doc, indent=1))
-    else:
-        from qprof.viewer.terminal import render, render_verdict
-        from qprof.viewer.timeline import render_timeline
-
-        console = text_console()
-        for a, tl in zip(analyses, lines):
-            render(a, console, top, verbose)
-            if tl is not None:
-                render_timeline(tl, console)
-        v = verdict_of(analyses)
-        if v is not None:
-            render_verdict(v, console)
-
-
-FLAME_FORMATS = {".svg": "svg", ".html": "html", ".json": "speedscope"}
+    output = choose(fmt, out, of_kind("report"))
+    if timeline and output.name not in ("text", "json"):
+        raise QprofError(f"--timeline goes with --format text or json, not {output.name}")
+    request = Request(top=top, verbose=verbose, timeline=timeline,
+                      stack_records=read_dir(qlog) if qlog is not None else [],
+                      colour=out is None and sys.stdout.isatty())
+    ms = MappingSet.load(mappings if output.attributed else [])
+    (rendered,) = render([(output, request)], [_open_run(p, refold) for p in run_paths], ms, stack)
+    _emit(output.name, rendered, out)
 
 
 @main.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="File to write; its suffix picks the format: .svg (static, for papers; zoom and search "
-                   "in a browser), .html (d3-flame-graph page), .json (speedscope). "
+                   "in a browser), .html (d3-flame-graph page), .speedscope.json (speedscope). "
                    "Default: RUN-flamegraph.svg next to the run.")
 @click.option("--pid", type=int, default=None, help="Only this process.")
 @click.option("--role", type=click.Choice(["server", "client"]), default=None,
@@ -390,26 +347,16 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
     """Draw a run's flame graph, each frame coloured by the category its samples were attributed to
     (the attribution `qprof report` prints), with a legend of the categories' shares."""
     from qprof.attribution.mapping import MappingSet
-    from qprof.viewer.flametree import Selection, flame_of_run
-    from qprof.viewer.output import output_format, write_atomic
+    from qprof.viewer.flametree import Selection
+    from qprof.viewer.outputs import Request, by_suffix, of_kind, render
 
     sel = Selection(pid=pid, role=role, tid=tid)
     if out is None:
         here = run.resolve()
         out = here.parent / f"{here.name}-flamegraph{sel.slug()}.svg"
-    fmt = output_format(out, FLAME_FORMATS)
-    flame = flame_of_run(_open_run(run), MappingSet.load(mappings), stack, sel)
-    if fmt == "svg":
-        from qprof.viewer.flamegraph_svg import flame_svg as render
-    elif fmt == "html":
-        from qprof.viewer.flamegraph_html import flame_html as render
-    else:
-        from qprof.viewer.speedscope import speedscope_json as render
-    text = render(flame)
-    write_atomic(out, text)
-    click.echo(str(out))
-    _stderr.print(f"qprof: {fmt} flame graph of {flame.root.samples:,} samples written "
-                  f"({len(text.encode()):,} bytes)", markup=False, highlight=False)
+    output = by_suffix(out, tuple(o for o in of_kind("report") if o.flame))
+    (rendered,) = render([(output, Request(selection=sel))], [_open_run(run)], MappingSet.load(mappings), stack)
+    _emit(output.name, rendered, out)
 
 
 @main.command()
@@ -418,7 +365,7 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Also write the differential flame graph here (.svg): red grew, blue shrank, width by RUN_B.")
 @click.option("--top", type=int, default=10, show_default=True, help="Symbols shown per process.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", default="text", show_default=True, help=_format_help("diff") + ".")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), applied to both runs; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file for both runs.")
@@ -429,33 +376,20 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
          stack: str | None, pairs: tuple[str, ...]) -> None:
     """Compare two runs: per process (paired as --pair says, else by role, else by name), each category's and
     symbol's change in share of CPU time (percentage points) and in CPU seconds per GB it moved."""
-    from qprof.attribution.analysis import analyse_run
-    from qprof.attribution.diff import diff_runs
     from qprof.attribution.mapping import MappingSet
-    from qprof.viewer.flametree import FlameBuilder
-    from qprof.viewer.output import output_format, write_atomic
+    from qprof.viewer.outputs import Request, by_suffix, choose, of_kind, render
 
     if top < 1:
         raise QprofError("--top must be at least 1")
+    outputs = of_kind("diff")
+    request = Request(top=top, pairs=tuple(_pid_pair(p) for p in pairs), colour=sys.stdout.isatty())
+    asked = [(choose(fmt, None, outputs), request)]
     if out is not None:
-        output_format(out, {".svg": "svg"})
-    ms = MappingSet.load(mappings)
-    trees = [FlameBuilder(lambda rec: str(rec.pid)) if out is not None else None for _ in (run_a, run_b)]
-    a, b = (analyse_run(_open_run(p), ms, stack, visit=t) for p, t in zip((run_a, run_b), trees))
-    d = diff_runs(a, b, top, [_pid_pair(p) for p in pairs])
-    if fmt == "json":
-        click.echo(json.dumps(d.to_json(), indent=1))
-    else:
-        from qprof.viewer.diff import render_diff
-
-        render_diff(d, text_console())
+        asked.append((by_suffix(out, tuple(o for o in outputs if o.name == "svg")), request))
+    shown, *drawn = render(asked, [_open_run(run_a), _open_run(run_b)], MappingSet.load(mappings), stack)
+    _emit(asked[0][0].name, shown, None)
     if out is not None:
-        from qprof.viewer.diff import diff_svg
-
-        ta, tb = trees
-        assert ta is not None and tb is not None
-        write_atomic(out, diff_svg(d, ta.root, tb.root))
-        _stderr.print(f"qprof: differential flame graph written to {out}", markup=False, highlight=False)
+        _emit("svg", drawn[0], out, path_on_stdout=False)
 
 
 def _pid_pair(text: str) -> tuple[int, int]:
@@ -499,14 +433,10 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
     median share and CPU seconds with a 95% distribution-free confidence
     interval (order statistics; none below 6 runs, and it says so).
     """
-    from qprof.viewer import rows as R
-    from qprof.viewer.table import check_output, render, render_summary, write
+    from qprof.attribution.mapping import MappingSet
 
     outputs = _one_output(csv_out, parquet_out, "--csv", "--parquet")
     summary_out = _one_output(summary_csv, summary_parquet, "--summary-csv", "--summary-parquet")
-    for target in (outputs, summary_out):
-        if target is not None:
-            check_output(target[0])
     if outputs and summary_out and outputs[0].resolve() == summary_out[0].resolve():
         raise QprofError(f"the table and the summary would both be written to {outputs[0]}: give two files")
     seen: set[Path] = set()
@@ -514,20 +444,25 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
         if r.resolve() in seen:
             raise QprofError(f"run {r} is given twice: list each run once")
         seen.add(r.resolve())
-    table_rows = _table_rows(list(runs), mappings, stack)
-    summary = R.summary_rows(table_rows)
-    console = text_console()
-    if outputs is None:
-        render(table_rows, console)
-    else:
-        write(table_rows, R.TABLE_COLUMNS, *outputs)
-        _stderr.print(f"qprof: wrote {len(table_rows)} rows to {outputs[0]}", markup=False)
-    if summary_out is None:
-        if len(runs) > 1:  # one run has nothing to summarize over
-            render_summary(summary, console)
-    else:
-        write(summary, R.SUMMARY_COLUMNS, *summary_out)
-        _stderr.print(f"qprof: wrote the summary ({len(summary)} rows) to {summary_out[0]}", markup=False)
+    _write_table([_open_run(r) for r in runs], MappingSet.load(mappings), stack, outputs, summary_out)
+
+
+def _write_table(runs: list[Any], mappings: Any, stack: str | None, table_out: tuple[Path, str] | None = None,
+                 summary_out: tuple[Path, str] | None = None) -> None:
+    """The table of runs (to a file or printed) and its summary over them (to a file, or printed when
+    there are several runs), from one attribution pass (viewer.outputs)."""
+    from qprof.viewer.outputs import Request, choose, of_kind, render
+
+    kinds = of_kind("table")
+    colour = sys.stdout.isatty()
+    asked = [((path, choose(fmt, path, kinds)) if path is not None else (None, choose("text", None, kinds)),
+              Request(summary=summary, colour=colour))
+             for target, summary in ((table_out, False), (summary_out, True))
+             if target is not None or not summary or len(runs) > 1  # one run has nothing to summarize over
+             for path, fmt in [target or (None, "text")]]
+    rendered = render([(o, req) for (_, o), req in asked], runs, mappings, stack)
+    for ((path, o), _), r in zip(asked, rendered):
+        _emit(o.name, r, path, path_on_stdout=False)
 
 
 def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, parquet_opt: str

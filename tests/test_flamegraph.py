@@ -274,8 +274,8 @@ def test_cli_svg_legend_is_the_reports_shares(tmp_path: Path) -> None:
 
 def test_cli_speedscope_and_html(tmp_path: Path) -> None:
     run = _fake_run(tmp_path)
-    qprof("flamegraph", str(run), "-o", str(tmp_path / "all.json"))
-    doc = json.loads((tmp_path / "all.json").read_text())
+    qprof("flamegraph", str(run), "-o", str(tmp_path / "all.speedscope.json"))
+    doc = json.loads((tmp_path / "all.speedscope.json").read_text())
     report = json.loads(qprof("report", str(run), "--format", "json").stdout)
     want = {f"{p['comm']} (pid {p['pid']}" + (f", {p['role']})" if p["role"] else ")"): p["samples"]
             for p in report["processes"]}
@@ -305,7 +305,9 @@ def test_cli_bad_selection_and_output(tmp_path: Path) -> None:
     one_line_error(fg("--pid", "9999"), "no samples of pid 9999", f"{SERVER} gtlsserver", "--pid")
     one_line_error(fg("--thread", "9999", "--pid", str(CLIENT)), "no samples of thread 9999", f"{CLIENT} client")
     one_line_error(fg("--role", "server", "--pid", str(CLIENT)), f"pid {CLIENT} is not the server")
-    one_line_error(fg("-o", str(tmp_path / "f.png")), "unknown output format '.png'", ".svg, .html, .json")
+    one_line_error(fg("-o", str(tmp_path / "f.png")), "unknown output format '.png'", ".svg, .html, .speedscope.json")
+    # `.json` is qprof's JSON report everywhere; a flame graph for speedscope says so in its name
+    one_line_error(fg("-o", str(tmp_path / "f.json")), "unknown output format '.json'", ".speedscope.json")
     one_line_error(fg("-o", str(tmp_path / "f")), "unknown output format '(no suffix)'")
     one_line_error(fg("-o", str(tmp_path / "no" / "f.svg")), "does not exist")
     (tmp_path / "d.svg").mkdir()

@@ -205,7 +205,7 @@ def test_svg_flame_graph_static_and_in_chromium(ngtcp2_capture: Any, tmp_path: P
 def test_speedscope_totals_are_the_reports(ngtcp2_capture: Any, tmp_path: Path) -> None:
     run = ngtcp2_capture("gso")
     report = report_of(run)
-    out = tmp_path / "all.json"
+    out = tmp_path / "all.speedscope.json"
     qprof("flamegraph", str(run), "-o", str(out))
     doc = json.loads(out.read_text())
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
@@ -222,6 +222,6 @@ def test_speedscope_totals_are_the_reports(ngtcp2_capture: Any, tmp_path: Path) 
     srv = role_of(report, "server")
     main = next(t for t in srv["threads"] if t["tid"] == srv["pid"])
     qprof("flamegraph", str(run), "--pid", str(srv["pid"]), "--thread", str(main["tid"]),
-          "-o", str(tmp_path / "t.json"))
-    (prof,) = json.loads((tmp_path / "t.json").read_text())["profiles"]
+          "-o", str(tmp_path / "t.speedscope.json"))
+    (prof,) = json.loads((tmp_path / "t.speedscope.json").read_text())["profiles"]
     assert sum(prof["weights"]) == main["samples"]

@@ -30,8 +30,7 @@ from typing import Callable, Iterator, Sequence
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
-from qprof.attribution.mapping import MappingSet
-from qprof.attribution.analysis import analyse_run
+from qprof.attribution.analysis import Analysis
 from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
 from qprof.collectors.archive import Run
@@ -222,13 +221,9 @@ def _check_selection(run: Run, profile: Profile, sel: Selection, role_pids: set[
     return [p for p in chosen if sel.tid is None or sel.tid in p.threads]
 
 
-def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
-                 selection: Selection = Selection()) -> Flame:
-    """Attribute the run (as `qprof report` does) and build the selected part's tree in the same pass.
-
-    Bad selections (unknown pid, role or thread) raise QprofError naming what the run has.
-    """
-    sel = selection
+def selecting(run: Run, sel: Selection) -> tuple[FlameBuilder, TimelineBuilder]:
+    """The visitors that build the selected part's tree and timeline while the run is attributed
+    (viewer.outputs runs the pass). A role the run lacks is refused here, before the work."""
     role_pids = _role_pids(run, sel.role) if sel.role else None
     targets = {t.pid: t for t in run.meta.targets}
     labels: dict[int, str] = {}
@@ -243,15 +238,17 @@ def flame_of_run(run: Run, mappings: MappingSet, stack: str | None = None,
             got = labels[rec.pid] = process_label(rec.pid, t.comm if t else rec.comm, t.role if t else None)
         return got
 
-    builder = FlameBuilder(label)
-    over_time = TimelineBuilder(lambda rec: label(rec) is not None)
+    return FlameBuilder(label), TimelineBuilder(lambda rec: label(rec) is not None)
 
-    def visit(rec: StackRecord, decision: Decision) -> None:
-        builder(rec, decision)
-        over_time(rec, decision)
 
-    analysis = analyse_run(run, mappings, stack, visit=visit)
+def flame_of(analysis: Analysis, sel: Selection, builder: FlameBuilder, over_time: TimelineBuilder) -> Flame:
+    """The flame of what `selecting`'s visitors saw during `analysis`'s attribution.
+
+    Bad selections (unknown pid or thread) raise QprofError naming what the run has.
+    """
     profile = analysis.profile
+    run = profile.run
+    role_pids = _role_pids(run, sel.role) if sel.role else None
     readings = list(run.proc_readings())
     chosen = _check_selection(run, profile, sel, role_pids)
     what = ", ".join(process_label(p.pid, p.comm, p.role) for p in chosen)

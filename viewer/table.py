@@ -1,58 +1,23 @@
-"""`qprof table`: many runs side by side, as a terminal table or a CSV/parquet file, with a summary.
+"""`qprof table` on the terminal: many runs side by side, then a summary.
 
-The rows and the summary are viewer.rows'; this module only shows or writes
-them. On the terminal a run's process is one line with the five shares as
-columns (the long form, one row per category, is what the files hold: the
-shape pandas and R group by).
+The rows and the summary are viewer.rows'; this module only shows them (the
+CSV and parquet files are viewer.outputs'). On the terminal a run's process is
+one line with the five shares as columns (the long form, one row per category,
+is what the files hold: the shape pandas and R group by).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
-from qprof.errors import QprofError
 from qprof.viewer.rows import SUMMARY_METHOD, Row
 from qprof.viewer.terminal import COLOURS
-
-FORMATS = ("csv", "parquet")
-
-
-def check_output(path: Path) -> None:
-    """Refuse an output path that cannot be written, before any work is done."""
-    if path.is_dir():
-        raise QprofError(f"output {path} is a directory: give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise QprofError(f"cannot write {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise QprofError(f"cannot write {path}: directory {parent} is not writable; choose another path")
-
-
-def write(rows: list[Row], columns: Sequence[str], path: Path, fmt: str) -> None:
-    """Write rows as CSV or parquet, atomically: a reader never sees half a file."""
-    from qprof.viewer.frames import frame
-
-    if fmt not in FORMATS:
-        raise ValueError(fmt)
-    df = frame(rows, columns)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        if fmt == "csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise QprofError(f"cannot write {path}: {e.strerror or e}; choose another path") from None
-
 
 def _pct(x: Any) -> str:
     return "–" if x is None else f"{x:.1%}"
