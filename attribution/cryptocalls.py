@@ -17,7 +17,7 @@ from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.probemaps import keyed as _keyed
-from qprof.collectors.records import ProbeRecord
+from qprof.collectors.records import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
 
@@ -26,14 +26,14 @@ def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def _kind(slot: dict[str, Any]) -> str:
+def _kind(slot: CryptoSlot) -> str:
     """The operation a slot counts. OpenSSL's EVP_EncryptUpdate parts: AAD-only updates are their own
     kind; <= 16-byte calls are header-protection-sized (told apart by size, see `basis`)."""
-    if slot.get("part") == "aad":
+    if slot.part == "aad":
         return "aad_update"
-    if slot.get("part") == "short" and slot.get("kind") == "aead_seal":
+    if slot.part == "short" and slot.kind == "aead_seal":
         return "header_protection"
-    return str(slot.get("kind"))
+    return str(slot.kind)
 
 
 @dataclass
@@ -126,28 +126,26 @@ class Crypto:
 
 def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = None) -> Crypto | None:
     """The crypto picture of a run; None when the crypto group did not run."""
-    rec = probes.doc.get("crypto")  # the symbols and slots it found (probes.crypto; free-form in the schema)
-    if not rec or "crypto" not in probes.programs:
+    rec = probes.crypto  # the symbols and slots it found (probes.crypto)
+    if rec is None or "crypto" not in probes.programs:
         return None  # not asked for, or did not start (probes.json "unavailable" says why)
-    slots = {int(s["slot"]): s for s in rec.get("slots", [])}
+    slots = {s.slot: s for s in rec.slots}
     maps = probes.maps("crypto")
-    objects = rec.get("objects", {})
-    flags = rec.get("cpu_flags", {})
-    cpu_aes = bool(flags.get("aes") and flags.get("pclmulqdq")) if flags else None
+    cpu = rec.cpu_flags
+    cpu_aes = bool(cpu.get("aes") and cpu.get("pclmulqdq")) if cpu else None
     procs = {p: ProcessCrypto(p, cpu_aes=cpu_aes) for p in pids}
     for pid, proc in procs.items():
-        entry = rec.get("processes", {}).get(str(pid), {})
-        for path in entry.get("objects", []) + entry.get("pending_objects", []):
-            o = objects.get(path, {})
-            proc.libraries.update(o.get("libraries", []))
-            proc.ciphers_supported.update(o.get("ciphers", []))
-            hw = o.get("aes_hw", {})
-            if hw.get("present") is not None and proc.aes_hw_present is not True:
-                proc.aes_hw_present = hw["present"]
-            if hw.get("evidence"):
-                proc.aes_hw_evidence.append(f"{path.rsplit('/', 1)[-1]}: {hw['evidence']}")
-            proc.notes += [n for n in o.get("notes", []) if n not in proc.notes]
-        proc.notes += entry.get("notes", [])
+        entry = rec.processes.get(pid, CryptoTarget())
+        for path in entry.objects + entry.pending_objects:
+            o = rec.objects.get(path, CryptoObject())
+            proc.libraries.update(o.libraries)
+            proc.ciphers_supported.update(o.ciphers)
+            if o.aes_hw.present is not None and proc.aes_hw_present is not True:
+                proc.aes_hw_present = o.aes_hw.present
+            if o.aes_hw.evidence:
+                proc.aes_hw_evidence.append(f"{path.rsplit('/', 1)[-1]}: {o.aes_hw.evidence}")
+            proc.notes += [n for n in o.notes if n not in proc.notes]
+        proc.notes += entry.notes
     has_bytes: dict[tuple[int, str], list[bool]] = defaultdict(list)
     for key, n in _keyed(maps.get("@calls")):
         if len(key) < 3 or key[0] not in procs or key[2] not in slots:
@@ -156,19 +154,19 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
         kind = _kind(slot)
         proc.calls[kind] += n
         proc.threads.setdefault(key[1], defaultdict(int))[kind] += n
-        label = slot["symbol"] + ("" if slot.get("part") in (None, "all") else f" ({slot['part']})")
+        label = slot.symbol + ("" if slot.part in (None, "all") else f" ({slot.part})")
         proc.symbols[label] += n
-        has_bytes[(key[0], kind)].append(bool(slot.get("bytes")))
-        if slot.get("cipher") in ("aes-gcm", "chacha20-poly1305") and n:
-            proc.ciphers_called.add(slot["cipher"])
-        elif slot.get("cipher") in ("aes", "chacha20") and kind == "header_protection" and n:
-            proc.hp_ciphers.add(slot["cipher"])
-        if slot.get("path") == "hw":
+        has_bytes[(key[0], kind)].append(slot.bytes)
+        if slot.cipher in ("aes-gcm", "chacha20-poly1305") and n:
+            proc.ciphers_called.add(slot.cipher)
+        elif slot.cipher in ("aes", "chacha20") and kind == "header_protection" and n:
+            proc.hp_ciphers.add(slot.cipher)
+        if slot.path == "hw":
             proc.hw_calls += n
-        elif slot.get("path") == "sw":
+        elif slot.path == "sw":
             proc.sw_calls += n
-        if slot.get("part") == "short":
-            basis = (f"{slot['symbol']} calls of <= 16 bytes are counted as header protection (the mask is "
+        if slot.part == "short":
+            basis = (f"{slot.symbol} calls of <= 16 bytes are counted as header protection (the mask is "
                      "one 16-byte AES block or 5 ChaCha20 bytes); a payload that small is counted with them")
             if basis not in proc.basis:
                 proc.basis.append(basis)
@@ -190,4 +188,4 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
             per = proc.bytes["header_protection"] / hp
             proc.basis.append(f"header protection input {per:.1f} bytes per call (an AES mask encrypts one "
                               "16-byte sample; a ChaCha20 mask is 5 bytes)")
-    return Crypto(procs, rec.get("cpu_flags", {}), rec.get("cost"), len(slots))
+    return Crypto(procs, rec.cpu_flags, rec.cost, len(slots))

@@ -113,7 +113,7 @@ class LiveMonitor:
     def update(self, d: LiveData) -> LiveFrame:
         pids = [t.pid for t in d.targets]
         maps = schema.probe_maps(d.maps)
-        pio = analyse(ProbeRecord.of_maps({"packetio": maps}).doc, pids) if maps else None
+        pio = analyse(ProbeRecord.of_maps({"packetio": maps}), pids) if maps else None
         if pio is not None:
             if pio.sampling is not None and self._packets is None:
                 # the windows' counts and their span start at zero with the probes: the first print's

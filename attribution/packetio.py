@@ -20,7 +20,9 @@ from typing import Any, Callable, Mapping
 
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
-from qprof.probes.packetio.record import AUX_OF_DIRECTION, PacketioRecord, Windows, kernel_counters_for
+from qprof.collectors import schema
+from qprof.collectors.records import ProbeRecord, UdpSocket
+from qprof.probes.packetio.record import AUX_OF_DIRECTION, Windows, kernel_counters_for
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -111,7 +113,7 @@ class ProcessPacketIO:
     gso_segment_size: float | None = None
     gso_segs_median: float | None = None
     gro_segs_median: float | None = None
-    sockets: list[dict[str, Any]] = field(default_factory=list)
+    sockets: list[UdpSocket] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)  # reason name -> datagrams dropped at our ports
     syscall_time: dict[str, dict[str, Any]] = field(default_factory=dict)  # opt-in `syscalls` probes
     estimates: dict[str, Estimate] = field(default_factory=dict)  # headline figures with their intervals
@@ -145,7 +147,8 @@ class ProcessPacketIO:
 
     def to_json(self) -> dict[str, Any]:
         return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
-                "ack_ratio": self.ack_ratio, "ports": sorted(self.ports), "sockets": self.sockets,
+                "ack_ratio": self.ack_ratio, "ports": sorted(self.ports),
+                "sockets": [schema.encode(sk) for sk in self.sockets],
                 "drops": self.drops, "syscall_time": self.syscall_time, "counted": "exact" if self.exact else "sampled",
                 "estimates": {k: {"value": _r(e.value), "interval": e.interval(), "exact": e.exact}
                               for k, e in sorted(self.estimates.items())},
@@ -158,8 +161,8 @@ class PacketIO:
 
     processes: dict[int, ProcessPacketIO]
     softirq: dict[str, Any]
-    udp_mib: dict[str, dict[str, int]]
-    sysctl: dict[str, str]
+    udp_mib: dict[str, dict[str, int | float]]
+    sysctl: dict[str, str | float]
     cost: dict[str, Any] | None
     unavailable: list[dict[str, str]]
     sampling: dict[str, Any] | None = None  # how the packet counts were taken (None: counted whole)
@@ -254,12 +257,13 @@ def _sampling_summary(w: Windows) -> dict[str, Any]:
             "hook_runs": w.events, "budget": w.budget}
 
 
-def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
-    """Build the packet I/O picture; None when the run has no probe data."""
-    prog = probes.get("programs", {}).get("packetio")
-    rec = PacketioRecord.from_maps((prog or {}).get("maps") or {})
+def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
+    """Build the packet I/O picture; None when the run has no probe data. The opt-in groups sharpen
+    it: syscalls adds the mmsg batching and syscall times, softirq the network softirq time."""
+    ran = "packetio" in probes.programs
+    rec = probes.packetio()
     procs: dict[int, ProcessPacketIO] = {p: ProcessPacketIO(p) for p in pids}
-    mmsg = (probes.get("programs", {}).get("syscalls") or {}).get("maps") or {}
+    mmsg = probes.maps("syscalls")
     for name, (direction, attr) in _MMSG_MAPS.items():
         for key, value in _keyed(mmsg.get(name)):
             if len(key) >= 2 and key[0] in procs:
@@ -291,28 +295,28 @@ def analyse(probes: dict[str, Any], pids: list[int]) -> PacketIO | None:
         proc.gso_segs_median = _median_of_hist(rec.hists.get("@tx_gso_segs", {}).get(pid))
         proc.gro_segs_median = _median_of_hist(rec.hists.get("@rx_gro_segs", {}).get(pid))
     _syscall_time(mmsg, procs)
-    names = probes.get("drop_reason_names", {})
-    for sk in probes.get("sockets", []):
-        for pid in sk.get("pids", []):
+    names = probes.drop_reason_names
+    for sk in probes.sockets:
+        for pid in sk.pids:
             if pid in procs:
                 procs[pid].sockets.append(sk)
-                if sk.get("port"):
-                    procs[pid].ports.add(sk["port"])
+                if sk.port:
+                    procs[pid].ports.add(sk.port)
     port_owner = {port: pid for pid, p in procs.items() for port in p.ports}
     for (reason, port), n in rec.udp_drops.items():
         if port in port_owner:
-            label = names.get(str(reason), str(reason))
+            label = names.get(reason, str(reason))
             d = procs[port_owner[port]].drops
             d[label] = d.get(label, 0) + n
-    if prog is None and not probes.get("sockets"):
+    if not ran and not probes.sockets:
         return None
-    sirq_maps = (probes.get("programs", {}).get("softirq") or {}).get("maps") or (prog or {}).get("maps") or {}
-    return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), probes.get("before", {}).get("sysctl", {}),
-                    probes.get("cost"), probes.get("unavailable", []),
+    sirq_maps = probes.maps("softirq") or probes.maps("packetio")
+    return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), dict(probes.before.sysctl),
+                    probes.cost, [{"probe": g, "reason": why} for g, why in probes.unavailable],
                     _sampling_summary(w) if w is not None else None)
 
 
-def _softirq(maps: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
+def _softirq(maps: dict[str, Any], probes: ProbeRecord) -> dict[str, Any]:
     """Network softirq time per CPU from the opt-in softirq probes; otherwise all softirq time per
     CPU from /proc/stat (tick-sampled) and the NET_RX/NET_TX run counts."""
     if maps.get("@softirq_ns"):
@@ -332,28 +336,26 @@ def _softirq(maps: dict[str, Any], probes: dict[str, Any]) -> dict[str, Any]:
                 "per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
                 "total_s": round(total, 6), "in_target_s": round(in_target_s, 6),
                 "in_target_share": _r(in_target_s / total) if total else None}
-    before, after = probes.get("before", {}), probes.get("after", {})
-    s0, s1 = before.get("softirq_seconds") or {}, after.get("softirq_seconds") or {}
-    c0, c1 = before.get("softirqs") or {}, after.get("softirqs") or {}
-    per_cpu2 = {}
-    for cpu, t in s1.items():
-        i = int(cpu)
-        per_cpu2[cpu] = {"softirq_s": round(t - s0.get(cpu, t), 6),
+    s0, s1 = probes.before.softirq_seconds, probes.after.softirq_seconds
+    c0, c1 = probes.before.softirqs, probes.after.softirqs
+    per_cpu2: dict[str, dict[str, float | None]] = {}
+    total2 = 0.0
+    for i, t in s1.items():
+        total2 += round(t - s0.get(i, t), 6)
+        per_cpu2[str(i)] = {"softirq_s": round(t - s0.get(i, t), 6),
                          "net_rx_runs": (c1.get("NET_RX") or [0] * (i + 1))[i] - (c0.get("NET_RX") or [0] * (i + 1))[i]
                          if i < len(c1.get("NET_RX") or []) and i < len(c0.get("NET_RX") or []) else None,
                          "net_tx_runs": (c1.get("NET_TX") or [0] * (i + 1))[i] - (c0.get("NET_TX") or [0] * (i + 1))[i]
                          if i < len(c1.get("NET_TX") or []) and i < len(c0.get("NET_TX") or []) else None}
-    total2 = sum(v["softirq_s"] for v in per_cpu2.values())
     return {"source": "/proc/stat (all softirqs, tick-sampled); the targets' own share is the Packet I/O "
                       "softirq subcategory of their samples",
             "per_cpu": per_cpu2, "total_s": round(total2, 6), "in_target_s": None, "in_target_share": None}
 
 
-def _mib_delta(probes: dict[str, Any]) -> dict[str, dict[str, int]]:
-    before = probes.get("before", {}).get("udp_mib", {})
-    after = probes.get("after", {}).get("udp_mib", {})
+def _mib_delta(probes: ProbeRecord) -> dict[str, dict[str, int | float]]:
+    before, after = probes.before.udp_mib, probes.after.udp_mib
     out = {}
     for ns, a in after.items():
-        b = before.get(ns, {}).get("udp", {})
-        out[ns] = {k: a["udp"].get(k, 0) - b.get(k, 0) for k in _MIB_KEYS if k in a.get("udp", {})}
+        b = before[ns].udp if ns in before else {}
+        out[ns] = {k: a.udp.get(k, 0) - b.get(k, 0) for k in _MIB_KEYS if k in a.udp}
     return out

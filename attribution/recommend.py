@@ -52,7 +52,7 @@ def recommend(pio: PacketIO, comms: dict[int, str],
         who = f"{comms.get(pid, '?')} ({pid})"
         dropped = sum(p.drops.values())
         if dropped:
-            bufs = sorted({int(b) for sk in p.sockets if (b := (sk.get("last") or {}).get("rcvbuf")) is not None})
+            bufs = sorted({int(b) for sk in p.sockets if (b := sk.last.get("rcvbuf")) is not None})
             buf = _kib(bufs[0]) if bufs else "unknown"
             share = f" ({dropped / (dropped + p.rx.dgrams):.2%} of datagrams for it)" if p.rx.dgrams else ""
             at_default = bool(bufs) and rmem_default and bufs[0] <= 2 * rmem_default

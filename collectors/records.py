@@ -419,28 +419,125 @@ class NamespaceQueues:
 
 
 @dataclass(frozen=True)
-class ProbeRecord:
-    """probes.json as readers use it: each group's program and maps, the queues, what was unavailable.
-    `doc` is the document itself, for the group analyses that read their own parts of it."""
+class UdpSocket:
+    """One UDP socket of the targets, its buffers and drop counter when first and last seen
+    (collectors.probing); fields in the order probes.json writes them."""
 
-    doc: dict[str, Any]
+    fds: list[int] = field(default_factory=list)
+    first: dict[str, int | float | None] = field(default_factory=dict)  # drops, rcvbuf, sndbuf, rmem_alloc...
+    first_time: float = 0.0
+    last: dict[str, int | float | None] = field(default_factory=dict)
+    last_time: float = 0.0
+    local: str = ""
+    peer: str = ""
+    pids: list[int] = field(default_factory=list)
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class UdpMib:
+    """A network namespace's UDP counters (/proc/net/snmp) and the targets in it."""
+
+    pids: list[int] = field(default_factory=list)
+    udp: dict[str, int | float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """The host's softirq time and counts, sysctls and UDP counters at the run's start or end."""
+
+    softirq_seconds: dict[int, float] = field(default_factory=dict)  # per CPU
+    softirqs: dict[str, list[int | float]] = field(default_factory=dict)  # per softirq vector, per CPU
+    sysctl: dict[str, str | float] = field(default_factory=dict)
+    time: float | None = None
+    udp_mib: dict[str, UdpMib] = field(default_factory=dict)  # by namespace
+
+
+@dataclass(frozen=True)
+class AesHardware:
+    present: bool | None = None
+    evidence: str | None = None
+
+
+@dataclass(frozen=True)
+class CryptoObject:
+    """What the crypto group found in one mapped object (probes.crypto.symbols.ObjectCrypto)."""
+
+    libraries: list[str] = field(default_factory=list)
+    ciphers: list[str] = field(default_factory=list)
+    aes_hw: AesHardware = field(default_factory=AesHardware)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CryptoTarget:
+    """The objects of one target the crypto group looked at (pending: needed but not mapped yet)."""
+
+    objects: list[str] = field(default_factory=list)
+    pending_objects: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CryptoSlot:
+    """One counted call site of the crypto program: the map key's slot number and what it counts."""
+
+    slot: int
+    symbol: str
+    part: str | None = None  # evp splits one call into aad, short (header protection) and payload
+    kind: str | None = None
+    cipher: str | None = None
+    path: str | None = None  # hw or sw AES
+    bytes: bool = False  # its byte count is known
+
+
+@dataclass(frozen=True)
+class CryptoFindings:
+    """What the crypto group found to probe and what probing it cost (probes.json `crypto`)."""
+
+    slots: list[CryptoSlot] = field(default_factory=list)
+    objects: dict[str, CryptoObject] = field(default_factory=dict)
+    processes: dict[int, CryptoTarget] = field(default_factory=dict)
+    cpu_flags: dict[str, bool] = field(default_factory=dict)
+    cost: dict[str, Any] | None = None  # carried into the report as written (probes.crypto.program.cost)
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """probes.json as readers use it: each group's program and maps, what the run's sockets, queues and
+    host counters showed, what was unavailable."""
+
     groups: tuple[str, ...] = ()
     programs: dict[str, ProgramRecord] = field(default_factory=dict)
     unavailable: tuple[tuple[str, str], ...] = ()  # (probe, why)
     queues: dict[str, NamespaceQueues] = field(default_factory=dict)  # by namespace
+    sockets: tuple[UdpSocket, ...] = ()
+    drop_reason_names: dict[int, str] = field(default_factory=dict)  # the kernel's skb drop reasons
+    before: HostSnapshot = field(default_factory=HostSnapshot)
+    after: HostSnapshot = field(default_factory=HostSnapshot)
+    cost: dict[str, Any] | None = None  # the BPF programs' run time (carried into the report as written)
+    crypto: CryptoFindings | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ProbeRecord":
         """`d` conforms to schema.PROBES (Run.probes checked it)."""
-        return cls(d, tuple(d.get("groups") or ()),
+        from qprof.collectors import schema
+
+        return cls(tuple(d.get("groups") or ()),
                    {name: ProgramRecord.from_json(p) for name, p in (d.get("programs") or {}).items()},
                    tuple((str(u["probe"]), str(u["reason"])) for u in d.get("unavailable") or ()),
-                   {ns: NamespaceQueues.from_json(q) for ns, q in (d.get("qdiscs") or {}).items()})
+                   {ns: NamespaceQueues.from_json(q) for ns, q in (d.get("qdiscs") or {}).items()},
+                   tuple(schema.decode(UdpSocket, sk) for sk in d.get("sockets") or ()),
+                   schema.decode(dict[int, str], d.get("drop_reason_names") or {}),
+                   schema.decode(HostSnapshot, d.get("before") or {}),
+                   schema.decode(HostSnapshot, d.get("after") or {}),
+                   d.get("cost"),
+                   schema.decode(CryptoFindings, d["crypto"]) if d.get("crypto") else None)
 
     @classmethod
     def of_maps(cls, maps: dict[str, dict[str, Any]]) -> "ProbeRecord":
         """A record holding only the groups' maps (group -> maps): what a live view has mid-run."""
-        return cls.from_json({"programs": {g: {"maps": m} for g, m in maps.items()}})
+        return cls(programs={g: ProgramRecord(m) for g, m in maps.items()})
 
     def maps(self, group: str) -> dict[str, Any]:
         """A group's maps; {} when it did not run."""

@@ -22,6 +22,8 @@ import types
 import typing
 from typing import Any
 
+from qprof.collectors.records import CryptoFindings, HostSnapshot, UdpSocket
+
 from qprof.errors import QprofError
 
 
@@ -246,9 +248,6 @@ _WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": 
                 "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM, "ip_out_octets": NUM}), "final": BOOL,
                 "events": MapOf(NUM), "budget": MapOf(NUM)},
                required=("series", "periods", "full_periods", "groups"))
-_SNAPSHOT = {"softirq_seconds": MapOf(NUM, numbered=True), "softirqs": MapOf([NUM]), "sysctl": MapOf(Either(STR, NUM)),
-             "time": NUM, "udp_mib": MapOf({"pids": [INT], "udp": MapOf(NUM)})}
-_COUNTERS = MapOf(OPT_NUM)
 _QDISC = Obj({"dev": OPT_STR, "kind": OPT_STR, "handle": OPT_STR, "bytes": OPT_NUM, "packets": OPT_NUM,
               "drops": OPT_NUM, "overlimits": OPT_NUM, "requeues": OPT_NUM, "backlog": OPT_NUM, "qlen": OPT_NUM})
 PROBES = Obj({
@@ -256,17 +255,16 @@ PROBES = Obj({
     "bpftrace_version": OPT_STR,
     "programs": MapOf({"maps": MapOf(Either(_MAP, _WINDOWS)), "output": STR, "script": STR, "exit": OPT_INT,
                        "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM, "cpu_s": OPT_NUM}),
-    "before": _SNAPSHOT, "after": _SNAPSHOT,
+    "before": shape_of(HostSnapshot), "after": shape_of(HostSnapshot),
     "cost": Obj({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM, "measured_run_cnt": NUM,
                  "measured_run_time_ns": NUM, "probes_s": NUM, "stats_on_s": NUM, "method": STR,
                  "programs": [{"id": OPT_INT, "name": OPT_STR, "type": OPT_STR, "run_cnt": OPT_NUM,
                                "run_time_ns": OPT_NUM}],
                  "by_group": MapOf({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM})},
                 required=("bpf_run_cnt", "bpf_run_time_ns")),
-    "drop_reason_names": MapOf(STR, numbered=True), "sockets_error": OPT_STR,
-    "sockets": [{"fds": [INT], "pids": [INT], "port": OPT_INT, "local": STR, "peer": STR,
-                 "first": _COUNTERS, "last": _COUNTERS, "first_time": NUM, "last_time": NUM}],
-    "crypto": MapOf(Any),
+    "drop_reason_names": shape_of(dict[int, str]), "sockets_error": OPT_STR,
+    "sockets": shape_of(list[UdpSocket]),
+    "crypto": shape_of(CryptoFindings),
     "qdiscs": MapOf(Obj({"pids": [INT], "first": [_QDISC], "last": [_QDISC], "first_time": NUM, "last_time": NUM})),
 })
 

@@ -201,11 +201,10 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
         say(f"  {name}: {st['calls']:,} calls, {st['total_s']:.3f} s, mean {st['mean_us']:.2f} us, "
             f"p50 ~{_fmt(st['p50_us'], '.2f')} us, p99 ~{_fmt(st['p99_us'], '.2f')} us")
     for sk in p.sockets:
-        first, last = sk.get("first") or {}, sk.get("last") or {}
-        d = (last.get("drops") or 0) - (first.get("drops") or 0)
-        seen = (sk.get("last_time") or 0) - (sk.get("first_time") or 0)
-        say(f"  socket {sk.get('local')}: SO_RCVBUF {_fmt(last.get('rcvbuf'))} B, SO_SNDBUF "
-            f"{_fmt(last.get('sndbuf'))} B; its own drop counter rose by {d:,} in the {seen:.1f} s it was read "
+        d = (sk.last.get("drops") or 0) - (sk.first.get("drops") or 0)
+        seen = sk.last_time - sk.first_time
+        say(f"  socket {sk.local}: SO_RCVBUF {_fmt(sk.last.get('rcvbuf'))} B, SO_SNDBUF "
+            f"{_fmt(sk.last.get('sndbuf'))} B; its own drop counter rose by {d:,} in the {seen:.1f} s it was read "
             "(once a second while open; the drops above are the probes' count over the whole run)")
 
 
