@@ -78,6 +78,15 @@ def _default_out() -> Path:
     return Path(f"qprof-run-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
 
 
+def _probes_help() -> str:
+    """`--probes`'s help, from the groups' registry: every group with what it measures and costs."""
+    from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
+
+    listing = "; ".join(f"{g.name}{'' if g.default else ' (opt-in)'}: {g.summary}" for g in GROUPS.values())
+    return (f"eBPF probe groups beside sampling: default ({', '.join(DEFAULT_GROUPS)}), none, or a comma "
+            f"list of groups. {listing}.")
+
+
 def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options of `attach` that `record` shares: how to sample and what to keep."""
     options = [
@@ -92,10 +101,7 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "qprof moves it into and back out of); system: perf samples every CPU on wall-clock "
                           "ticks and qprof keeps the targets' samples, which misplaces work that starts when a "
                           "target wakes; auto: cgroup when one can be set up, else system."),
-        click.option("--probes", "probes", default="default", show_default=True,
-                     help="eBPF probe groups beside sampling: default (packetio), none, or a comma list of "
-                          "packetio, syscalls (opt-in: per-call syscall durations), crypto (opt-in, expensive: "
-                          "uprobes on AEAD and header-protection calls)."),
+        click.option("--probes", "probes", default="default", show_default=True, help=_probes_help()),
         click.option("--keep-raw", is_flag=True,
                      help="Keep all raw perf data (by default each chunk is deleted once folded into stacks)."),
         click.option("--raw-budget", default="256M", show_default=True,

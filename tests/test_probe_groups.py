@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,16 @@ def test_no_module_imports_against_the_flow() -> None:
     edges = [(module_name(p), mod) for p in modules for mod in imported(p)]
     bad = against_the_flow(edges)
     assert not bad, "\n".join(bad)
+
+
+def test_every_group_is_packaged_and_in_the_help() -> None:
+    """A group is its folder plus its registry line: setup.py packages the folder, `--probes` lists it."""
+    import runpy
+
+    packaged = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["packages"]()
+    helped = subprocess.run([sys.executable, "-m", "qprof.cli", "attach", "--help"], capture_output=True,
+                            text=True, check=True).stdout
+    flat = "".join(helped.split())  # click wraps (and breaks at hyphens): compare without whitespace
+    for name, group in GROUPS.items():
+        assert f"qprof.probes.{name}" in packaged
+        assert f"{name}{'' if group.default else '(opt-in)'}:" in flat
