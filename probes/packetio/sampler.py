@@ -104,6 +104,11 @@ class Window:
     aux: Mib  # per namespace: its counters' deltas in the window
 
 
+def _aux_delta(before: Mib, after: Mib) -> Mib:
+    """Each namespace's counters' growth between two readings."""
+    return {ns: tuple(y - x for x, y in zip(before.get(ns, b), b)) for ns, b in after.items()}
+
+
 class Sampler:
     """The loaded programs, their windows, and what they counted."""
 
@@ -153,6 +158,7 @@ class Sampler:
         # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
         self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
         self.overruns = 0  # whole-period windows whose hooks passed windows.overran (ended at that check)
+        self._pending: Window | None = None  # the last window, until its period is known to be over
 
     @property
     def stop(self) -> bool:
@@ -316,6 +322,20 @@ class Sampler:
                 return runs, True
         return runs, False
 
+    def _commit(self, end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:
+        """The pending window's period ends at `end`: add it to the statistics. `uncounted_from`: a
+        later period's start since which the gate was closed (a stop before that period's window): a
+        whole-period window then counted only its own period of the extended one."""
+        pending = self._pending
+        if pending is not None:
+            period = max(end - pending.start, pending.length)
+            counted = period if pending.full else pending.length
+            if pending.full and uncounted_from is not None and uncounted_from > pending.start:
+                counted = min(period, uncounted_from - pending.start)
+            self.stats.add_window(period, counted, pending.groups, pending.aux)
+            self.mib_frame_end = end_mib
+            self._pending = None
+
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
         opens (the period is over then), or at the stop, which extends the last period to it."""
@@ -333,25 +353,8 @@ class Sampler:
         counting, w = True, P  # the first period is counted whole
         scale = 1.0  # the whole budget until the targets' CPU is known
         budget_events_s = windows.budget_rate(scale)
-        pending: Window | None = None
+        self._pending = None
         next_print = start + PRINT_S
-
-        def commit(end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:
-            """The pending window's period ends at `end`. `uncounted_from`: a later period's start
-            since which the gate was closed (a stop before that period's window): a whole-period
-            window then counted only its own period of the extended one."""
-            nonlocal pending
-            if pending is not None:
-                period = max(end - pending.start, pending.length)
-                counted = period if pending.full else pending.length
-                if pending.full and uncounted_from is not None and uncounted_from > pending.start:
-                    counted = min(period, uncounted_from - pending.start)
-                self.stats.add_window(period, counted, pending.groups, pending.aux)
-                self.mib_frame_end = end_mib
-                pending = None
-
-        def window_aux(before: Mib, after: Mib) -> Mib:
-            return {ns: tuple(y - x for x, y in zip(before.get(ns, b), b)) for ns, b in after.items()}
 
         while not self.stop:
             mib_s = self.mibs()
@@ -361,14 +364,14 @@ class Sampler:
                     prog.attach(HOT)
                     opened, mib_a = self.flip_gate(1)
                     counting = True
-                commit(start, mib_s)
+                self._commit(start, mib_s)
                 runs, early = self._count_whole(start + P, opened, budget_events_s, wake)
             else:
                 self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
                 if self.stop:
                     break
                 prog.attach(HOT)
-                commit(start, mib_s)
+                self._commit(start, mib_s)
                 opened, mib_a = self.flip_gate(1)
                 counting = True
                 self._sleep_until(opened + w, wake)
@@ -389,7 +392,7 @@ class Sampler:
                 counting = False
             else:
                 closed, mib_b = time.monotonic(), self.mibs()
-            pending = Window(start, w >= P, closed - opened, self.window_deltas(), window_aux(mib_a, mib_b))
+            self._pending = Window(start, w >= P, closed - opened, self.window_deltas(), _aux_delta(mib_a, mib_b))
             nxt = time.monotonic() if early else max(start + P, time.monotonic())  # early: the period ends here
             opened, mib_a, w, P = closed, mib_b, w_next, P_next
             if not counting:
@@ -408,12 +411,12 @@ class Sampler:
         # window leaves a whole-period window partial, never exact with datagrams it missed.
         if counting:
             closed, mib_b = self.flip_gate(0)
-            commit(start, mib_a)
-            pending = Window(start, True, closed - opened, self.window_deltas(), window_aux(mib_a, mib_b))
+            self._commit(start, mib_a)
+            self._pending = Window(start, True, closed - opened, self.window_deltas(), _aux_delta(mib_a, mib_b))
         self._gate.value = 0
         prog.detach(HOT)
         end_mib = self.mibs()
-        commit(time.monotonic(), end_mib, uncounted_from=start)
+        self._commit(time.monotonic(), end_mib, uncounted_from=start)
         self.mib_frame_end = end_mib
         self.snapshot(final=True)
 
