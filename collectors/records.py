@@ -18,6 +18,10 @@ from typing import Any
 from qprof.probes.packetio.record import PacketioRecord
 
 
+# A field `X | None` only because older archives lack it: absent is allowed, null is refused
+# (schema.shape_of reads the marker).
+NEVER_NULL = {"never_null": True}
+
 # how an object got its function names, best first (collectors.debuginfo decides)
 SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
     "symtab", "debug file", "debuglink", "minidebuginfo", "debuginfod", "unwind table", "dynsym only", "none")
@@ -240,11 +244,11 @@ class Sampling:
     kept to the targets (older archives say nothing of the scope: system)."""
 
     event: str = "cpu-clock"
-    frequency: int | None = None
-    clock: str | None = None  # None: an archive from before samples and readings shared a clock
-    groups: list[SampleGroup] = field(default_factory=list)
-    chunk_bytes: int | None = None
-    keep_raw: bool | None = False
+    frequency: int | None = field(default=None, metadata=NEVER_NULL)
+    clock: str | None = field(default=None, metadata=NEVER_NULL)  # None: from before samples and readings
+    groups: list[SampleGroup] = field(default_factory=list)       # shared a clock (the key is absent)
+    chunk_bytes: int | None = field(default=None, metadata=NEVER_NULL)
+    keep_raw: bool | None = field(default=False, metadata=NEVER_NULL)
     scope: SamplingScope | None = None
 
     @property

@@ -174,6 +174,15 @@ def _fields(cls: type) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
+def _field_shape(f: dataclasses.Field[Any], hint: Any) -> Of:
+    """A field marked `never_null` (records.NEVER_NULL) is `X | None` only so that older archives may
+    lack it: the key may be absent, but when written it holds an X, never null."""
+    if f.metadata.get("never_null") and _is_union(hint):
+        rest = [o for o in _args(hint) if o is not type(None)]
+        return shape_of(rest[0] if len(rest) == 1 else typing.Union[tuple(rest)])
+    return shape_of(hint)
+
+
 @functools.lru_cache(maxsize=None)
 def shape_of(hint: Any) -> Of:
     """The JSON shape a record type is written in: a dataclass is an object whose fields without a
@@ -181,7 +190,7 @@ def shape_of(hint: Any) -> Of:
     decimal-number keys."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         h = _hints(hint)
-        return Obj({f.name: shape_of(h[f.name]) for f in _fields(hint)},
+        return Obj({f.name: _field_shape(f, h[f.name]) for f in _fields(hint)},
                    required=tuple(f.name for f in _fields(hint) if f.default is dataclasses.MISSING
                                   and f.default_factory is dataclasses.MISSING))
     if hint is Any:
@@ -231,8 +240,16 @@ def decode(hint: Any, value: Any) -> Any:
 
 
 def encode(record: Any) -> Any:
-    """A record as its JSON document (dataclasses.asdict; int keys become decimal strings when dumped)."""
-    return dataclasses.asdict(record)
+    """A record as its JSON document (int keys become decimal strings when dumped); a `never_null`
+    field left None is left out, as older archives lack it."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: encode(v) for f in dataclasses.fields(record)
+                for v in [getattr(record, f.name)] if not (v is None and f.metadata.get("never_null"))}
+    if isinstance(record, (list, tuple)):
+        return [encode(v) for v in record]
+    if isinstance(record, dict):
+        return {k: encode(v) for k, v in record.items()}
+    return record
 
 
 INT, NUM, STR, BOOL = T(int), T(float), T(str), T(bool)

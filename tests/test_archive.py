@@ -221,6 +221,13 @@ def test_meta_shape_comes_from_the_model() -> None:
     bad["sampling"]["groups"][0]["windows"] = {"7": [["a", None]]}
     assert shape.check(bad, "") == "sampling.groups[0].windows['7'][0][0] must be an integer or null"
     assert shape.check({"targets": [{"comm": "x"}]}, "") == "targets[0] lacks `pid`"
+    # a field older archives lack may be absent, never null: the writer leaves it out when unset
+    written = schema.encode(Meta(sampling=Sampling(frequency=99)))
+    assert "clock" not in written["sampling"] and schema.conforms(written, shape)
+    for name in ("frequency", "clock", "chunk_bytes", "keep_raw"):
+        bad = schema.encode(Meta(sampling=Sampling(frequency=99)))
+        bad["sampling"][name] = None
+        assert shape.check(bad, "").startswith(f"sampling.{name} must be")
 
 
 @pytest.mark.parametrize("content,match", [
