@@ -231,13 +231,17 @@ class AttachSession:
         t.role = self.opts.roles.get(pid)
         return t
 
-    def _describe_targets(self) -> list[Target]:
-        targets = []
+    def _describe_targets(self) -> tuple[list[Target], dict[str, list[int]]]:
+        """The targets with their unwinding chosen, and their pids by unwinding mode (one perf each)."""
+        targets: list[Target] = []
+        groups: dict[str, list[int]] = {}
         for pid in self.opts.pids:
             t = self._describe(pid)
-            t.unwind, t.unwind_reason = choose_unwind(self.opts.unwind, elf.object_info(t.exe) if t.exe else None)
+            mode, t.unwind_reason = choose_unwind(self.opts.unwind, elf.object_info(t.exe) if t.exe else None)
+            t.unwind = mode
+            groups.setdefault(mode, []).append(pid)
             targets.append(t)
-        return targets
+        return targets, groups
 
     @staticmethod
     def _renew(t: Target, fresh: Target) -> None:
@@ -256,10 +260,7 @@ class AttachSession:
 
     def _collect(self, perf: str, out: Path) -> None:
         opts = self.opts
-        targets = self._describe_targets()
-        groups: dict[str, list[int]] = {}
-        for t in targets:
-            groups.setdefault(t.unwind or "dwarf", []).append(t.pid)
+        targets, groups = self._describe_targets()
         meta = self.meta = Meta(
             status=STATUS_COLLECTING, qprof_version=__version__, host=sysinfo.host_info(),
             tools={"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
