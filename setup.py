@@ -14,7 +14,7 @@ from setuptools import setup
 ROOT = Path(__file__).resolve().parent
 # installed name -> folder in the repository
 FOLDERS = {"qprof": "qprof", "qprof.probes": "probes", "qprof.collectors": "collectors",
-           "qprof.attribution": "attribution", "qprof.mappings": "mappings", "qprof.viewer": "viewer"}
+           "qprof.archive": "archive", "qprof.attribution": "attribution", "qprof.mappings": "mappings", "qprof.viewer": "viewer"}
 
 
 def packages() -> list[str]:

@@ -12,10 +12,10 @@ from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer, transfer, working
-from qprof.attribution.stackrecord import SenderRecord
+from qprof.attribution.qlog import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
-from qprof.collectors.archive import Run
-from qprof.collectors.records import Meta, ProbeRecord
+from qprof.archive import Run
+from qprof.archive.model import Meta, ProbeRecord
 
 
 @dataclass

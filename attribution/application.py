@@ -30,7 +30,7 @@ from typing import Iterable
 from qprof.attribution.categories import APPLICATION, UNCATEGORIZED
 from qprof.attribution.mapping import Rule
 from qprof.attribution.patterns import BoundedPattern
-from qprof.collectors.records import Target
+from qprof.archive.model import Target
 
 _RUST_MAIN = re.compile(r"^<?([A-Za-z_][A-Za-z0-9_]*)::main$")
 _NOT_APP_CRATES = {"std", "core", "alloc", "tokio", "async_std", "futures", "smol"}

@@ -24,7 +24,7 @@ from qprof.attribution.categories import (CONNECTION, CRYPTO, HANDOFF, IO, OTHER
                                           RUNTIME, SKID, UNCATEGORIZED, is_named_other)
 from qprof.attribution.engine import Decision, is_kernel_dso
 from qprof.attribution.profile import Profile
-from qprof.collectors.stacks import UNKNOWN, Frame, StackRecord
+from qprof.archive.stacks import UNKNOWN, Frame, StackRecord
 
 # Name fragments that suggest a category; a guess shown beside a commented-out rule, never a rule.
 _HINTS = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.probemaps import keyed as _keyed
-from qprof.collectors.records import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
+from qprof.archive.model import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
 

@@ -19,7 +19,7 @@ from typing import Sequence
 from qprof.attribution.categories import UNCATEGORIZED
 from qprof.attribution.mapping import MappingFile, Rule
 from qprof.attribution.patterns import BoundedPattern
-from qprof.collectors.stacks import KERNEL_DSO, Frame
+from qprof.archive.stacks import KERNEL_DSO, Frame
 
 # Object names perf puts in brackets that are user space, not kernel modules.
 _USER_PSEUDO = re.compile(r"^\[(unknown|vdso|vsyscall|heap|stack|uprobes|anon.*|jit.*)\]$")

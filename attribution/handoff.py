@@ -25,7 +25,7 @@ import re
 from typing import Sequence
 
 from qprof.attribution.engine import is_kernel_dso
-from qprof.collectors.stacks import Frame
+from qprof.archive.stacks import Frame
 
 KINDS = ("futex", "reschedule IPI", "wakeup", "switch")
 _FUTEX = re.compile(r"^(__x64_sys_futex\w*|__ia32_sys_futex\w*|__se_sys_futex|do_futex|futex_wait\w*|futex_wake\w*|"

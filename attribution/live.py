@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from qprof.attribution.packetio import analyse
-from qprof.collectors import schema
-from qprof.collectors.records import LiveData, ProbeRecord, ProcReading
+from qprof.archive import schema
+from qprof.archive.model import LiveData, ProbeRecord, ProcReading
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any, Callable, Mapping
 
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
-from qprof.collectors import schema
-from qprof.collectors.records import ProbeRecord, UdpSocket
-from qprof.probes.packetio.record import AUX_OF_DIRECTION, Windows, kernel_counters_for
+from qprof.archive import schema
+from qprof.archive.model import ProbeRecord, UdpSocket
+from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")

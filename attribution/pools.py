@@ -15,7 +15,7 @@ from typing import Sequence
 
 from qprof.attribution.engine import is_kernel_dso
 from qprof.attribution.mapping import Pool
-from qprof.collectors.stacks import Frame
+from qprof.archive.stacks import Frame
 
 
 class PoolMatcher:

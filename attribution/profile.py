@@ -19,9 +19,9 @@ from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.pools import PoolMatcher
 from qprof.attribution.skid import SkidSplitter
-from qprof.collectors.archive import Run
-from qprof.collectors.records import ProcReading, Sampling
-from qprof.collectors.stacks import StackRecord
+from qprof.archive import Run
+from qprof.archive.model import ProcReading, Sampling
+from qprof.archive.stacks import StackRecord
 
 # Called with every stack record and the engine's decision for it, in the same pass that aggregates:
 # how views that need more than the totals (flame graphs) see exactly what the report counted.

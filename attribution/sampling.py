@@ -86,7 +86,7 @@ class GroupSample:
     kernel counter its messages are part of (one event each: what an event at a window's edge
     weighs); aux_total: kernel counter -> its exact total over the run (absent when it could not
     be read); scale_to: counter -> tiers of kernel counters its total may be scaled to, best kind
-    first (probes.packetio.record.kernel_counters_for); by default its aux_of counter."""
+    first (probes.packetio.maps.kernel_counters_for); by default its aux_of counter."""
 
     series: Sequence[str]
     sum: Sequence[float]

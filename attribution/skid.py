@@ -36,7 +36,7 @@ from typing import Any, Iterator, Sequence
 from qprof.attribution.categories import CATEGORIES, SKID, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import Rule
-from qprof.collectors.stacks import Frame, StackRecord
+from qprof.archive.stacks import Frame, StackRecord
 
 METHOD = ("samples taken where interrupts are re-enabled after an interrupt (perf's cpu-clock timer "
           "cannot fire while they are off) are split over categories in proportion to the CPU time of the "

@@ -19,7 +19,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from qprof.collectors.records import ObjectSymbols
+from qprof.archive.model import ObjectSymbols
 
 UNKNOWN = "[unknown]"
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size

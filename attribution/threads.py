@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from qprof.attribution.categories import HANDOFF, RUNTIME, UNCATEGORIZED
 from qprof.attribution.handoff import KINDS
 from qprof.attribution.profile import Breakdown, ProcessProfile, ThreadProfile
-from qprof.collectors.records import ProcReading, ThreadReading
+from qprof.archive.model import ProcReading, ThreadReading
 
 _NUMBERED = re.compile(r"^(.*?)[-_#.:]?\d+$")  # a name with a trailing number: one of a numbered set
 

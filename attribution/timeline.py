@@ -2,7 +2,7 @@
 
 Totals hide the phases of a transfer: handshake, slow start, loss episodes,
 steady state. The folded stacks keep each record's CPU time per time bin
-(collectors.stacks, BIN_S), and the report's own attribution pass
+(archive.stacks, BIN_S), and the report's own attribution pass
 adds it up per process and category (TimelineBuilder is a
 profile.Visitor), so a bin's categories are the report's. Bytes come from
 the running totals in the /proc readings (collectors.traffic): TCP exact,
@@ -28,8 +28,8 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
 from qprof.attribution.transfer import Transfer
-from qprof.collectors.records import ProcReading
-from qprof.collectors.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
+from qprof.archive.model import ProcReading
+from qprof.archive.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
 
 
 # the probes' running UDP totals change once a second: their rates are averages between two prints

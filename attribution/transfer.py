@@ -26,7 +26,7 @@ from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.tcp import TcpIO
-from qprof.collectors.records import ProcReading
+from qprof.archive.model import ProcReading
 
 SPAN_FROM_SAMPLES = "its first to last sample in a send or receive path"
 SPAN_FROM_PROC = "its first to last /proc reading (every 0.25 s; this archive has no sample times)"

@@ -36,7 +36,7 @@ far below what its CPU allows (`receive-buffer`); then the CPU-limited sides.
 
 Every criterion is a named threshold (THRESHOLDS); each side's findings carry
 the value, the threshold and whether it was met, and the report prints them.
-Where the stack recorded why its sender waited (qlog, attribution.stackrecord),
+Where the stack recorded why its sender waited (qlog, attribution.qlog),
 its split of the sender's time is put beside the verdict with whether it agrees.
 """
 
@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from qprof.attribution.packetio import PacketIO
-from qprof.attribution.stackrecord import SenderRecord, agreement, sender
+from qprof.attribution.qlog import SenderRecord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
 from qprof.attribution.transfer import MIN_WINDOW_S, Transfer, working
-from qprof.collectors.records import NamespaceQueues, Pressure, ProcReading
+from qprof.archive.model import NamespaceQueues, Pressure, ProcReading
 
 THRESHOLDS: dict[str, float] = {
     "thread_on_cpu": 0.90,  # cpu-busy: the busiest thread on a CPU this share of wall time

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qprof.collectors import archive
+from qprof import archive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
 
@@ -86,7 +86,7 @@ def stage(name: str, run: Path) -> None:
     from qprof.collectors.folding import fold_run
     from qprof.collectors.perf import script_command
     from qprof.collectors.perfscript import ParseStats, parse_samples
-    from qprof.collectors.stacks import fold
+    from qprof.archive.stacks import fold
 
     perf = shutil.which("perf") or "perf"
     meta = archive.Run.open(run).meta

@@ -133,7 +133,7 @@ def main() -> int:
         loop.join(120)
     print(f"\nattach exit {att.returncode} {err.strip()[-300:]}; {len(done)} client downloads of 64 MiB "
           f"({sum(1 for d in done if d == 0)} ok)")
-    from qprof.collectors.stacks import read_header
+    from qprof.archive.stacks import read_header
 
     head = read_header(run / "stacks.jsonl.gz") or {}
     folded = len(head.get("folded", []))

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof.collectors import archive
+from qprof import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
-from qprof.collectors.records import ChunkSummary, ParseSummary, SampleGroup
-from qprof.collectors.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
+from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup
+from qprof.archive.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
 from qprof import runfiles
 from qprof.errors import QprofError
 from qprof.probes.children import BACKGROUND_NICE
@@ -56,7 +56,7 @@ class FoldState:
     dropped: list[dict[str, Any]] = field(default_factory=list)
     unreadable: list[dict[str, Any]] = field(default_factory=list)
     stats: ParseStats = field(default_factory=ParseStats)
-    bin_grain: int = 1  # time bins per kept bin (collectors.stacks): 1 is BIN_S
+    bin_grain: int = 1  # time bins per kept bin (archive.stacks): 1 is BIN_S
 
     @classmethod
     def load(cls, path: Path) -> "FoldState":

@@ -47,9 +47,9 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from qprof.collectors import schema
+from qprof.archive import schema
 from qprof.collectors.elf import build_id_of
-from qprof.collectors.records import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
+from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
                                        ObjectSymbols)
 
 DEBUG_ROOTS = ("/usr/lib/debug",)

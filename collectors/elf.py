@@ -15,7 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
-from qprof.collectors.records import MappedObject
+from qprof.archive.model import MappedObject
 
 # push %rbp; mov %rsp,%rbp (optionally after endbr64): what a frame-pointer prologue looks like.
 _FP_PROLOGUES = (b"\x55\x48\x89\xe5", b"\xf3\x0f\x1e\xfa\x55\x48\x89\xe5")

@@ -31,8 +31,8 @@ from qprof.collectors import debuginfo
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
-from qprof.collectors.stacks import StackKey, StackRecord, add_counts, records, write_stacks
-from qprof.collectors.records import SampleGroup
+from qprof.archive.stacks import StackKey, StackRecord, add_counts, records, write_stacks
+from qprof.archive.model import SampleGroup
 from qprof.collectors.streamfold import StreamFolder
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
-from qprof.collectors.stacks import SAMPLE_CLOCK
+from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
 

@@ -56,9 +56,9 @@ import sys
 import time
 from pathlib import Path
 
-from qprof.collectors.procfs import SAMPLING_CGROUP_NAME as _NAME
-from qprof.collectors.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
-from qprof.collectors.procfs import process_identity
+from qprof.archive.procfs import SAMPLING_CGROUP_NAME as _NAME
+from qprof.archive.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
+from qprof.archive.procfs import process_identity
 from qprof.probes.features import Hierarchy
 
 def _starttime(pid: int) -> str:

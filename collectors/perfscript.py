@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from qprof.collectors.stacks import KERNEL_DSO, UNKNOWN, Frame, Sample
+from qprof.archive.stacks import KERNEL_DSO, UNKNOWN, Frame, Sample
 
 # Fields requested from `perf script -F`; the header regex below matches them.
 PERF_SCRIPT_FIELDS = "comm,pid,tid,time,period,ip,sym,dso"

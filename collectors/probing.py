@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import runfiles
-from qprof.collectors import archive, netstat, procfs
+from qprof import archive
+from qprof.archive import procfs
+from qprof.collectors import netstat
 from qprof.errors import QprofError
 from qprof.probes import btf
 from qprof.probes.children import ProbeProcess
@@ -161,7 +163,7 @@ class ProbeCollector:
                 self._unavailable(name, str(e))
                 continue
             self.procs.append(launched.process)
-            self.record["programs"][name] = launched.record
+            self.record["programs"][name] = launched.entry
             self.record.update(launched.extra)
 
     def tick(self) -> None:

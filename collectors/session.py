@@ -31,14 +31,16 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof.version import __version__
-from qprof.collectors import archive, chunks, debuginfo, elf, netstat, procfs, sysinfo
+from qprof import archive
+from qprof.archive import procfs
+from qprof.collectors import chunks, debuginfo, elf, netstat, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
-from qprof.collectors.records import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, Image,
+from qprof.archive.model import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, Image,
                                      LiveData, MappedObject, Meta, PressureSource, ProcReading,
                                      SampleGroup, Sampling, SamplingScope, Target)
-from qprof.collectors.stacks import SAMPLE_CLOCK
+from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError

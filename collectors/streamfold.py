@@ -23,7 +23,7 @@ garbage without blank lines could) is read line by line as it arrives.
 from __future__ import annotations
 
 from qprof.collectors.perfscript import LineParser, ParseStats, parse_frame, parse_header, time_ns
-from qprof.collectors.stacks import BIN_S, Frame, Sample, StackRecord, add_counts, records, widen
+from qprof.archive.stacks import BIN_S, Frame, Sample, StackRecord, add_counts, records, widen
 
 BIN_NS = round(BIN_S * 1e9)  # a time bin in ns: bin = ns // BIN_NS, as perfscript.time_bin reads it
 FoldKey = tuple[int, int, str, tuple[Frame, ...]]  # (pid, tid, comm, frames): what `stacks.fold` groups by

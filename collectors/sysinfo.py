@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from qprof.collectors.records import Host, Nic
+from qprof.archive.model import Host, Nic
 
 
 def cpu_model() -> str | None:

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import runfiles
-from qprof.collectors import archive
+from qprof import archive
 from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
-from qprof.probes.packetio.record import Windows
+from qprof.probes.packetio.maps import Windows
 from qprof.probes.sockets import socket_inodes
 
 FULL_DUMP_S = 1.0  # s: the longest a namespace goes undumped (a socket that opened as another closed)

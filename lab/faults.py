@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import unprivileged
-from qprof.collectors import archive
-from qprof.collectors.archive import Run
-from qprof.collectors.records import STATUS_COMPLETE, Meta, ProcessIdentity, SampleGroup
+from qprof import archive
+from qprof.archive import Run
+from qprof.archive.model import STATUS_COMPLETE, Meta, ProcessIdentity, SampleGroup
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 from qprof.probes.leftovers import Leftovers, bpf_programs, leftovers
@@ -92,7 +92,7 @@ def probes_attached(run: Path) -> bool:
 
 
 def chunks_folded(run: Path) -> int:
-    from qprof.collectors.stacks import read_header
+    from qprof.archive.stacks import read_header
 
     try:
         return len((read_header(run / "stacks.jsonl.gz") or {}).get("folded", []))
@@ -548,7 +548,7 @@ EXEC_LATER = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n   
 def case_target_execs(rig: FaultRig) -> CaseResult:
     """The target replaces its program (exec) while attached: both programs' samples are kept,
     under the same pid, and the archive describes the program it ended as."""
-    from qprof.collectors.stacks import read_stacks
+    from qprof.archive.stacks import read_stacks
 
     go = rig.root / "go"
     t = subprocess.Popen([sys.executable, "-c", EXEC_LATER, str(go)])
@@ -620,7 +620,7 @@ def _write_gzip_lines(path: Path, line: bytes, count: int) -> None:
 
 def _minimal_run(root: Path, name: str, symbol: str = "main") -> Path:
     """A run archive of the smallest shape `report` reads (one stack of one sample)."""
-    from qprof.collectors.stacks import StackRecord, write_stacks
+    from qprof.archive.stacks import StackRecord, write_stacks
 
     run = root / name
     run.mkdir()

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 from lab.endpoints.build import build
 from lab.endpoints.transfer import BulkTransfer
 from lab.transfers import Ngtcp2Transfer, Transfer
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.errors import QprofError
 from qprof.netlab import ROLES, Hog, Lab, LabError, signals_held
 from qprof.probes.sockets import socket_fds, udp_ports

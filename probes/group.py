@@ -46,7 +46,7 @@ class Launch:
     its own at the top of probes.json (e.g. what the crypto group found to probe)."""
 
     process: ProbeProcess
-    record: dict[str, Any]
+    entry: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
 
 

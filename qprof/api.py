@@ -68,7 +68,7 @@ def report_of(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[
     """The JSON report of one run (what `qprof report --format json` prints, with `top` symbols)."""
     from qprof.attribution.analysis import analyse_run
     from qprof.attribution.mapping import MappingSet
-    from qprof.collectors.archive import Run
+    from qprof.archive import Run
     from qprof.viewer.json_report import to_dict
 
     r = Run.open(Path(run))

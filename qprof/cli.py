@@ -208,7 +208,7 @@ def record(command: tuple[str, ...], server: str | None, client: str | None, rea
     archives written before stay.
     """
     from qprof.ready import parse_ready
-    from qprof.record import RecordOptions, commands_of, outcome_lines, record as run_record, recorded_runs
+    from qprof.benchmark import RecordOptions, commands_of, outcome_lines, record as run_record, recorded_runs
 
     default = Path(f"qprof-record-{datetime.now().strftime('%Y%m%d-%H%M%S')}") if repeat > 1 else _default_out()
     opts = RecordOptions(commands_of(server, client, command), out or default, repeat,
@@ -274,7 +274,7 @@ def report(runs: tuple[Path, ...], fmt: str | None, out: Path | None, mappings: 
 
 
 def _open_run(run_path: Path, refold: bool = False) -> Any:
-    from qprof.collectors.archive import Run
+    from qprof.archive import Run
 
     run = Run.open(run_path)
     if not refold and not run.has_stacks() and run.unfolded_chunks() and run.fold_refusal() is None:
@@ -318,7 +318,7 @@ def print_report(run_paths: list[Path], fmt: str | None, mappings: list[str], to
                  verbose: bool = False, out: Path | None = None) -> None:
     """`qprof report`: the output chosen by name or -o's suffix (viewer.outputs), attributed once."""
     from qprof.attribution.mapping import MappingSet
-    from qprof.attribution.stackrecord import read_dir
+    from qprof.attribution.qlog import read_dir
     from qprof.viewer.outputs import Request, choose, of_kind, render
 
     if top < 1:

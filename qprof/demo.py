@@ -2,7 +2,7 @@
 
 An ngtcp2 server and client run in two network namespaces joined by a veth
 pair (qprof.netlab: a real link between two hosts, built and removed by the
-demo), recorded as `qprof record` runs any pair (qprof.record): both held from
+demo), recorded as `qprof record` runs any pair (qprof.benchmark): both held from
 exec, the client released once the server's UDP port is bound, collection
 stopped when the download ends; the report ends with the verdict.
 Where namespaces cannot be made (not root, no `ip`), it says so and runs the
@@ -16,14 +16,14 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.collectors.session import AttachOptions
 from qprof.endpoints import (free_udp_port, make_certificate, make_payload, ngtcp2_client_command,
                              ngtcp2_server_command, work_dir)
 from qprof.errors import QprofError
 from qprof.netlab import Lab, LabError
 from qprof.ready import Ready
-from qprof.record import Command, RecordOptions, outcome_lines, record
+from qprof.benchmark import Command, RecordOptions, outcome_lines, record
 from qprof.units import parse_size
 
 

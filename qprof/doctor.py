@@ -92,7 +92,8 @@ def run_checks(pid: int | None = None) -> list[Check]:
 
 
 def _target_checks(pid: int) -> list[Check]:
-    from qprof.collectors import elf, procfs
+    from qprof.archive import procfs
+    from qprof.collectors import elf
     from qprof.collectors.session import choose_unwind
 
     out: list[Check] = []

@@ -1,5 +1,5 @@
 """The names of a run directory's files, in one place: collectors and probes write them, the archive
-reader and the commands read them (collectors.archive describes what each holds).
+reader and the commands read them (archive describes what each holds).
 
 A leaf module (no qprof imports), so every layer may use it without importing another layer.
 """

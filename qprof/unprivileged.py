@@ -22,8 +22,9 @@ import tempfile
 from pathlib import Path
 
 NOBODY = 65534
-# qprof's packages as installed (pyproject's package-dir puts the top-level folders under qprof)
-PACKAGES = ("qprof", "qprof.probes", "qprof.collectors", "qprof.attribution", "qprof.mappings", "qprof.viewer")
+# qprof's top-level packages as installed (setup.py's FOLDERS put the top-level folders under qprof)
+PACKAGES = ("qprof", "qprof.probes", "qprof.collectors", "qprof.archive", "qprof.attribution", "qprof.mappings",
+            "qprof.viewer")
 _tree: Path | None = None
 
 

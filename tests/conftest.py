@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from qprof.collectors.archive import Run
-from qprof.collectors.records import Meta
+from qprof.archive import Run
+from qprof.archive.model import Meta
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tests"

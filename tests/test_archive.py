@@ -14,14 +14,14 @@ from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.analysis import analyse_run
-from qprof.collectors import archive
-from qprof.collectors import schema
-from qprof.collectors.archive import Run, create_run_dir
-from qprof.collectors.procfs import REDACTED, redact_cmdline
-from qprof.collectors.records import (STATUS_COMPLETE, ChunkSummary, Host, Image, MappedObject, Meta, Nic,
+from qprof import archive
+from qprof.archive import schema
+from qprof.archive import Run, create_run_dir
+from qprof.archive.procfs import REDACTED, redact_cmdline
+from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Host, Image, MappedObject, Meta, Nic,
                                      ObjectSymbols, ParseSummary, PressureSource, ProcessIdentity, ProcReading,
                                      RecordEntry, SampleGroup, Sampling, SamplingScope, Target)
-from qprof.collectors.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
+from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
 from conftest import ROOT, examples

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import as_nobody, qprof
-from qprof.collectors import archive
-from qprof.collectors.archive import Run
-from qprof.collectors.records import STATUS_COMPLETE, Meta
+from qprof import archive
+from qprof.archive import Run
+from qprof.archive.model import STATUS_COMPLETE, Meta
 
 
 def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -131,7 +131,7 @@ def test_report_with_broken_mapping(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     archive.write_meta(run, Meta())
-    from qprof.collectors.stacks import write_stacks
+    from qprof.archive.stacks import write_stacks
 
     write_stacks(run / "stacks.jsonl.gz", [])
     one_line_error(qprof("report", str(run), "--mapping", str(m), check=False), f"{m}:5:", "regular expression")
@@ -141,7 +141,7 @@ def _run_with_symbol(tmp_path: Path, symbol: str) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     archive.write_meta(run, Meta(status=STATUS_COMPLETE))
-    from qprof.collectors.stacks import Sample, fold, write_stacks
+    from qprof.archive.stacks import Sample, fold, write_stacks
 
     write_stacks(run / "stacks.jsonl.gz", fold([Sample(7, 7, "x", 1000, ((symbol, "/usr/bin/x"),))]))
     return run

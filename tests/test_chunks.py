@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import edited_meta, examples, qprof
-from qprof.collectors.archive import Run
-from qprof.collectors.records import STATUS_COLLECTING, SampleGroup
+from qprof.archive import Run
+from qprof.archive.model import STATUS_COLLECTING, SampleGroup
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
-from qprof.collectors.stacks import Sample, fold, read_header, read_stacks, write_stacks
+from qprof.archive.stacks import Sample, fold, read_header, read_stacks, write_stacks
 from qprof.probes.mapsout import read_maps
 from qprof.probes.children import BACKGROUND_NICE
 from qprof.probes.features import require_perf

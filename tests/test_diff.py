@@ -19,9 +19,9 @@ from test_flamegraph import SVG
 from test_flamegraph_real import report_of, role_of
 from qprof import runfiles
 from qprof.attribution.categories import PACKET_IO
-from qprof.collectors import archive
-from qprof.collectors.records import STATUS_COMPLETE, Meta, Sampling, Target
-from qprof.collectors.stacks import Sample, fold, write_stacks
+from qprof import archive
+from qprof.archive.model import STATUS_COMPLETE, Meta, Sampling, Target
+from qprof.archive.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from conftest import capture_ngtcp2, examples
 from qprof.collectors import debuginfo, perfdata
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.collectors.folding import SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, time_slices
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfscript import ParseStats, Sample, parse_samples
-from qprof.collectors.stacks import fold, read_stacks
+from qprof.archive.stacks import fold, read_stacks
 from qprof.errors import QprofError
 
 # ---------------------------------------------------------------- pure parts

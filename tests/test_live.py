@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import QPROF, examples
 from qprof.attribution.live import LiveMonitor
-from qprof.collectors.records import LiveData, ProcReading, Target
+from qprof.archive.model import LiveData, ProcReading, Target
 from qprof.probes.packetio import windows
 
 TARGETS = (Target(10, "srv", "server"),)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import QPROF, at_most, qprof
 from qprof.attribution.profile import PROBE_SHARE_LIMIT
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.viewer.json_report import unplaced_share
 from qprof.attribution.categories import CATEGORIES
 from lab.transfers import Ngtcp2Transfer

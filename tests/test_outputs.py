@@ -12,7 +12,7 @@ import pytest
 from conftest import qprof
 from test_archive import _fake_run
 from qprof.attribution.mapping import MappingSet
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.errors import QprofError
 from qprof.viewer import outputs as O
 

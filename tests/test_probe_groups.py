@@ -16,7 +16,7 @@ from qprof.attribution import packetio as packetio_analysis
 from qprof.probes import btf, layout, libbpf
 from qprof.probes.group import BpftraceGroup
 from qprof.probes.packetio import MAX_TARGETS
-from qprof.probes.packetio.record import PacketioRecord
+from qprof.probes.packetio.maps import PacketioMaps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
 
@@ -58,8 +58,8 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     assert control.field("gate").size == 4 and control.field("ports").count * 64 == 65536
     steps = lay.initial("steps", "hist_steps")
     assert set(steps) == set(lay.struct("hists").fields) and all(int(v) > 0 for v in steps.values())
-    # the analysis reads the histograms under these names (PacketioRecord.from_maps)
-    rec = PacketioRecord.from_maps({f"@{name}": {"1": [{"min": 0, "max": 3, "count": 2}]} for name in steps})
+    # the analysis reads the histograms under these names (PacketioMaps.from_maps)
+    rec = PacketioMaps.from_maps({f"@{name}": {"1": [{"min": 0, "max": 3, "count": 2}]} for name in steps})
     assert set(rec.hists) == {f"@{name}" for name in steps}
     # the configuration the sampler loads with lands where the C reads it
     rodata = lay.section_with(".rodata", "cfg", "config", {"targets": [7, 9], "ntargets": 2, "gro_bit": 3})
@@ -69,11 +69,10 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
 
 
 # Product modules by layer, in the order data flows, and the layers each may import. The archive
-# layer is the contract between collection and analysis: the collectors write it, attribution and
+# (archive/) is the contract between collection and analysis: the collectors write it, attribution and
 # the viewer read it, and neither side imports the other. procfs sits with it: a leaf reader of
 # /proc the archive reader asks whether a run's collector still lives.
 SHARED = {"qprof.errors", "qprof.readlimits", "qprof.runfiles", "qprof.version"}  # leaves every layer uses
-ARCHIVE = {f"qprof.collectors.{m}" for m in ("archive", "schema", "stacks", "records", "procfs")}
 LAYERS = ("probes", "collectors", "archive", "attribution", "viewer", "qprof")
 MAY_IMPORT = {
     "probes": {"probes"},
@@ -83,7 +82,7 @@ MAY_IMPORT = {
     "viewer": {"archive", "attribution", "viewer"},  # what the probes measured comes through attribution
     "qprof": set(LAYERS),  # the command line, API, demo and record drive every layer
 }
-FOLDERS = ("probes", "collectors", "attribution", "mappings", "viewer", "qprof")  # installed as qprof.<folder>
+FOLDERS = ("probes", "collectors", "archive", "attribution", "mappings", "viewer", "qprof")  # as qprof.<folder>
 FOREIGN = ("lab", "tests", "conftest", "endpoints")  # the labs and tests: never imported by the product
 
 
@@ -91,8 +90,6 @@ def layer_of(module: str) -> str | None:
     """The layer of a product module (None: a shared leaf)."""
     if module in SHARED:
         return None
-    if module in ARCHIVE:
-        return "archive"
     part = module.split(".")[1] if module.count(".") else ""
     return {"mappings": "attribution"}.get(part, part) if part in FOLDERS[:-1] else "qprof"
 
@@ -104,8 +101,8 @@ def module_name(path: Path) -> str:
 
 
 def imported(path: Path) -> list[str]:
-    """Every module `path` imports, at any depth of the file (`from qprof.collectors import archive`
-    counts as qprof.collectors.archive)."""
+    """Every module `path` imports, at any depth of the file (`from qprof.archive import schema`
+    counts as qprof.archive.schema)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out = []
     for node in ast.walk(tree):
@@ -142,14 +139,14 @@ def against_the_flow(edges: list[tuple[str, str]]) -> list[str]:
 
 def test_the_rule_catches_arrows_against_the_flow() -> None:
     """The check itself: each kind of wrong arrow is found, the right ones pass."""
-    assert against_the_flow([("qprof.attribution.verdict", "qprof.collectors.archive"),
-                             ("qprof.collectors.session", "qprof.collectors.records"),
+    assert against_the_flow([("qprof.attribution.verdict", "qprof.archive"),
+                             ("qprof.collectors.session", "qprof.archive.model"),
                              ("qprof.viewer.terminal", "qprof.mappings"),
                              ("qprof.probes.group", "qprof.runfiles"),
                              ("qprof.cli", "qprof.viewer.terminal")]) == []
     wrong = [("qprof.attribution.live", "qprof.collectors.session"),  # analysis from a collector
-             ("qprof.collectors.archive", "qprof.collectors.chunks"),  # the archive from a collector
-             ("qprof.probes.doctor", "qprof.collectors.procfs"),
+             ("qprof.archive", "qprof.collectors.chunks"),  # the archive from a collector
+             ("qprof.probes.doctor", "qprof.archive.procfs"),
              ("qprof.viewer.terminal", "qprof.cli"),
              ("qprof.demo", "lab.scenarios"),
              ("qprof.collectors.session", "qprof.api"),
@@ -178,3 +175,13 @@ def test_every_group_is_packaged_and_in_the_help() -> None:
     for name, group in GROUPS.items():
         assert f"qprof.probes.{name}" in packaged
         assert f"{name}{'' if group.default else '(opt-in)'}:" in flat
+
+
+def test_one_list_of_installed_folders() -> None:
+    """setup.py installs the folders; the unprivileged runner replicates the same packages."""
+    import runpy
+
+    from qprof.unprivileged import PACKAGES
+
+    assert set(runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["FOLDERS"]) == set(PACKAGES)
+    assert {f"qprof.{f}" for f in FOLDERS if f != "qprof"} | {"qprof"} == set(PACKAGES)

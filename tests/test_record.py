@@ -16,7 +16,7 @@ from conftest import qprof
 from qprof.endpoints import make_certificate, make_payload
 from qprof.errors import QprofError
 from qprof.ready import Ready, ReadyCheck, parse_ready, port_bound, serving
-from qprof.record import Command, RecordOptions, commands_of, parse_command
+from qprof.benchmark import Command, RecordOptions, commands_of, parse_command
 
 
 # -- pure: options and conditions

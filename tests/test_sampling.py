@@ -17,7 +17,7 @@ from conftest import examples
 from qprof.attribution.sampling import MIN_SEEN, Estimate, GroupSample, t975
 from qprof.probes.packetio import windows
 from qprof.probes.packetio.sampler import NetnsCounters
-from qprof.probes.packetio.record import PacketioRecord, Windows, kernel_counters_for
+from qprof.probes.packetio.maps import PacketioMaps, Windows, kernel_counters_for
 
 SERIES = ("tx_msgs", "tx_bytes")
 
@@ -312,7 +312,7 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
 def test_damaged_windows_never_raise(obj: dict) -> None:
     w = Windows.from_json(obj)
     assert w is None or isinstance(w, Windows)
-    PacketioRecord.from_maps({"@windows": obj, "@udp_drops": obj, "@ports": obj, "@tx_gso_segs": obj})
+    PacketioMaps.from_maps({"@windows": obj, "@udp_drops": obj, "@ports": obj, "@tx_gso_segs": obj})
 
 
 def test_namespace_counters_move_with_one_datagram() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import qprof
 from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers
-from qprof.collectors.procfs import outer_path
+from qprof.archive.procfs import outer_path
 from qprof.probes.features import find_hierarchy
 
 BUSY = [sys.executable, "-c", "while True: pass"]

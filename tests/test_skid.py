@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from qprof.attribution.application import application_rule
-from qprof.collectors import schema
-from qprof.collectors.records import Target
+from qprof.archive import schema
+from qprof.archive.model import Target
 from qprof.attribution.categories import APPLICATION, CONNECTION, HANDOFF, PACKET_IO, SKID, UNCATEGORIZED, is_named_other
 from qprof.attribution.engine import Classifier
 from qprof.attribution.mapping import MappingSet, parse_mapping
 from qprof.attribution.skid import SkidSplitter, split
-from qprof.collectors.stacks import StackRecord
+from qprof.archive.stacks import StackRecord
 
 pytestmark = pytest.mark.usefixtures("user_config")
 

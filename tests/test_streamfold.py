@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qprof.collectors.perfscript import KERNEL_DSO, ParseStats, parse_samples
-from qprof.collectors.stacks import StackRecord, fold
+from qprof.archive.stacks import StackRecord, fold
 from qprof.collectors.streamfold import StreamFolder
 from conftest import examples
 

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import QPROF, bytes_for_samples, qprof
 from qprof.attribution.profile import cpu_shortfall_note
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 from qprof.endpoints import make_certificate, make_payload
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

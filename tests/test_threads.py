@@ -16,7 +16,7 @@ from qprof.attribution.mapping import MappingError, MappingSet, parse_mapping
 from qprof.attribution.pools import PoolMatcher
 from qprof.attribution.profile import Breakdown, ProcessProfile, ThreadProfile
 from qprof.attribution.threads import busiest, thread_view, window
-from qprof.collectors.records import ProcReading
+from qprof.archive.model import ProcReading
 
 pytestmark = pytest.mark.usefixtures("user_config")
 

@@ -16,10 +16,10 @@ import pytest
 from conftest import qprof
 from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
-from qprof.collectors import archive
-from qprof.collectors.records import STATUS_COMPLETE, Meta, Sampling, Target
+from qprof import archive
+from qprof.archive.model import STATUS_COMPLETE, Meta, Sampling, Target
 from qprof.collectors.traffic import udp_totals
-from qprof.collectors.stacks import Sample, fold, write_stacks
+from qprof.archive.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
 GNUTLS = "/usr/lib/x86_64-linux-gnu/libgnutls.so.30.36.0"

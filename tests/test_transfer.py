@@ -17,7 +17,7 @@ from qprof.attribution.sampling import Estimate
 from qprof.attribution.tcp import ProcessTcp, TcpIO
 from qprof.attribution.timeline import _rates, _within
 from qprof.attribution.transfer import SPAN_FROM_PROC, SPAN_FROM_SAMPLES, transfer
-from qprof.collectors.records import ProcReading
+from qprof.archive.model import ProcReading
 from qprof.collectors.session import IdleWatch
 
 

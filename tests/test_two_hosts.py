@@ -7,9 +7,9 @@ from pathlib import Path
 
 from conftest import qprof
 from qprof import runfiles
-from qprof.collectors import archive
-from qprof.collectors.records import STATUS_COMPLETE, Host, Meta, Sampling, Target
-from qprof.collectors.stacks import Sample, fold, write_stacks
+from qprof import archive
+from qprof.archive.model import STATUS_COMPLETE, Host, Meta, Sampling, Target
+from qprof.archive.stacks import Sample, fold, write_stacks
 
 
 def one_side(root: Path, role: str, pid: int, on_cpu: float, t0: float) -> Path:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.sampling import Estimate
 from qprof.attribution.verdict import CAUSES, THRESHOLDS, judge, side_evidence
-from qprof.collectors.records import NamespaceQueues, ProcReading
+from qprof.archive.model import NamespaceQueues, ProcReading
 from conftest import examples
 
 def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float | None = None,

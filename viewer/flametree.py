@@ -33,8 +33,8 @@ from qprof.attribution.engine import Decision
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
-from qprof.collectors.archive import Run
-from qprof.collectors.stacks import StackRecord
+from qprof.archive import Run
+from qprof.archive.stacks import StackRecord
 from qprof.errors import QprofError
 from qprof.viewer.folded import frame_name
 from qprof.viewer.palette import frame_colour

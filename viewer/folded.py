@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Iterator
 
 from qprof.attribution.engine import is_kernel_dso
-from qprof.collectors.archive import Run
+from qprof.archive import Run
 
 
 def frame_name(sym: str, dso: str) -> str:

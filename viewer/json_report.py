@@ -14,7 +14,7 @@ from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, Profile
 from qprof.attribution.symbols import naming
 from qprof.attribution.timeline import Timeline
-from qprof.collectors import schema
+from qprof.archive import schema
 
 
 def _r(x: float) -> float:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qprof.attribution.live import LiveFrame, LiveMonitor, TargetRates
-from qprof.collectors.records import LiveData
+from qprof.archive.model import LiveData
 
 
 def _pct(x: float | None) -> str:

@@ -25,10 +25,10 @@ from qprof.attribution.analysis import Analysis, analyse_run, verdict_of
 from qprof.attribution.engine import Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.profile import Visitor
-from qprof.attribution.stackrecord import SenderRecord
+from qprof.attribution.qlog import SenderRecord
 from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
-from qprof.collectors.archive import Run
-from qprof.collectors.stacks import StackRecord
+from qprof.archive import Run
+from qprof.archive.stacks import StackRecord
 from qprof.errors import QprofError
 from qprof.viewer.console import text_console
 from qprof.viewer.flametree import Flame, FlameBuilder, Selection, flame_of, selecting

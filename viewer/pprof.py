@@ -40,7 +40,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
 from qprof.attribution.symbols import by_start, function_addresses
-from qprof.collectors.stacks import StackRecord
+from qprof.archive.stacks import StackRecord
 from qprof.viewer.folded import frame_name
 
 _PACKAGE = "perftools.profiles"

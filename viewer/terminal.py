@@ -17,7 +17,7 @@ from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
 from qprof.attribution.symbols import naming
 from qprof.attribution.threads import ThreadView
-from qprof.collectors.records import ObjectSymbols
+from qprof.archive.model import ObjectSymbols
 from qprof.attribution.tcp import ProcessTcp
 
 # One colour per category, the flame graphs' hue families (viewer.palette).

@@ -5,7 +5,7 @@ A run is a directory:
                    status "collecting" and rewritten atomically at the end, so
                    an interrupted run is recognisable and still readable
   perf-<mode>.data raw perf samples, one file per unwinding mode used
-  stacks.jsonl.gz  folded, symbolised stacks (collectors.stacks)
+  stacks.jsonl.gz  folded, symbolised stacks (archive.stacks)
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
   probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
                    probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from qprof.collectors import procfs, schema
-from qprof.collectors.records import (FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
+from qprof.archive import procfs, schema
+from qprof.archive.model import (FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading)
-from qprof.collectors.stacks import StackRecord, read_header, read_stacks
+from qprof.archive.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files

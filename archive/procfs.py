@@ -12,7 +12,7 @@ import re
 import time
 from typing import Any
 
-from qprof.collectors.records import ProcessIdentity, Target
+from qprof.archive.model import ProcessIdentity, Target
 from qprof.errors import QprofError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -1,10 +1,10 @@
 """The run archive's records, typed: what crosses from collection to analysis.
 
-collectors/schema.py checks a document's shape once, when a run is opened; the records here are
+archive/schema.py checks a document's shape once, when a run is opened; the records here are
 built from the checked document and are what attribution and the viewer read: Meta and the records
 under it (meta.json: one model, written by the session and read back with schema.decode),
 ProcReading (each line of proc.jsonl, `from_json`), ProbeRecord (probes.json, with
-the packetio group's own typed record, probes.packetio.record.PacketioRecord), and LiveData, the
+the packetio group's own typed record, probes.packetio.maps.PacketioMaps), and LiveData, the
 session's raw view of one second for the live panel. Both sides import them from here, the layer
 between them, never from the collectors themselves. Fields absent from older archives get the
 defaults readers assume.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from qprof.probes.packetio.record import PacketioRecord
+from qprof.probes.packetio.maps import PacketioMaps
 
 
 # A field `X | None` only because older archives lack it: absent is allowed, null is refused
@@ -142,7 +142,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class ProcReading:
-    """One /proc reading of the targets (collectors.procfs.reading, plus the byte totals of
+    """One /proc reading of the targets (archive.procfs.reading, plus the byte totals of
     collectors.traffic), keyed by pid."""
 
     mono: float  # CLOCK_MONOTONIC seconds, the clock of the samples (stacks.SAMPLE_CLOCK)
@@ -525,7 +525,7 @@ class ProbeRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ProbeRecord":
         """`d` conforms to schema.PROBES (Run.probes checked it)."""
-        from qprof.collectors import schema
+        from qprof.archive import schema
 
         return cls(tuple(d.get("groups") or ()),
                    {name: ProgramRecord.from_json(p) for name, p in (d.get("programs") or {}).items()},
@@ -548,6 +548,6 @@ class ProbeRecord:
         prog = self.programs.get(group)
         return prog.maps if prog is not None else {}
 
-    def packetio(self) -> PacketioRecord:
-        """What the packetio group measured, typed (probes.packetio.record)."""
-        return PacketioRecord.from_maps(self.maps("packetio"))
+    def packetio(self) -> PacketioMaps:
+        """What the packetio group measured, typed (probes.packetio.maps)."""
+        return PacketioMaps.from_maps(self.maps("packetio"))

@@ -3,8 +3,8 @@
 Two generations of archives are read: runs whose programs counted every packet
 (`@tx_msgs`, `@rx_bytes`... keyed "pid,tid[,port]": exact) and runs counted in
 sampling windows (`@windows`, see windows.py). Either way the result is one
-`PacketioRecord`; damaged entries are skipped, never fatal (the archive's shape
-is checked by collectors.schema before this).
+`PacketioMaps`; damaged entries are skipped, never fatal (the archive's shape
+is checked by archive.schema before this).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Windows:
 
 
 @dataclass
-class PacketioRecord:
+class PacketioMaps:
     """The packetio group's measurements of one run."""
 
     windows: Windows | None = None  # sampled runs
@@ -140,8 +140,8 @@ class PacketioRecord:
     hists: dict[str, dict[int, list[dict[str, int]]]] = field(default_factory=dict)  # name -> pid -> buckets
 
     @staticmethod
-    def from_maps(maps: dict[str, Any]) -> "PacketioRecord":
-        rec = PacketioRecord(windows=Windows.from_json(maps.get("@windows")))
+    def from_maps(maps: dict[str, Any]) -> "PacketioMaps":
+        rec = PacketioMaps(windows=Windows.from_json(maps.get("@windows")))
         for name, counter in _LEGACY.items():
             m = maps.get(name)
             for key, value in (m.items() if isinstance(m, dict) else []):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qprof.attribution.stackrecord import agreement, read_dir, read_qlog, sender
+from qprof.attribution.qlog import agreement, read_dir, read_qlog, sender
 from qprof.errors import QprofError
 
 

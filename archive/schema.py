@@ -7,7 +7,7 @@ present they have this type), and a mismatch is one line naming the file and the
 field: `meta.json: targets[0].pid must be an integer`. NaN and Infinity, which
 Python's json accepts but JSON does not, are refused while parsing (`loads`).
 
-A document written from a typed record (meta.json from collectors.records.Meta) has its
+A document written from a typed record (meta.json from archive.model.Meta) has its
 shape derived from the record's type hints (`shape_of`) and is read back by the same
 hints (`decode`): the record is the one description of the document.
 """
@@ -22,7 +22,7 @@ import types
 import typing
 from typing import Any
 
-from qprof.collectors.records import CryptoFindings, HostSnapshot, UdpSocket
+from qprof.archive.model import CryptoFindings, HostSnapshot, UdpSocket
 
 from qprof.errors import QprofError
 
@@ -175,7 +175,7 @@ def _fields(cls: type) -> list[dataclasses.Field[Any]]:
 
 
 def _field_shape(f: dataclasses.Field[Any], hint: Any) -> Of:
-    """A field marked `never_null` (records.NEVER_NULL) is `X | None` only so that older archives may
+    """A field marked `never_null` (model.NEVER_NULL) is `X | None` only so that older archives may
     lack it: the key may be absent, but when written it holds an X, never null."""
     if f.metadata.get("never_null") and _is_union(hint):
         rest = [o for o in _args(hint) if o is not type(None)]

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import runfiles
-from qprof.collectors import archive
-from qprof.collectors.records import LiveData, RecordEntry
+from qprof import archive
+from qprof.archive.model import LiveData, RecordEntry
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Placement, StoppedProcess
 from qprof.errors import QprofError
