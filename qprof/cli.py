@@ -5,13 +5,19 @@ from __future__ import annotations
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.errors import QprofError
 from qprof.viewer.console import text_console
+
+if TYPE_CHECKING:
+    from qprof.archive import Run
+    from qprof.attribution.mapping import MappingSet
+    from qprof.collectors.session import AttachOptions
+    from qprof.viewer.outputs import Rendered
 
 _stderr = text_console(stderr=True)
 
@@ -118,7 +124,7 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration: float | None, frequency: int,
-                    unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> Any:
+                    unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> "AttachOptions":
     from qprof.collectors.probing import parse_groups
     from qprof.collectors.session import AttachOptions
     from qprof.units import parse_size
@@ -273,7 +279,7 @@ def report(runs: tuple[Path, ...], fmt: str | None, out: Path | None, mappings: 
     print_report(list(runs), fmt, list(mappings), top, refold, stack, timeline, qlog, verbose, out)
 
 
-def _open_run(run_path: Path, refold: bool = False) -> Any:
+def _open_run(run_path: Path, refold: bool = False) -> "Run":
     from qprof.archive import Run
 
     run = Run.open(run_path)
@@ -295,7 +301,7 @@ def _open_run(run_path: Path, refold: bool = False) -> Any:
     return run
 
 
-def _emit(name: str, rendered: Any, out: Path | None, path_on_stdout: bool = True) -> None:
+def _emit(name: str, rendered: "Rendered", out: Path | None, path_on_stdout: bool = True) -> None:
     """An output (viewer.outputs.Rendered) to stdout, or written whole to `out` with one line saying
     what was written (and its path on stdout, unless stdout carries another output)."""
     from qprof.viewer.output import write_atomic
@@ -405,7 +411,7 @@ def _pid_pair(text: str) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _refold(run: Any) -> None:
+def _refold(run: "Run") -> None:
     from qprof.collectors import chunks
     from qprof.probes.features import require_perf
 
@@ -453,7 +459,7 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
     _write_table([_open_run(r) for r in runs], MappingSet.load(mappings), stack, outputs, summary_out)
 
 
-def _write_table(runs: list[Any], mappings: Any, stack: str | None, table_out: tuple[Path, str] | None = None,
+def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None, table_out: tuple[Path, str] | None = None,
                  summary_out: tuple[Path, str] | None = None) -> None:
     """The table of runs (to a file or printed) and its summary over them (to a file, or printed when
     there are several runs), from one attribution pass (viewer.outputs)."""
