@@ -124,7 +124,8 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration: float | None, frequency: int,
-                    unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str) -> "AttachOptions":
+                    unwind: str, scope: str, probes: str, keep_raw: bool, raw_budget: str,
+                    chunk_size: str) -> "AttachOptions":
     from qprof.collectors.probing import parse_groups
     from qprof.collectors.session import AttachOptions
     from qprof.units import parse_size
@@ -431,12 +432,16 @@ def _refold(run: "Run") -> None:
               help="Also write the summary (per stack, role, category) as CSV here.")
 @click.option("--summary-parquet", "summary_parquet", type=click.Path(path_type=Path), default=None,
               help="Also write the summary as parquet here.")
+@click.option("--chart", "chart_out", type=click.Path(path_type=Path), default=None,
+              help="Also draw the comparison chart here (.svg, a figure as is; .html, figures on hover): a bar "
+                   "per configuration (a run's directory; DIR for DIR/rep-NN) and side, stacked by category, "
+                   "the median over repetitions with 95% whiskers, and a panel in CPU seconds per GB.")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
 @_guard
 def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None, summary_csv: Path | None,
-          summary_parquet: Path | None, mappings: tuple[str, ...], stack: str | None) -> None:
+          summary_parquet: Path | None, chart_out: Path | None, mappings: tuple[str, ...], stack: str | None) -> None:
     """Many runs in one table: one row per run x process x category with the run's metadata
     (start, duration, host, frequency, unwinding, probes, stack, bytes, goodput, verdict).
 
@@ -456,14 +461,15 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
         if r.resolve() in seen:
             raise QprofError(f"run {r} is given twice: list each run once")
         seen.add(r.resolve())
-    _write_table([_open_run(r) for r in runs], MappingSet.load(mappings), stack, outputs, summary_out)
+    _write_table([_open_run(r) for r in runs], MappingSet.load(mappings), stack, outputs, summary_out, chart_out)
 
 
-def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None, table_out: tuple[Path, str] | None = None,
-                 summary_out: tuple[Path, str] | None = None) -> None:
-    """The table of runs (to a file or printed) and its summary over them (to a file, or printed when
-    there are several runs), from one attribution pass (viewer.outputs)."""
-    from qprof.viewer.outputs import Request, choose, of_kind, render
+def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
+                 table_out: tuple[Path, str] | None = None, summary_out: tuple[Path, str] | None = None,
+                 chart_out: Path | None = None) -> None:
+    """The table of runs (to a file or printed), its summary over them (to a file, or printed when
+    there are several runs) and the chart, from one attribution pass (viewer.outputs)."""
+    from qprof.viewer.outputs import Request, by_suffix, choose, of_kind, render
 
     kinds = of_kind("table")
     colour = sys.stdout.isatty()
@@ -472,6 +478,8 @@ def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None, t
              for target, summary in ((table_out, False), (summary_out, True))
              if target is not None or not summary or len(runs) > 1  # one run has nothing to summarize over
              for path, fmt in [target or (None, "text")]]
+    if chart_out is not None:
+        asked.append(((chart_out, by_suffix(chart_out, tuple(o for o in kinds if o.chart))), Request()))
     rendered = render([(o, req) for (_, o), req in asked], runs, mappings, stack)
     for ((path, o), _), r in zip(asked, rendered):
         _emit(o.name, r, path, path_on_stdout=False)

@@ -85,6 +85,7 @@ class Output:
     binary: bool = False  # bytes: written to a file only
     one_run: bool = False  # draws one run
     flame: bool = False  # a flame graph (`qprof flamegraph`)
+    chart: bool = False  # a chart of many runs (`qprof table --chart`)
     attributed: bool = True  # False: needs only the folded stacks
 
 
@@ -270,6 +271,23 @@ class _Rows:
         return Rendered(buf.getvalue())
 
 
+class _Chart(_Rows):
+    """The comparison chart of the runs (viewer.chart): a bar per configuration and side."""
+
+    def render(self, result: Attributed) -> Rendered:
+        from qprof.viewer import rows as R
+        from qprof.viewer.chart import bars, chart_html, chart_svg
+        from qprof.viewer.json_report import to_dict
+
+        drawn = bars([row for a in result.analyses for row in R.table_rows(to_dict(a, 1))])
+        draw = chart_html if self.fmt == "html" else chart_svg
+        return Rendered(draw(drawn), f"chart of {len(drawn)} bars from {len(result.analyses)} runs")
+
+
+def _chart(fmt: str) -> Callable[[Request], Renderer]:
+    return lambda request: _Chart(request, fmt)
+
+
 def _diff(fmt: str) -> Callable[[Request], Renderer]:
     return lambda request: _Diff(request, fmt)
 
@@ -296,6 +314,10 @@ OUTPUTS: tuple[Output, ...] = (
     Output("table", "text", (".txt",), "one line per run x process", _rows("text")),
     Output("table", "csv", (".csv",), "one row per run x process x category", _rows("csv")),
     Output("table", "parquet", (".parquet",), "the CSV's rows as parquet", _rows("parquet"), binary=True),
+    Output("table", "svg", (".svg",), "comparison chart: a bar per configuration and side", _chart("svg"),
+           chart=True),
+    Output("table", "html", (".html",), "the comparison chart with its figures on hover", _chart("html"),
+           chart=True),
 )
 
 
