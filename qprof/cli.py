@@ -73,7 +73,8 @@ def main() -> None:
     qprof report RUN         attribute and print (or --format json)
     qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
     qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
-    qprof table RUN...       many runs side by side, CSV/parquet, median and CI
+    qprof table RUN...       many runs side by side, CSV/parquet, median and CI, --chart
+    qprof export RUN --otlp  send a run's profiles to an OpenTelemetry Collector
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -114,6 +115,9 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Unfolded perf data allowed on disk before the oldest chunk is dropped (e.g. 512M, 2G)."),
         click.option("--chunk-size", default="64M", show_default=True,
                      help="perf data is folded in chunks of this size while sampling goes on."),
+        click.option("--otlp", "otlp", default=None, metavar="URL",
+                     help="When the run ends, also send its profiles to this OpenTelemetry Collector (OTLP/HTTP, "
+                          "e.g. http://127.0.0.1:4318), as `qprof export` does."),
         click.option("-q", "--quiet", is_flag=True,
                      help="Print only the run directory (no live panel; it also stays off when stdout is not a "
                           "terminal)."),
@@ -158,7 +162,7 @@ def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> 
 @_guard
 def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], until_idle: float | None,
            duration: float | None, out: Path | None, frequency: int, unwind: str, scope: str, probes: str,
-           keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
+           keep_raw: bool, raw_budget: str, chunk_size: str, otlp: str | None, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
@@ -170,7 +174,10 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     processes' kernel stacks).
     """
     from qprof.collectors.session import AttachSession
+    from qprof.export import endpoint
 
+    if otlp is not None:
+        endpoint(otlp)  # a bad URL is refused before the run, not after
     roles = {**{p: "server" for p in servers}, **{p: "client" for p in clients}}
     opts = _attach_options([*servers, *clients, *pids], out or _default_out(), roles, duration, frequency, unwind,
                            scope, probes, keep_raw, raw_budget, chunk_size)
@@ -179,6 +186,8 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     click.echo(str(path))
     if not quiet:
         _stderr.print(f"qprof: run archive written; read it with: qprof report {path}")
+    if otlp is not None:
+        _export(path, otlp)
 
 
 @main.command(context_settings={"allow_interspersed_args": False})
@@ -202,7 +211,8 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
 @_guard
 def record(command: tuple[str, ...], server: str | None, client: str | None, ready_spec: str, ready_timeout: float,
            repeat: int, out: Path | None, role: str | None, duration: float | None, frequency: int, unwind: str,
-           scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str, quiet: bool) -> None:
+           scope: str, probes: str, keep_raw: bool, raw_budget: str, chunk_size: str, otlp: str | None,
+           quiet: bool) -> None:
     """Run a benchmark under qprof: --server 'CMD' --client 'CMD', or one command after `--`.
 
     \b
@@ -224,12 +234,18 @@ def record(command: tuple[str, ...], server: str | None, client: str | None, rea
                                          raw_budget, chunk_size), role)
     if ready_spec != "auto" and not server:
         raise QprofError("--ready needs --server and --client: one command alone is released at once")
+    if otlp is not None:
+        from qprof.export import endpoint
+
+        endpoint(otlp)
     reps = _watching(quiet, lambda status, tick: run_record(opts, status, tick))
     runs = recorded_runs(reps)
     for r in runs:
         click.echo(str(r))
     if runs:
         _print_summary(runs)
+    for r in runs if otlp is not None else []:
+        _export(r, otlp)
     problems = outcome_lines(reps, opts)
     for line in problems:
         click.echo(line, err=True)
@@ -492,6 +508,38 @@ def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, 
     if csv_path is not None:
         return csv_path, "csv"
     return (parquet_path, "parquet") if parquet_path is not None else None
+
+
+@main.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--otlp", "otlp", required=True, metavar="URL",
+              help="The OpenTelemetry Collector's OTLP/HTTP address (e.g. http://127.0.0.1:4318; the profiles "
+                   "path /v1development/profiles is added) or the full URL.")
+@click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
+              help="Extra mapping file (TOML), as for `qprof report`; repeatable.")
+@click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
+@_guard
+def export(run: Path, otlp: str, mappings: tuple[str, ...], stack: str | None) -> None:
+    """Send a run's samples to an OpenTelemetry Collector as OTLP profiles, with qprof's attribution
+    as sample attributes (qprof.category, qprof.subcategory, qprof.role, qprof.stack, thread.id,
+    thread.name) and the host, kernel and run as resource attributes. A collector that is down or
+    busy (429, 502, 503, 504) is tried 5 times over ~8 s; the run directory is never changed."""
+    _export(run, otlp, mappings, stack)
+
+
+def _export(run: Path, url: str, mappings: tuple[str, ...] = (), stack: str | None = None) -> None:
+    from qprof.attribution.mapping import MappingSet
+    from qprof.export import endpoint, send
+    from qprof.viewer.outputs import Request, of_kind, render
+
+    endpoint(url)
+    otlp = next(o for o in of_kind("report") if o.name == "otlp")
+    (rendered,) = render([(otlp, Request())], [_open_run(run)], MappingSet.load(mappings), stack)
+    assert isinstance(rendered.data, bytes)
+    sent = send(url, rendered.data)
+    refused = f"; the collector rejected {sent.rejected} profiles: {sent.message}" if sent.rejected else ""
+    _stderr.print(f"qprof: sent {rendered.what} of {run} ({sent.bytes:,} bytes) to {sent.url}: HTTP {sent.status}"
+                  + (f" after {sent.tries} tries" if sent.tries > 1 else "") + refused, markup=False, highlight=False)
 
 
 @main.command()

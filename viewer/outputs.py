@@ -184,6 +184,16 @@ class _Flame:
         return Rendered(self.draw(flame), f"flame graph of {flame.root.samples:,} samples")
 
 
+class _Otlp(_Pprof):
+    def render(self, result: Attributed) -> Rendered:
+        from qprof.viewer.otlp import otlp_request
+
+        req = otlp_request(result.analyses[0], self.seen)
+        samples = sum(len(p.samples) for rp in req.resource_profiles for sp in rp.scope_profiles for p in sp.profiles)
+        return Rendered(req.SerializeToString(), f"profiles of {len(req.resource_profiles)} processes, "
+                                                 f"{samples:,} samples")
+
+
 def _svg(request: Request) -> Renderer:
     from qprof.viewer.flamegraph_svg import flame_svg
 
@@ -303,6 +313,8 @@ OUTPUTS: tuple[Output, ...] = (
            attributed=False),
     Output("report", "pprof", (".pb.gz", ".pprof", ".pb", ".gz"),
            "gzipped protobuf for go tool pprof, Pyroscope, Parca", _Pprof, binary=True, one_run=True),
+    Output("report", "otlp", (".otlp.pb",), "OTLP profiles export request (protobuf; `qprof export --otlp` "
+           "sends it)", _Otlp, binary=True, one_run=True),
     Output("report", "svg", (".svg",), "flame graph, static (papers; zoom and search in a browser)", _svg,
            one_run=True, flame=True),
     Output("report", "html", (".html",), "flame graph page (d3-flame-graph)", _html, one_run=True, flame=True),

@@ -40,6 +40,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
 from qprof.attribution.symbols import by_start, function_addresses
+from qprof.archive.model import Meta
 from qprof.archive.stacks import StackRecord
 from qprof.viewer.folded import frame_name
 
@@ -104,7 +105,10 @@ class PprofCollector:
         self.seen.append((rec, decision))
 
 
-class _Strings:
+class Strings:
+    """A profile's string table: index 0 is the empty string, each string stored once."""
+
+
     def __init__(self) -> None:
         self.table: list[str] = [""]
         self.index: dict[str, int] = {"": 0}
@@ -117,32 +121,53 @@ class _Strings:
         return i
 
 
-def _stack_name(mappings: list[dict[str, Any]]) -> str | None:
+def stack_name(mappings: list[dict[str, Any]]) -> str | None:
     names = [m["name"] for m in mappings if m.get("kind") == "stack"]
     return "+".join(names) if names else None
 
 
-def _start_nanos(start_time: str | None) -> int:
+def start_nanos(start_time: str | None) -> int:
     try:
         return int(datetime.fromisoformat(str(start_time)).timestamp() * 1e9)
     except ValueError:
         return 0
 
 
+class FrameAddresses:
+    """A frame's address for backends that symbolize by build-id: its function's start in its object,
+    from the name qprof gave a stripped object's function, else from the object's symbol table or the
+    debug file its names came from; 0 where none can be read."""
+
+    def __init__(self, meta: Meta) -> None:
+        self.sources = {s.path: s.source for s in meta.symbols if s.source}
+
+    def __call__(self, sym: str, dso: str) -> int:
+        start = by_start(sym)
+        if start is not None:
+            return start
+        if dso.startswith("["):
+            return 0
+        for path in (self.sources.get(dso), dso):
+            got = function_addresses(path).get(sym) if path else None
+            if got:
+                return got
+        return 0
+
+
 def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
     """The gzipped Profile of the records `seen` during `analysis`'s attribution."""
     info = analysis.profile.run.meta
-    strings = _Strings()
+    strings = Strings()
     prof = profile_class()()
     prof.sample_type.add(type=strings("cpu"), unit=strings("nanoseconds"))
     prof.period_type.type, prof.period_type.unit = strings("cpu"), strings("nanoseconds")
     freq = info.sampling.frequency or 0
     prof.period = int(1e9 / freq) if freq else 0
-    prof.time_nanos = _start_nanos(info.start_time)
+    prof.time_nanos = start_nanos(info.start_time)
     prof.duration_nanos = int((info.duration_s or 0) * 1e9)
     build_ids = {o.path: o.build_id or "" for t in info.targets for o in t.objects}
     procs = {p.pid: p for p in analysis.profile.processes}
-    stacks = {pid: _stack_name(p.mappings) for pid, p in procs.items()}
+    stacks = {pid: stack_name(p.mappings) for pid, p in procs.items()}
     files = sorted({m["name"] for p in procs.values() for m in p.mappings})
     prof.comment.append(strings(f"qprof run {analysis.profile.run.path}; labels: category, subcategory, role, "
                                 "stack, comm, thread, pid, tid (qprof's attribution)"))
@@ -163,19 +188,7 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
         if t.exe and t.pid in procs:
             mapping(t.exe)
 
-    sources = {s.path: s.source for s in info.symbols if s.source}
-
-    def address(sym: str, dso: str) -> int:
-        start = by_start(sym)
-        if start is not None:
-            return start
-        if dso.startswith("["):
-            return 0
-        for path in (sources.get(dso), dso):
-            got = function_addresses(path).get(sym) if path else None
-            if got:
-                return got
-        return 0
+    address = FrameAddresses(info)
 
     def location(frame: tuple[str, str]) -> int:
         loc = location_ids.get(frame)

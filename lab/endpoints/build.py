@@ -125,11 +125,15 @@ def cache_root() -> Path:
 
 def source_hash(spec: EndpointSpec, toolchain: str) -> str:
     """Hash of every source file (path and content), the spec's module (build flags) and the toolchain."""
-    h = hashlib.sha256(f"{spec.name}\0{toolchain}\0".encode())
     spec_file = getattr(sys.modules.get(spec.build.__module__), "__file__", None)
-    if spec_file:
-        h.update(Path(spec_file).read_bytes())
-    root = spec.source_dir
+    return tree_hash(spec.name, toolchain, spec.source_dir, [Path(spec_file)] if spec_file else [])
+
+
+def tree_hash(name: str, toolchain: str, root: Path, extra: list[Path]) -> str:
+    """Hash of a build's name, toolchain, `extra` files (its build script) and every file under `root`."""
+    h = hashlib.sha256(f"{name}\0{toolchain}\0".encode())
+    for f in extra:
+        h.update(f.read_bytes())
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root)
         if _IGNORED_PARTS.intersection(rel.parts) or path.suffix in (".pyc", ".swp"):
@@ -148,26 +152,23 @@ def _prune(root: Path, name: str, keep: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def build(name: str) -> Built:
-    """The built endpoint, from the cache when its sources and toolchain are unchanged."""
-    specs = registry()
-    if name not in specs:
-        raise KeyError(f"no endpoint {name!r}; known: {', '.join(sorted(specs))}")
-    spec = specs[name]
-    tool = spec.toolchain()
+def cached(name: str, key: str, make: Callable[[Path], None]) -> tuple[Path, float]:
+    """`make(dir)`'s build of `name` for this `key` (a tree_hash), from the cache when it was made
+    before: (its directory, seconds the build took now, 0.0 when reused). One build per name at a
+    time across processes; a build lands whole or not at all; older keys' builds are removed."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    out = root / f"{name}-{source_hash(spec, tool)}"
+    out = root / f"{name}-{key}"
     took = 0.0
     if not (out / ".complete").exists():
         with open(root / f".{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per stack at a time, across processes
+            fcntl.flock(lock, fcntl.LOCK_EX)
             if not (out / ".complete").exists():
                 t0 = time.monotonic()
                 tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
                 try:
-                    spec.build(spec.source_dir, tmp, tool)
-                    (tmp / ".complete").write_text(f"{tool}\n")
+                    make(tmp)
+                    (tmp / ".complete").write_text(f"{key}\n")
                     shutil.rmtree(out, ignore_errors=True)
                     tmp.rename(out)
                 except BaseException:
@@ -175,6 +176,17 @@ def build(name: str) -> Built:
                     raise
                 took = time.monotonic() - t0
                 _prune(root, name, keep=out)
+    return out, took
+
+
+def build(name: str) -> Built:
+    """The built endpoint, from the cache when its sources and toolchain are unchanged."""
+    specs = registry()
+    if name not in specs:
+        raise KeyError(f"no endpoint {name!r}; known: {', '.join(sorted(specs))}")
+    spec = specs[name]
+    tool = spec.toolchain()
+    out, took = cached(name, source_hash(spec, tool), lambda tmp: spec.build(spec.source_dir, tmp, tool))
     return Built(spec, out,
                  server=lambda addr, cert, key: spec.server(out, addr, cert, key),
                  client=lambda addr, nbytes: spec.client(out, addr, nbytes),
