@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
 import shutil
 import signal
@@ -53,6 +54,7 @@ class Command:
     role: str | None
     argv: tuple[str, ...]
     placement: Placement | None = None
+    env: tuple[tuple[str, str], ...] = ()  # set on top of qprof's environment (`qprof study` settings)
 
     @property
     def label(self) -> str:
@@ -129,7 +131,8 @@ class _Process:
         with open(log, "wb") as out:
             try:
                 self.proc = StoppedProcess(list(cmd.argv), preexec_fn=before_exec, stdin=subprocess.DEVNULL,
-                                           stdout=out, stderr=subprocess.STDOUT)
+                                           stdout=out, stderr=subprocess.STDOUT,
+                                           env={**os.environ, **dict(cmd.env)} if cmd.env else None)
             except OSError as e:
                 raise RecordFailure(f"{cmd.label} `{cmd.shown()}` could not start: {e.strerror or e}") from None
             except QprofError as e:

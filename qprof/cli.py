@@ -75,6 +75,7 @@ def main() -> None:
     qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
     qprof table RUN...       many runs side by side, CSV/parquet, median and CI, --chart
     qprof export RUN --otlp  send a run's profiles to an OpenTelemetry Collector
+    qprof study STUDY.toml   stacks x settings x repetitions, interleaved, resumable
     qprof demo               profile a real ngtcp2 transfer (two namespaces)
     qprof doctor             what this host lets qprof do
     qprof mappings, coverage mapping files and what they miss
@@ -482,7 +483,7 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
 
 def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
                  table_out: tuple[Path, str] | None = None, summary_out: tuple[Path, str] | None = None,
-                 chart_out: Path | None = None) -> None:
+                 chart_out: Path | None = None, verdicts: bool = False, by_configuration: bool = False) -> None:
     """The table of runs (to a file or printed), its summary over them (to a file, or printed when
     there are several runs) and the chart, from one attribution pass (viewer.outputs)."""
     from qprof.viewer.outputs import Request, by_suffix, choose, of_kind, render
@@ -490,12 +491,14 @@ def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
     kinds = of_kind("table")
     colour = sys.stdout.isatty()
     asked = [((path, choose(fmt, path, kinds)) if path is not None else (None, choose("text", None, kinds)),
-              Request(summary=summary, colour=colour))
+              Request(summary=summary, colour=colour, by_configuration=by_configuration))
              for target, summary in ((table_out, False), (summary_out, True))
              if target is not None or not summary or len(runs) > 1  # one run has nothing to summarize over
              for path, fmt in [target or (None, "text")]]
     if chart_out is not None:
         asked.append(((chart_out, by_suffix(chart_out, tuple(o for o in kinds if o.chart))), Request()))
+    if verdicts:
+        asked.append(((None, choose("verdicts", None, kinds)), Request(colour=colour)))
     rendered = render([(o, req) for (_, o), req in asked], runs, mappings, stack)
     for ((path, o), _), r in zip(asked, rendered):
         _emit(o.name, r, path, path_on_stdout=False)
@@ -508,6 +511,45 @@ def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, 
     if csv_path is not None:
         return csv_path, "csv"
     return (parquet_path, "parquet") if parquet_path is not None else None
+
+
+@main.command()
+@click.argument("study_file", metavar="STUDY.toml", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), required=True,
+              help="The study's directory: created, or resumed when it holds this study's plan.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (the runs in their order) and run nothing.")
+@click.option("-q", "--quiet", is_flag=True, help="No live panel, no progress lines.")
+@_guard
+def study(study_file: Path, out: Path, dry_run: bool, quiet: bool) -> None:
+    """Run a study: every stack x setting x repetition of STUDY.toml as a `record` run, in an order
+    shuffled by its seed; then the table, the chart (DIR/chart.svg) and the verdicts per cell.
+
+    \b
+    Resumable: run the same command again after Ctrl-C or a crash; finished
+    runs are kept and skipped, an unfinished one is moved to DIR/.partial and
+    run again. The file's format is in `docs/usage.md` (and qprof/study.py).
+    """
+    from qprof import study as S
+
+    st = S.load(study_file)
+    runs = S.plan(st)
+    if dry_run:
+        for r in runs:
+            click.echo(f"{r.order:4d}  {r.stack:14s} {r.setting:14s} rep {r.rep}  "
+                       f"{r.directory(out, st.repetitions)}")
+        return
+    progress = _watching(quiet, lambda status, tick: S.run(st, out, status, tick))
+    if progress.skipped:
+        _stderr.print(f"qprof: resumed {out}: {progress.skipped} finished run(s) kept"
+                      + (f", {len(progress.moved_aside)} unfinished moved to {out / S.PARTIAL}"
+                         if progress.moved_aside else ""), markup=False, highlight=False)
+    if progress.stopped is not None:
+        _fail(f"study {progress.stopped}; {len(progress.done)} of {len(runs)} runs finished and kept; "
+              f"resume with: qprof study {study_file} -o {out}")
+    from qprof.attribution.mapping import MappingSet
+
+    _write_table([_open_run(d) for d in progress.done], MappingSet.load([]), None, (out / "table.csv", "csv"),
+                 None, out / "chart.svg", verdicts=True, by_configuration=True)
 
 
 @main.command()

@@ -17,9 +17,9 @@ import pytest
 from conftest import qprof
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import min_n
-from qprof.viewer.chart import BAR_W, CHAR_W, LABEL_ANGLE, PANEL_H, bars, chart_html, chart_svg, configuration
+from qprof.viewer.chart import BAR_W, CHAR_W, LABEL_ANGLE, PANEL_H, bars, chart_html, chart_svg
 from qprof.viewer.palette import category_colour
-from qprof.viewer.rows import TABLE_COLUMNS
+from qprof.viewer.rows import TABLE_COLUMNS, configuration
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -21,31 +21,23 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.viewer.flamegraph_svg import xml_attr, xml_text
 from qprof.viewer.palette import category_colour
+from qprof.viewer.rows import configuration
 
 Row = dict[str, Any]
 
-_REP = re.compile(r"rep-\d+")
 FONT = 12  # px: labels and ticks
 CHAR_W = 0.62 * FONT  # a generous average advance of the sans-serif fonts at FONT px
 BAR_W, BAR_GAP, GROUP_GAP = 28, 8, 26
 PANEL_H = 230
 LEFT_MIN, RIGHT, TOP = 74, 24, 78
 LABEL_ANGLE = 40  # degrees the bar labels are turned
-
-
-def configuration(run: str) -> str:
-    """The configuration a run belongs to: its directory's name, or its parent's for DIR/rep-NN."""
-    p = Path(run)
-    return p.parent.name if _REP.fullmatch(p.name) and p.parent.name else p.name
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from qprof.attribution.analysis import Analysis, analyse_run, verdict_of
 from qprof.attribution.engine import Decision
@@ -50,6 +50,7 @@ class Request:
     colour: bool = False  # text: ANSI colours (when it goes to a terminal)
     pairs: tuple[tuple[int, int], ...] = ()  # diff: processes to pair (run A's pid, run B's)
     summary: bool = False  # table: the summary over the runs instead of one row per run x process x category
+    by_configuration: bool = False  # table: summarize each configuration apart (a study's settings)
 
 
 @dataclass
@@ -262,14 +263,22 @@ class _Rows:
     def visitor(self, index: int, run: Run) -> Visitor | None:
         return None
 
+    @staticmethod
+    def table_rows(result: Attributed) -> list[dict[str, Any]]:
+        """One row per run x process x category (viewer.rows), from the report of each analysis."""
+        from qprof.viewer import rows as R
+        from qprof.viewer.json_report import to_dict
+
+        return [row for a in result.analyses for row in R.table_rows(to_dict(a, 1))]
+
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer import rows as R
         from qprof.viewer.frames import frame
-        from qprof.viewer.json_report import to_dict
         from qprof.viewer.table import render as render_rows, render_summary
 
-        rows = [row for a in result.analyses for row in R.table_rows(to_dict(a, 1))]
-        part, columns = (R.summary_rows(rows), R.SUMMARY_COLUMNS) if self.request.summary else (rows, R.TABLE_COLUMNS)
+        rows = self.table_rows(result)
+        part, columns = (R.summary_rows(rows, self.request.by_configuration), R.SUMMARY_COLUMNS) \
+            if self.request.summary else (rows, R.TABLE_COLUMNS)
         what = f"{'summary ' if self.request.summary else ''}({len(part)} rows)"
         if self.fmt == "csv":
             return Rendered(frame(part, columns).to_csv(index=False), what)
@@ -285,17 +294,45 @@ class _Chart(_Rows):
     """The comparison chart of the runs (viewer.chart): a bar per configuration and side."""
 
     def render(self, result: Attributed) -> Rendered:
-        from qprof.viewer import rows as R
         from qprof.viewer.chart import bars, chart_html, chart_svg
-        from qprof.viewer.json_report import to_dict
 
-        drawn = bars([row for a in result.analyses for row in R.table_rows(to_dict(a, 1))])
+        drawn = bars(self.table_rows(result))
         draw = chart_html if self.fmt == "html" else chart_svg
         return Rendered(draw(drawn), f"chart of {len(drawn)} bars from {len(result.analyses)} runs")
 
 
+class _Verdicts(_Rows):
+    """Each configuration's verdicts over its runs (a study's cells): how often each side limited."""
+
+    def render(self, result: Attributed) -> Rendered:
+        from rich.table import Table
+
+        from qprof.viewer.chart import configuration
+
+        cells: dict[tuple[str, str], dict[str, str]] = {}
+        for row in self.table_rows(result):
+            cells.setdefault((str(row["stack"] or "–"), configuration(row["run"])), {})[row["run"]] = \
+                row["verdict"] or "no roles"
+        t = Table(box=None, pad_edge=False, title="verdicts per cell (stack x setting) over its runs",
+                  title_justify="left")
+        for col in ("stack", "setting", "runs", "verdicts"):
+            t.add_column(col)
+        for (stack, conf), runs in cells.items():
+            counts: dict[str, int] = {}
+            for v in runs.values():
+                counts[v] = counts.get(v, 0) + 1
+            t.add_row(stack, conf, str(len(runs)), ", ".join(f"{v} x{n}" for v, n in sorted(counts.items())))
+        buf = io.StringIO()
+        _console(self.request, buf).print(t)
+        return Rendered(buf.getvalue())
+
+
 def _chart(fmt: str) -> Callable[[Request], Renderer]:
     return lambda request: _Chart(request, fmt)
+
+
+def _verdicts(request: Request) -> Renderer:
+    return _Verdicts(request, "text")
 
 
 def _diff(fmt: str) -> Callable[[Request], Renderer]:
@@ -326,6 +363,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output("table", "text", (".txt",), "one line per run x process", _rows("text")),
     Output("table", "csv", (".csv",), "one row per run x process x category", _rows("csv")),
     Output("table", "parquet", (".parquet",), "the CSV's rows as parquet", _rows("parquet"), binary=True),
+    Output("table", "verdicts", (), "each configuration's verdicts over its runs", _verdicts),
     Output("table", "svg", (".svg",), "comparison chart: a bar per configuration and side", _chart("svg"),
            chart=True),
     Output("table", "html", (".html",), "the comparison chart with its figures on hover", _chart("html"),

@@ -12,7 +12,9 @@ order; a value the run does not have (no probes, no roles) is None.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from pathlib import Path
 from dataclasses import fields
 from typing import Any, Iterable
 
@@ -22,6 +24,7 @@ from qprof.attribution.stats import METHOD, median_ci
 from qprof.attribution.verdict import SideEvidence
 
 Row = dict[str, Any]
+_REP = re.compile(r"rep-\d+")
 
 CATEGORY_COLUMNS = ("run", "pid", "comm", "role", "stack", "category", "share", "cpu_seconds", "samples")
 SYMBOL_COLUMNS = ("run", "pid", "comm", "role", "category", "symbol", "dso", "samples", "share", "cpu_seconds")
@@ -60,7 +63,7 @@ RUN_COLUMNS = ("run", "status", "start_time", "duration_s", "stop_reason", "host
 TABLE_COLUMNS = ("run", "start_time", "duration_s", "hostname", "frequency", "probes", "verdict",
                  "pid", "comm", "role", "stack", "unwind", "category", "share", "cpu_seconds", "samples",
                  "tx_bytes", "rx_bytes", "goodput_gbps", "cpu_limited")
-SUMMARY_COLUMNS = ("stack", "role", "category", "n", "share_median", "share_ci_low", "share_ci_high",
+SUMMARY_COLUMNS = ("configuration", "stack", "role", "category", "n", "share_median", "share_ci_low", "share_ci_high",
                    "cpu_seconds_median", "cpu_seconds_ci_low", "cpu_seconds_ci_high", "ci_coverage", "ci_note")
 
 
@@ -199,19 +202,28 @@ def table_rows(report: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def summary_rows(rows: list[Row]) -> list[Row]:
+def configuration(run: str) -> str:
+    """The configuration a run belongs to: its directory's name, or its parent's for DIR/rep-NN (what
+    `record --repeat` and `qprof study` write), so the runs of one configuration are its repetitions."""
+    p = Path(run)
+    return p.parent.name if _REP.fullmatch(p.name) and p.parent.name else p.name
+
+
+def summary_rows(rows: list[Row], by_configuration: bool = False) -> list[Row]:
     """Per (stack, role, category) over the table's rows (the repetitions): median share and CPU
     seconds with a 95% distribution-free interval (attribution.stats). A process without a role is
-    grouped by its comm instead, so a server and a client never pool."""
-    groups: dict[tuple[Any, Any, str], list[Row]] = defaultdict(list)
+    grouped by its comm instead, so a server and a client never pool. `by_configuration`: per
+    configuration too (a study's settings never pool)."""
+    groups: dict[tuple[Any, Any, Any, str], list[Row]] = defaultdict(list)
     for r in rows:
-        groups[(r["stack"], r["role"] or r["comm"], r["category"])].append(r)
+        conf = configuration(r["run"]) if by_configuration else None
+        groups[(conf, r["stack"], r["role"] or r["comm"], r["category"])].append(r)
     out = []
-    for (stack, role, cat), members in sorted(groups.items(), key=lambda kv: (
-            str(kv[0][0]), str(kv[0][1]), CATEGORIES.index(kv[0][2]))):
+    for (conf, stack, role, cat), members in sorted(groups.items(), key=lambda kv: (
+            str(kv[0][0]), str(kv[0][1]), str(kv[0][2]), CATEGORIES.index(kv[0][3]))):
         share = median_ci([m["share"] for m in members if m["share"] is not None])
         cpu = median_ci([m["cpu_seconds"] for m in members if m["cpu_seconds"] is not None])
-        out.append(_shape({"stack": stack, "role": role, "category": cat, "n": share.n,
+        out.append(_shape({"configuration": conf, "stack": stack, "role": role, "category": cat, "n": share.n,
                            "share_median": share.median, "share_ci_low": share.low, "share_ci_high": share.high,
                            "cpu_seconds_median": cpu.median, "cpu_seconds_ci_low": cpu.low,
                            "cpu_seconds_ci_high": cpu.high, "ci_coverage": share.coverage,

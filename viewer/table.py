@@ -51,14 +51,17 @@ def render(rows: list[Row], console: Console) -> None:
 def render_summary(summary: list[Row], console: Console) -> None:
     """Median share per (stack, role, category) over the runs, with its 95% interval when n allows one."""
     t = Table(box=None, pad_edge=False, title="summary over runs: median and 95% CI", title_justify="left")
-    for col in ("stack", "role", "category", "n", "share", "CI", "CPU s", "CI "):
-        t.add_column(col, justify="left" if col in ("stack", "role", "category") else "right")
+    settings = any(s["configuration"] is not None for s in summary)
+    columns = ("stack", "role", "category", "n", "share", "CI", "CPU s", "CI ")
+    for col in (("setting",) if settings else ()) + columns:
+        t.add_column(col, justify="left" if col in ("setting", "stack", "role", "category") else "right")
     for s in summary:
         ci = (f"[{s['share_ci_low']:.1%}, {s['share_ci_high']:.1%}]" if s["share_ci_low"] is not None
               else "n/a")
         ci_cpu = (f"[{s['cpu_seconds_ci_low']:.2f}, {s['cpu_seconds_ci_high']:.2f}]"
                   if s["cpu_seconds_ci_low"] is not None else "n/a")
-        t.add_row(Text(s["stack"] or "–"), Text(str(s["role"])), Text(s["category"], style=COLOURS[s["category"]]),
+        t.add_row(*([Text(str(s["configuration"]))] if settings else []), Text(s["stack"] or "–"),
+                  Text(str(s["role"])), Text(s["category"], style=COLOURS[s["category"]]),
                   str(s["n"]), _pct(s["share_median"]), ci, _num(s["cpu_seconds_median"], ".2f"), ci_cpu)
     console.print(t)
     notes = sorted({s["ci_note"] for s in summary if s["ci_note"]})
