@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.archive import procfs, schema
-from qprof.archive.model import (FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
+from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading)
 from qprof.archive.stacks import StackRecord, read_header, read_stacks
 from qprof.errors import QprofError
@@ -209,9 +209,10 @@ class Run:
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
         return ProbeRecord.from_json(data)
 
-    def tcp(self) -> dict[str, Any] | None:
+    def tcp(self) -> TcpRecord | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
-        return self._record(TCP, "TCP record", schema.TCP)
+        data = self._record(TCP, "TCP record", schema.TCP)
+        return None if data is None else schema.decode(TcpRecord, data)
 
     def proc_readings(self) -> Iterator[ProcReading]:
         """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a

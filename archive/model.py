@@ -506,6 +506,52 @@ class CryptoFindings:
     cost: dict[str, Any] | None = None  # carried into the report as written (probes.crypto.program.cost)
 
 
+# ---- tcp.json: the targets' TCP sockets and their kernel byte counters (collectors.traffic) -----------
+
+
+@dataclass(frozen=True)
+class TcpCounters:
+    """A TCP socket's counters at one reading (tcp_info; collectors.tcpinfo)."""
+
+    payload_sent: int
+    bytes_received: int
+    bytes_acked: int = 0
+    bytes_sent: int = 0
+    bytes_retrans: int = 0
+    segs_out: int = 0
+    segs_in: int = 0
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """One TCP connection of a target, first and last seen."""
+
+    pid: int
+    first: TcpCounters
+    last: TcpCounters
+    cookie: int = 0
+    family: int = 0
+    local: str = ""
+    peer: str = ""
+    first_time: float = 0.0
+    last_time: float = 0.0
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class TcpRecord:
+    """tcp.json: the targets' connections, what closed without an owner, what went wrong reading them."""
+
+    sockets: list[TcpSocket]
+    source: str = ""
+    polls: int = 0
+    dumps: int = 0
+    namespaces: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    lost_destroy_events: int = 0
+    unowned_closed: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class ProbeRecord:
     """probes.json as readers use it: each group's program and maps, what the run's sockets, queues and

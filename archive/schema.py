@@ -22,7 +22,7 @@ import types
 import typing
 from typing import Any
 
-from qprof.archive.model import CryptoFindings, HostSnapshot, UdpSocket
+from qprof.archive.model import CryptoFindings, HostSnapshot, TcpRecord, UdpSocket
 
 from qprof.errors import QprofError
 
@@ -285,16 +285,7 @@ PROBES = Obj({
     "qdiscs": MapOf(Obj({"pids": [INT], "first": [_QDISC], "last": [_QDISC], "first_time": NUM, "last_time": NUM})),
 })
 
-_TCP_COUNTERS = Obj({"payload_sent": INT, "bytes_received": INT, "bytes_acked": INT, "bytes_sent": INT,
-                     "bytes_retrans": INT, "segs_out": INT, "segs_in": INT},
-                    required=("payload_sent", "bytes_received"))
-TCP = Obj({
-    "source": STR, "polls": INT, "dumps": INT, "namespaces": [STR], "errors": [STR], "lost_destroy_events": INT,
-    "unowned_closed": MapOf(INT),
-    "sockets": [Obj({"pid": INT, "cookie": INT, "family": INT, "local": STR, "peer": STR, "first": _TCP_COUNTERS,
-                     "last": _TCP_COUNTERS, "first_time": NUM, "last_time": NUM, "closed": BOOL},
-                    required=("pid", "first", "last"))],
-}, required=("sockets",))
+TCP = shape_of(TcpRecord)
 # cumulative bytes [sent, received] per target pid since the run started (collectors.traffic)
 _TRAFFIC = MapOf([NUM], numbered=True)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qprof.archive.model import TcpRecord, TcpSocket
+
 
 @dataclass
 class ProcessTcp:
@@ -19,7 +21,7 @@ class ProcessTcp:
     sent: int = 0  # acknowledged payload bytes
     received: int = 0
     retransmitted: int = 0
-    sockets: list[dict[str, Any]] = field(default_factory=list)
+    sockets: list[TcpSocket] = field(default_factory=list)
 
     @property
     def moved(self) -> int:
@@ -28,10 +30,10 @@ class ProcessTcp:
     def to_json(self) -> dict[str, Any]:
         return {"sent_bytes": self.sent, "received_bytes": self.received,
                 "retransmitted_bytes": self.retransmitted,
-                "sockets": len(self.sockets), "closed": sum(bool(s.get("closed")) for s in self.sockets),
-                "connections": [{"local": s.get("local"), "peer": s.get("peer"), "closed": bool(s.get("closed")),
-                                 "sent_bytes": s["last"]["payload_sent"] - s["first"]["payload_sent"],
-                                 "received_bytes": s["last"]["bytes_received"] - s["first"]["bytes_received"]}
+                "sockets": len(self.sockets), "closed": sum(s.closed for s in self.sockets),
+                "connections": [{"local": s.local, "peer": s.peer, "closed": s.closed,
+                                 "sent_bytes": s.last.payload_sent - s.first.payload_sent,
+                                 "received_bytes": s.last.bytes_received - s.first.bytes_received}
                                 for s in self.sockets]}
 
 
@@ -51,19 +53,17 @@ class TcpIO:
                 "errors": self.errors}
 
 
-def analyse(record: dict[str, Any] | None, pids: list[int]) -> TcpIO | None:
+def analyse(record: TcpRecord | None, pids: list[int]) -> TcpIO | None:
     """Per-process TCP bytes; None for a run recorded without (older archives)."""
     if record is None:
         return None
     procs = {p: ProcessTcp(p) for p in pids}
-    for s in record.get("sockets", []):
-        p = procs.get(int(s["pid"]))
+    for s in record.sockets:
+        p = procs.get(s.pid)
         if p is None:
             continue
-        first, last = s["first"], s["last"]
-        p.sent += last["payload_sent"] - first["payload_sent"]
-        p.received += last["bytes_received"] - first["bytes_received"]
-        p.retransmitted += int(last.get("bytes_retrans", 0)) - int(first.get("bytes_retrans", 0))
+        p.sent += s.last.payload_sent - s.first.payload_sent
+        p.received += s.last.bytes_received - s.first.bytes_received
+        p.retransmitted += s.last.bytes_retrans - s.first.bytes_retrans
         p.sockets.append(s)
-    return TcpIO(procs, dict(record.get("unowned_closed") or {}), list(record.get("errors") or []),
-                 int(record.get("lost_destroy_events") or 0), str(record.get("source") or ""))
+    return TcpIO(procs, dict(record.unowned_closed), list(record.errors), record.lost_destroy_events, record.source)

@@ -47,6 +47,8 @@ def test_configurations_and_repetitions() -> None:
     assert gso.per_gb["Crypto"].median == pytest.approx(0.6)  # 2 CPU s x 0.3 over 1 GB
     assert nogso.per_gb == {} and nogso.label == "ngtcp2 no-gso · client"
     assert gso.label == "ngtcp2 gso · server"
+    (alone,) = bars(_rows("/s/default/rep-01", "server", {"Crypto": 1.0}))
+    assert alone.label == "ngtcp2 · server", "one configuration: the stacks name the bars"
 
 
 def _svg(text: str) -> ET.Element:

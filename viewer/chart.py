@@ -18,9 +18,11 @@ a box that follows the pointer.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,6 +35,7 @@ from qprof.viewer.rows import configuration
 Row = dict[str, Any]
 
 FONT = 12  # px: labels and ticks
+NOTE_FONT = 10
 CHAR_W = 0.62 * FONT  # a generous average advance of the sans-serif fonts at FONT px
 BAR_W, BAR_GAP, GROUP_GAP = 28, 8, 26
 PANEL_H = 230
@@ -50,12 +53,16 @@ class Bar:
     runs: int
     share: dict[str, MedianCI]
     per_gb: dict[str, MedianCI]  # empty when no run counted the bytes the side moved
+    label: str = ""  # "stack setting · side"; the setting left out when every bar has the same
 
-    @property
-    def label(self) -> str:
-        stack = self.stack or ""
-        name = self.configuration if stack in self.configuration else f"{stack} {self.configuration}".strip()
-        return f"{name} · {self.side}"
+
+def _label(conf: str, stack: str | None, side: str, one_configuration: bool) -> str:
+    stack = stack or ""
+    if one_configuration and stack:
+        name = stack
+    else:
+        name = conf if stack in conf else f"{stack} {conf}".strip()
+    return f"{name} · {side}"
 
 
 def bars(rows: Sequence[Row]) -> list[Bar]:
@@ -83,6 +90,7 @@ def bars(rows: Sequence[Row]) -> list[Bar]:
                        {c: median_ci(v) for c, v in per_gb.items()} if any(per_gb.values()) else {}))
     order = {"server": 0, "client": 1}
     confs = list(dict.fromkeys(b.configuration for b in out))
+    out = [dataclasses.replace(b, label=_label(b.configuration, b.stack, b.side, len(confs) == 1)) for b in out]
     return sorted(out, key=lambda b: (confs.index(b.configuration), str(b.stack), order.get(b.side, 2), b.side))
 
 
@@ -101,6 +109,7 @@ class _Panel:
     top: float
     tick: str  # format of the axis ticks
     unit: str  # of the tooltip figures
+    normalise: bool = False  # each bar scaled to the panel's top (the shares)
 
 
 def _label_room(labels: Sequence[str]) -> tuple[float, float]:
@@ -117,14 +126,21 @@ def _tip(bar: Bar, cat: str, ci: MedianCI, unit: str, fmt: str) -> str:
             f"{'s' if ci.n != 1 else ''}; {interval}")
 
 
-def _notes(bars_: Sequence[Bar]) -> list[str]:
-    """The lines under the chart: how the whiskers were drawn and how many runs each bar holds."""
+def _notes(bars_: Sequence[Bar], columns: int) -> list[str]:
+    """The lines under the chart, wrapped to `columns`: what a bar is, how its whiskers were drawn."""
     runs = ", ".join(map(str, sorted({b.runs for b in bars_})))
-    lines = [f"bars: the median over each configuration's runs (runs per bar: {runs}); whiskers: the 95% "
-             "interval of each category's median,", f"  a {METHOD}"]
+    text = (f"Bars: each category's median over a configuration's runs (runs per bar: {runs}); in the upper "
+            "panel scaled so each bar is 100% (the categories' medians need not add up to it). Whiskers: the "
+            f"95% interval of each category's median, a {METHOD}")
     if min(b.runs for b in bars_) < min_n():
-        lines[-1] += f", drawn where a bar has {min_n()} runs or more"
-    return lines
+        text += f", drawn where a bar has {min_n()} runs or more"
+    return textwrap.wrap(text + ".", columns)
+
+
+def _scale(vals: dict[str, MedianCI], panel: "_Panel") -> float:
+    """The share panel's bars are scaled to 100%; the per-GB panel's are as measured."""
+    total = sum(ci.median or 0.0 for ci in vals.values())
+    return 1.0 / total if panel.normalise and total > 0 else 1.0
 
 
 def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") -> str:
@@ -137,17 +153,17 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
     xs: list[float] = []
     x = left + GROUP_GAP / 2
     for i, b in enumerate(bars_):
-        if i and b.configuration != bars_[i - 1].configuration:
-            x += GROUP_GAP
+        if i and (b.configuration, b.stack) != (bars_[i - 1].configuration, bars_[i - 1].stack):
+            x += GROUP_GAP  # a gap between the cells (a stack under a configuration), none between its sides
         xs.append(x)
         x += BAR_W + BAR_GAP
     legend_w = sum(16 + len(c) * CHAR_W + 18 for c in CATEGORIES)
-    notes = _notes(bars_)
-    width = max(x + RIGHT, left + legend_w + RIGHT, left + max(len(n) for n in notes) * 0.62 * 10 + RIGHT)
+    width = max(x + RIGHT, left + legend_w + RIGHT, 560.0)
+    notes = _notes(bars_, int((width - left - RIGHT) / (0.62 * NOTE_FONT)))
     gb_top = max((sum(ci.median or 0.0 for ci in b.per_gb.values()) for b in bars_), default=0.0)
     gb_top = max([gb_top] + [(sum(ci.median or 0.0 for ci in b.per_gb.values()) - (ci.median or 0.0)
                               + (ci.high or 0.0)) for b in bars_ for ci in b.per_gb.values()])
-    panels = [_Panel("share of each side's sampled CPU time", [b.share for b in bars_], 1.0, ".0%", ""),
+    panels = [_Panel("share of each side's sampled CPU time", [b.share for b in bars_], 1.0, ".0%", "", True),
               _Panel("CPU seconds per GB moved (sent + received)", [b.per_gb for b in bars_],
                      _nice_max(gb_top), ".3g", " CPU s/GB")]
     panel_h = PANEL_H + 28 + below
@@ -177,31 +193,32 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
                        f'stroke="{"#999" if i == 0 else "#e4e4e4"}"/>'
                        f'<text x="{left - 6:.1f}" y="{y + 4:.1f}" text-anchor="end">{format(v, panel.tick)}</text>')
         for b, bx, vals in zip(bars_, xs, panel.values):
-            cum = 0.0
+            cum, k = 0.0, _scale(vals, panel)
             for c in CATEGORIES:
                 ci = vals.get(c)
                 if ci is None or not ci.median:
                     continue
-                h = PANEL_H * ci.median / panel.top
+                h = PANEL_H * ci.median * k / panel.top
                 y = base - PANEL_H * cum / panel.top - h
                 tip = _tip(b, c, ci, panel.unit, panel.tick if panel.tick != ".0%" else ".1%")
                 out.append(f'<rect class="seg" x="{bx:.1f}" y="{y:.2f}" width="{BAR_W}" height="{h:.2f}" '
                            f'fill="{category_colour(c)}" data-tip="{xml_attr(tip)}"><title>{xml_text(tip)}'
                            f'</title></rect>')
                 if ci.low is not None and ci.high is not None:
-                    lo = base - PANEL_H * (cum + ci.low) / panel.top
-                    hi = base - PANEL_H * (cum + ci.high) / panel.top
+                    lo = base - PANEL_H * (cum + ci.low * k) / panel.top
+                    hi = base - PANEL_H * (cum + ci.high * k) / panel.top
                     cx = bx + BAR_W / 2
                     out.append(f'<path class="whisker" d="M{cx:.1f},{lo:.2f}V{hi:.2f}M{cx - 4:.1f},{lo:.2f}'
                                f'H{cx + 4:.1f}M{cx - 4:.1f},{hi:.2f}H{cx + 4:.1f}" stroke="#222" fill="none"/>')
-                cum += ci.median
+                cum += ci.median * k
         for b, bx in zip(bars_, xs):  # the labels, turned, ending under their bar
             cx, ly = bx + BAR_W / 2, base + 14
             out.append(f'<text class="label" x="{cx:.1f}" y="{ly:.1f}" text-anchor="end" '
                        f'transform="rotate(-{LABEL_ANGLE} {cx:.1f} {ly:.1f})">{xml_text(b.label)}</text>')
     y = height - 13 * len(notes) + 4
     for n in notes:
-        out.append(f'<text class="note" x="{left:.1f}" y="{y:.1f}" font-size="10" fill="#444">{xml_text(n)}</text>')
+        out.append(f'<text class="note" x="{left:.1f}" y="{y:.1f}" font-size="{NOTE_FONT}" fill="#444">'
+                   f'{xml_text(n)}</text>')
         y += 13
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -164,7 +164,7 @@ def _packet_io_table(p: ProcessPacketIO) -> Table:
 
 
 def _tcp_line(t: ProcessTcp, say: "Callable[..., None]") -> None:
-    closed = sum(bool(s.get("closed")) for s in t.sockets)
+    closed = sum(s.closed for s in t.sockets)
     say(f"  TCP (kernel socket counters): sent {t.sent / 1e6:,.1f} MB, received {t.received / 1e6:,.1f} MB over "
         f"{len(t.sockets)} connection{'s' if len(t.sockets) != 1 else ''} ({closed} closed)"
         + (f"; {t.retransmitted / 1e6:,.2f} MB retransmitted" if t.retransmitted > 0 else ""))
