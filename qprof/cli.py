@@ -264,7 +264,10 @@ def _print_summary(runs: list[Path]) -> None:
 def _format_help(kind: str) -> str:
     from qprof.viewer.outputs import of_kind
 
-    return "; ".join(f"{o.name} ({o.summary}; -o {'/'.join('*' + x for x in o.suffixes)})" for o in of_kind(kind))
+    def one(o: Any) -> str:
+        return f"{o.name}: {o.summary}" + (f" (-o {', '.join('*' + x for x in o.suffixes)})" if o.suffixes else "")
+
+    return "; ".join(one(o) for o in of_kind(kind))
 
 
 @main.command()
@@ -393,7 +396,8 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
-              help="Also write the differential flame graph here (.svg): red grew, blue shrank, width by RUN_B.")
+              help="Also write an output to this file, its suffix picking it: .svg the differential flame graph (red "
+                   "grew, blue shrank, width by RUN_B), .json or .txt the comparison.")
 @click.option("--top", type=int, default=10, show_default=True, help="Symbols shown per process.")
 @click.option("--format", "fmt", default="text", show_default=True, help=_format_help("diff") + ".")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
@@ -415,11 +419,11 @@ def diff(run_a: Path, run_b: Path, out: Path | None, top: int, fmt: str, mapping
     request = Request(top=top, pairs=tuple(_pid_pair(p) for p in pairs), colour=sys.stdout.isatty())
     asked = [(choose(fmt, None, outputs), request)]
     if out is not None:
-        asked.append((by_suffix(out, tuple(o for o in outputs if o.name == "svg")), request))
-    shown, *drawn = render(asked, [_open_run(run_a), _open_run(run_b)], MappingSet.load(mappings), stack)
+        asked.append((by_suffix(out, outputs), request))
+    shown, *written = render(asked, [_open_run(run_a), _open_run(run_b)], MappingSet.load(mappings), stack)
     _emit(asked[0][0].name, shown, None)
     if out is not None:
-        _emit("svg", drawn[0], out, path_on_stdout=False)
+        _emit(asked[1][0].name, written[0], out, path_on_stdout=False)
 
 
 def _pid_pair(text: str) -> tuple[int, int]:

@@ -10,6 +10,7 @@ import colorsys
 import hashlib
 import json
 import re
+import runpy
 import shutil
 import tempfile
 import tomllib
@@ -241,9 +242,10 @@ def test_vendored_files_match_their_note_and_ship_as_package_data() -> None:
     assert "Apache License" in (vendor / "d3-flame-graph" / "LICENSE").read_text()
     assert "ISC" in note and "Permission to use" in (vendor / "d3" / "LICENSE").read_text()
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["packages"]()
     # each package's globs are relative to its folder under viewer/ (qprof.viewer.vendor.d3: vendor/d3)
     globs = ["/".join([*pkg.split(".")[2:], g]) for pkg, gs in setuptools["package-data"].items()
-             if pkg.startswith("qprof.viewer") and pkg in setuptools["packages"] for g in gs]
+             if pkg.startswith("qprof.viewer") and pkg in packages for g in gs]
     for f in files + ["README.md"]:
         assert any(fnmatch(f"vendor/{f}", g) for g in globs), f"vendor/{f} is not package data"
 

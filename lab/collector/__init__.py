@@ -12,27 +12,18 @@ are downloaded).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-from lab.endpoints.build import BuildError, BuildUnavailable, cached, tree_hash
+from lab.endpoints.build import BuildError, cached, go_command, tree_hash
 
 HERE = Path(__file__).resolve().parent
 FEATURE_GATES = "service.profilesSupport"  # the profiles signal is behind this gate at this release
 
 
-def _go() -> str:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
-    if go is None:
-        raise BuildUnavailable("go not found: the OTLP tests build an OpenTelemetry Collector from its Go modules "
-                               "(install Go >= 1.24 from go.dev or put it on PATH)")
-    return go
-
-
 def binary() -> Path:
     """The collector's executable (built now if these sources or the toolchain changed)."""
-    go = _go()
+    go = go_command("the OTLP tests build an OpenTelemetry Collector from its Go modules (Go >= 1.26)")
     version = subprocess.run([go, "version"], capture_output=True, text=True).stdout.strip()
 
     def make(out: Path) -> None:

@@ -118,6 +118,15 @@ def registry() -> dict[str, EndpointSpec]:
     return _REGISTRY
 
 
+def go_command(needed_by: str) -> str:
+    """The go command (PATH, else /usr/local/go/bin, where go.dev's archive goes); BuildUnavailable
+    saying what needs it when there is none."""
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    if go is None:
+        raise BuildUnavailable(f"go not found: {needed_by}; install it from go.dev or put it on PATH")
+    return go
+
+
 def cache_root() -> Path:
     env = os.environ.get("QPROF_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "qprof" / "endpoints"

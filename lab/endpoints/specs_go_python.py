@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .build import BuildError, BuildUnavailable, EndpointSpec, register
+from .build import BuildError, BuildUnavailable, EndpointSpec, go_command, register
 
 
 def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -34,16 +34,8 @@ def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = N
 
 # ---- quic-go -----------------------------------------------------------------
 
-def _go() -> str:
-    go = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
-    if go is None:
-        raise BuildUnavailable("go not found: install Go >= 1.26 (quic-go v0.65 needs it) from go.dev "
-                               "or put it on PATH")
-    return go
-
-
 def _go_toolchain() -> str:
-    go = _go()
+    go = go_command("quic-go v0.65 needs Go >= 1.26")
     version = _run([go, "version"]).strip()  # "go version go1.26.8 linux/amd64"
     m = re.search(r"go(\d+)\.(\d+)", version)
     have = (int(m[1]), int(m[2])) if m else (0, 0)
