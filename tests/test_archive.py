@@ -24,7 +24,7 @@ from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Host, Image, Map
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
-from conftest import ROOT, examples
+from conftest import ROOT, edited_meta, examples
 
 DATA = ROOT / "tests" / "data"
 
@@ -455,9 +455,8 @@ def test_end_to_end_json_contract(tmp_path: Path) -> None:
 
 def test_end_to_end_non_time_event(tmp_path: Path) -> None:
     out = _fake_run(tmp_path)
-    meta = json.loads((out / runfiles.META).read_text())
-    meta["sampling"]["event"] = "cycles"
-    archive.write_json_atomic(out / runfiles.META, meta)
+    with edited_meta(out) as meta:
+        meta.sampling.event = "cycles"
     report = to_dict(analyse_run(Run.open(out), MappingSet.load()))
     total = sum(p["cpu_seconds"] for p in report["processes"])
     assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency
