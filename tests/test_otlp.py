@@ -222,6 +222,7 @@ class _Scripted(BaseHTTPRequestHandler):
 
     script: list[tuple[int, dict[str, str]]] = []
     bodies: list[int] = []
+    ok_body = b""  # an ExportProfilesServiceResponse; empty: full success
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         n = int(self.headers.get("Content-Length", 0))
@@ -231,7 +232,7 @@ class _Scripted(BaseHTTPRequestHandler):
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
-        body = b"" if status == 200 else b"\x10\x03\x12\x0bbad request"  # google.rpc.Status{code 3, message}
+        body = type(self).ok_body if status == 200 else b"\x10\x03\x12\x0bbad request"  # google.rpc.Status
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -242,7 +243,7 @@ class _Scripted(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted() -> Iterator[tuple[str, type[_Scripted]]]:
-    handler = type("Handler", (_Scripted,), {"script": [], "bodies": []})
+    handler = type("Handler", (_Scripted,), {"script": [], "bodies": [], "ok_body": b""})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -266,3 +267,17 @@ def test_error_status_is_final_busy_is_retried(scripted: tuple[str, type[_Script
     with pytest.raises(QprofError, match="failed after 5 tries .HTTP 503"):
         send(url, b"abc", first_wait_s=0.01)
     assert len(handler.bodies) == 5
+
+
+def test_partial_success_is_reported(scripted: tuple[str, type[_Scripted]]) -> None:
+    """A collector that keeps some profiles and rejects others says how many in its answer."""
+    from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import (
+        ExportProfilesServiceResponse)
+
+    url, handler = scripted
+    answer = ExportProfilesServiceResponse()
+    answer.partial_success.rejected_profiles = 2
+    answer.partial_success.error_message = "too many locations"
+    handler.ok_body = answer.SerializeToString()
+    sent = send(url, b"abc")
+    assert (sent.status, sent.tries, sent.rejected, sent.message) == (200, 1, 2, "too many locations")
