@@ -353,11 +353,10 @@ def print_report(run_paths: list[Path], fmt: str | None, mappings: list[str], to
     output = choose(fmt, out, of_kind("report"))
     if timeline and output.name not in ("text", "json"):
         raise QprofError(f"--timeline goes with --format text or json, not {output.name}")
-    request = Request(top=top, verbose=verbose, timeline=timeline,
-                      stack_records=read_dir(qlog) if qlog is not None else [],
-                      colour=out is None and sys.stdout.isatty())
+    request = Request(top=top, verbose=verbose, timeline=timeline, colour=out is None and sys.stdout.isatty())
     ms = MappingSet.load(mappings if output.attributed else [])
-    (rendered,) = render([(output, request)], [_open_run(p, refold) for p in run_paths], ms, stack)
+    (rendered,) = render([(output, request)], [_open_run(p, refold) for p in run_paths], ms, stack,
+                         read_dir(qlog) if qlog is not None else [])
     _emit(output.name, rendered, out)
 
 
@@ -494,11 +493,13 @@ def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
 
     kinds = of_kind("table")
     colour = sys.stdout.isatty()
-    asked = [((path, choose(fmt, path, kinds)) if path is not None else (None, choose("text", None, kinds)),
-              Request(summary=summary, colour=colour, by_configuration=by_configuration))
-             for target, summary in ((table_out, False), (summary_out, True))
-             if target is not None or not summary or len(runs) > 1  # one run has nothing to summarize over
-             for path, fmt in [target or (None, "text")]]
+    asked: list[tuple[tuple[Path | None, Any], Any]] = []
+    for target, summary in ((table_out, False), (summary_out, True)):
+        if target is None and summary and len(runs) < 2:
+            continue  # one run has nothing to summarize over
+        path, fmt = target or (None, "text")
+        asked.append(((path, choose(fmt, path, kinds)),
+                      Request(summary=summary, colour=colour, by_configuration=by_configuration)))
     if chart_out is not None:
         asked.append(((chart_out, by_suffix(chart_out, tuple(o for o in kinds if o.chart))), Request()))
     if verdicts:

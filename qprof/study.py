@@ -42,7 +42,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import string
 import time
 import tomllib
@@ -55,6 +54,7 @@ from qprof.archive.model import LiveData
 from qprof.benchmark import Command, RecordOptions, parse_command, run_repetition
 from qprof.collectors.probing import parse_groups
 from qprof.collectors.session import AttachOptions
+from qprof.endpoints import free_udp_port
 from qprof.errors import QprofError
 from qprof.ready import Ready, parse_ready
 
@@ -228,12 +228,6 @@ def plan(study: Study) -> list[PlannedRun]:
     return [PlannedRun(i, st, se, r) for i, (st, se, r) in enumerate(runs, 1)]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _commands(study: Study, run: PlannedRun, port: int) -> tuple[list[Command], Ready]:
     stack, var = study.stacks[run.stack], study.settings[run.setting].of(run.stack)
     values = {**study.vars, "port": str(port), "server_args": var.server_args, "client_args": var.client_args}
@@ -316,7 +310,7 @@ def run(study: Study, out: Path, status: Callable[[str], None],
             progress.moved_aside.append(aside)
         d.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         status(f"run {r.order} of {len(runs)}: {r.stack} {r.setting} rep {r.rep}")
-        commands, ready = _commands(study, r, _free_port())
+        commands, ready = _commands(study, r, free_udp_port())
         opts = RecordOptions(commands, d, 1, ready, template)
         try:
             rep = run_repetition(opts, 1, status, on_tick)

@@ -22,8 +22,9 @@ from qprof.errors import QprofError
 from qprof.export import PROFILES_PATH, endpoint, send
 
 
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
+def _free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (for a collector, or for nothing to listen on)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -185,13 +186,13 @@ def test_round_trip_through_a_real_collector(ngtcp2_capture: Any, collector: Col
 @pytest.mark.slow
 def test_record_sends_when_the_run_ends(ngtcp2_tools: None, probes_available: None, collector: Collector,
                                         tmp_path: Path) -> None:
-    from qprof.endpoints import make_certificate, make_payload
+    from qprof.endpoints import free_udp_port, make_certificate, make_payload
 
     d = tmp_path / "srv"
     d.mkdir()
     make_payload(d, 32 << 20)
     key, cert = make_certificate(d)
-    port = _free_port(socket.SOCK_DGRAM)
+    port = free_udp_port()
     server = f"gtlsserver -q --no-quic-dump --no-http-dump -d {d} 127.0.0.1 {port} {key} {cert}"
     client = (f"gtlsclient -q --no-quic-dump --no-http-dump --exit-on-all-streams-close 127.0.0.1 {port} "
               f"https://127.0.0.1:{port}/payload")

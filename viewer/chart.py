@@ -18,7 +18,6 @@ a box that follows the pointer.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 import math
@@ -53,7 +52,7 @@ class Bar:
     runs: int
     share: dict[str, MedianCI]
     per_gb: dict[str, MedianCI]  # empty when no run counted the bytes the side moved
-    label: str = ""  # "stack setting · side"; the setting left out when every bar has the same
+    label: str  # "stack setting · side"; the setting left out when every bar has the same
 
 
 def _label(conf: str, stack: str | None, side: str, one_configuration: bool) -> str:
@@ -68,6 +67,7 @@ def _label(conf: str, stack: str | None, side: str, one_configuration: bool) -> 
 def bars(rows: Sequence[Row]) -> list[Bar]:
     """The bars of `qprof table`'s rows (viewer.rows.TABLE_COLUMNS): servers before clients, in the
     order the configurations first appear."""
+    one_configuration = len({configuration(r["run"]) for r in rows}) == 1
     procs: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Row]]] = {}
     for r in rows:
         key = (configuration(r["run"]), r["stack"], r["role"] or r["comm"])
@@ -87,10 +87,10 @@ def bars(rows: Sequence[Row]) -> list[Bar]:
                 if moved > 0 and row["cpu_seconds"] is not None:
                     per_gb[c].append(row["cpu_seconds"] / (moved / 1e9))
         out.append(Bar(conf, stack, side, len(per_run), {c: median_ci(v) for c, v in shares.items()},
-                       {c: median_ci(v) for c, v in per_gb.items()} if any(per_gb.values()) else {}))
+                       {c: median_ci(v) for c, v in per_gb.items()} if any(per_gb.values()) else {},
+                       _label(conf, stack, side, one_configuration)))
     order = {"server": 0, "client": 1}
     confs = list(dict.fromkeys(b.configuration for b in out))
-    out = [dataclasses.replace(b, label=_label(b.configuration, b.stack, b.side, len(confs) == 1)) for b in out]
     return sorted(out, key=lambda b: (confs.index(b.configuration), str(b.stack), order.get(b.side, 2), b.side))
 
 

@@ -15,11 +15,13 @@ a plain `.json` qprof's JSON report.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from qprof.attribution.analysis import Analysis, analyse_run, verdict_of
 from qprof.attribution.engine import Decision
@@ -46,7 +48,6 @@ class Request:
     verbose: bool = False  # text: how skid was placed, the mapping files' paths
     timeline: bool = False  # text and JSON: CPU by category and goodput over the run
     selection: Selection = Selection()  # flame graphs: one process, role or thread
-    stack_records: list[SenderRecord] = field(default_factory=list)  # the stacks' own qlog, beside the verdict
     colour: bool = False  # text: ANSI colours (when it goes to a terminal)
     pairs: tuple[tuple[int, int], ...] = ()  # diff: processes to pair (run A's pid, run B's)
     summary: bool = False  # table: the summary over the runs instead of one row per run x process x category
@@ -60,6 +61,15 @@ class Attributed:
 
     runs: list[Run]
     analyses: list[Analysis]
+
+    @functools.cached_property
+    def table_rows(self) -> list[dict[str, Any]]:
+        """One row per run x process x category (viewer.rows), from each analysis's report: made once
+        for the table, its summary, the chart and the verdicts alike."""
+        from qprof.viewer import rows as R
+        from qprof.viewer.json_report import to_dict
+
+        return [row for a in self.analyses for row in R.table_rows(to_dict(a, 1))]
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ class _Text:
                                transfers=a.transfers) if i in self.timelines else None
                 for i, a in enumerate(result.analyses)]
 
-    def render(self, result: Attributed) -> str | bytes:
+    def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.terminal import render, render_verdict
         from qprof.viewer.timeline import render_timeline
 
@@ -172,12 +182,7 @@ class _Flame:
 
     def visitor(self, index: int, run: Run) -> Visitor | None:
         self.builders = selecting(run, self.selection)
-        tree, over_time = self.builders
-
-        def visit(rec: StackRecord, decision: Decision) -> None:
-            tree(rec, decision)
-            over_time(rec, decision)
-        return visit
+        return _fan_out(list(self.builders))
 
     def render(self, result: Attributed) -> Rendered:
         assert self.builders is not None
@@ -263,20 +268,12 @@ class _Rows:
     def visitor(self, index: int, run: Run) -> Visitor | None:
         return None
 
-    @staticmethod
-    def table_rows(result: Attributed) -> list[dict[str, Any]]:
-        """One row per run x process x category (viewer.rows), from the report of each analysis."""
-        from qprof.viewer import rows as R
-        from qprof.viewer.json_report import to_dict
-
-        return [row for a in result.analyses for row in R.table_rows(to_dict(a, 1))]
-
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer import rows as R
         from qprof.viewer.frames import frame
         from qprof.viewer.table import render as render_rows, render_summary
 
-        rows = self.table_rows(result)
+        rows = result.table_rows
         part, columns = (R.summary_rows(rows, self.request.by_configuration), R.SUMMARY_COLUMNS) \
             if self.request.summary else (rows, R.TABLE_COLUMNS)
         what = f"{'summary ' if self.request.summary else ''}({len(part)} rows)"
@@ -296,7 +293,7 @@ class _Chart(_Rows):
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.chart import bars, chart_html, chart_svg
 
-        drawn = bars(self.table_rows(result))
+        drawn = bars(result.table_rows)
         draw = chart_html if self.fmt == "html" else chart_svg
         return Rendered(draw(drawn), f"chart of {len(drawn)} bars from {len(result.analyses)} runs")
 
@@ -307,10 +304,10 @@ class _Verdicts(_Rows):
     def render(self, result: Attributed) -> Rendered:
         from rich.table import Table
 
-        from qprof.viewer.chart import configuration
+        from qprof.viewer.rows import configuration
 
         cells: dict[tuple[str, str], dict[str, str]] = {}
-        for row in self.table_rows(result):
+        for row in result.table_rows:
             cells.setdefault((str(row["stack"] or "–"), configuration(row["run"])), {})[row["run"]] = \
                 row["verdict"] or "no roles"
         t = Table(box=None, pad_edge=False, title="verdicts per cell (stack x setting) over its runs",
@@ -318,9 +315,7 @@ class _Verdicts(_Rows):
         for col in ("stack", "setting", "runs", "verdicts"):
             t.add_column(col)
         for (stack, conf), runs in cells.items():
-            counts: dict[str, int] = {}
-            for v in runs.values():
-                counts[v] = counts.get(v, 0) + 1
+            counts = Counter(runs.values())
             t.add_row(stack, conf, str(len(runs)), ", ".join(f"{v} x{n}" for v, n in sorted(counts.items())))
         buf = io.StringIO()
         _console(self.request, buf).print(t)
@@ -424,16 +419,16 @@ def _fan_out(visitors: list[Visitor]) -> Visitor | None:
     return visit
 
 
-def render(asked: list[tuple[Output, Request]], runs: list[Run], mappings: MappingSet,
-           stack: str | None) -> list[Rendered]:
-    """The outputs asked for (each with its request), from one attribution pass over `runs`."""
+def render(asked: list[tuple[Output, Request]], runs: list[Run], mappings: MappingSet, stack: str | None,
+           stack_records: Sequence[SenderRecord] = ()) -> list[Rendered]:
+    """The outputs asked for (each with its request), from one attribution pass over `runs`;
+    `stack_records`: the stacks' own qlog, set beside the verdict."""
     for output, _ in asked:
         if output.one_run and len(runs) != 1:
             raise QprofError(f"--format {output.name} draws one run: give one run directory")
     renderers = [output.make(request) for output, request in asked]
     result = attribute_runs(runs, mappings, stack, renderers, any(o.attributed for o, _ in asked))
-    records = [r for _, request in asked for r in request.stack_records]
     for a in result.analyses:
-        a.stack_records = records
+        a.stack_records = list(stack_records)
     return [r.render(result) for r in renderers]
 
