@@ -57,7 +57,10 @@ THRESHOLDS: dict[str, float] = {
     "on_cpu_of_capacity": 0.90,  # cpu-busy: the process's on-CPU cores / its capacity
     "demand_of_capacity": 0.90,  # CPU-limited: (on-CPU + stalled) / capacity; or one thread runnable
     "stalled": 0.15,  # cpu-starved: share of wall time it wanted a CPU and none of its threads ran ...
-    "stall_ratio": 0.40,  # ... and that stall / (stall + on-CPU cores) (a single thread: waiting / runnable)
+    # ... and that stall / (stall + on-CPU cores) (a single thread: waiting / runnable). Measured 2026-11-26 on
+    # every verdict-matrix cell: sides starved by one busy process on their CPUs 0.41-0.64, by a quota
+    # 0.85-0.98, sides not starved (uncapped) <= 0.28 on a quiet host; midway, below the busy-host runs' spread
+    "stall_ratio": 0.33,
     "cpus_busy": 0.90,  # ... while the CPUs it may use were busy (not idle) this share of the time
     "throttled_periods": 0.25,  # cpu-starved: share of CFS periods in which its cgroup was throttled
     "receive_drop_share": 0.02,  # receive-buffer: dropped at its sockets / (received + dropped)

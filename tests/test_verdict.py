@@ -253,8 +253,8 @@ VERDICT_OF = {(True, False): "server-limited", (False, True): "client-limited", 
 @given(st.floats(0, 2), st.floats(0, 1), st.floats(0, 2), st.floats(0, 1),
        st.one_of(st.none(), st.floats(0.05, 4)), st.floats(0, 1), st.integers(1, 64), st.integers(1, 8),
        st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.floats(0, 1)))
-# a stall ratio a hair under its 0.4 limit (0.399998) that the report prints as 0.4: judged as printed
-@example(on1=0.0, rq1=0.0, on2=1.5, rq2=0.99999, quota=None, thr=0.0, cpus=1, threads=1, psi=None, idle=None)
+# a stall ratio a hair under its 0.33 limit (0.329998) that the report prints as 0.33: judged as printed
+@example(on1=0.0, rq1=0.0, on2=1.5, rq2=0.7388, quota=None, thr=0.0, cpus=1, threads=1, psi=None, idle=None)
 def test_verdict_follows_the_findings(on1: float, rq1: float, on2: float, rq2: float, quota: float | None,
                                       thr: float, cpus: int, threads: int, psi: float | None,
                                       idle: float | None) -> None:
