@@ -48,13 +48,19 @@ def endpoint(url: str) -> str:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """The wait a Retry-After header asks for (seconds or an HTTP date); None when absent or unreadable,
+    so a proxy's malformed header means the usual backoff, not a failed export."""
     if not value:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
-        when = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, when.timestamp() - time.time()) if when is not None else None
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _status_message(body: bytes) -> str:

@@ -264,6 +264,12 @@ def test_error_status_is_final_busy_is_retried(scripted: tuple[str, type[_Script
     sent = send(url, b"abc", first_wait_s=0.01)
     assert (sent.status, sent.tries, sent.bytes, sent.rejected) == (200, 3, 3, 0) and handler.bodies == [3, 3, 3]
     handler.bodies.clear()
+    # a past HTTP date is no wait; an unreadable one falls back to the backoff instead of failing the export
+    handler.script = [(503, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}), (503, {"Retry-After": "soon"}),
+                      (200, {})]
+    sent = send(url, b"abc", first_wait_s=0.01)
+    assert (sent.status, sent.tries) == (200, 3) and handler.bodies == [3, 3, 3]
+    handler.bodies.clear()
     handler.script = [(503, {})] * 5
     with pytest.raises(QprofError, match="failed after 5 tries .HTTP 503"):
         send(url, b"abc", first_wait_s=0.01)
