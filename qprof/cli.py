@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from qprof.archive import Run
     from qprof.attribution.mapping import MappingSet
     from qprof.collectors.session import AttachOptions
-    from qprof.viewer.outputs import Rendered
+    from qprof.viewer.outputs import Output, Rendered, Request
 
 _stderr = text_console(stderr=True)
 
@@ -264,7 +264,7 @@ def _print_summary(runs: list[Path]) -> None:
 def _format_help(kind: str) -> str:
     from qprof.viewer.outputs import of_kind
 
-    def one(o: Any) -> str:
+    def one(o: "Output") -> str:
         return f"{o.name}: {o.summary}" + (f" (-o {', '.join('*' + x for x in o.suffixes)})" if o.suffixes else "")
 
     return "; ".join(one(o) for o in of_kind(kind))
@@ -493,7 +493,7 @@ def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
 
     kinds = of_kind("table")
     colour = sys.stdout.isatty()
-    asked: list[tuple[tuple[Path | None, Any], Any]] = []
+    asked: list[tuple[tuple[Path | None, Output], Request]] = []
     for target, summary in ((table_out, False), (summary_out, True)):
         if target is None and summary and len(runs) < 2:
             continue  # one run has nothing to summarize over

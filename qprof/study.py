@@ -315,9 +315,8 @@ def run(study: Study, out: Path, status: Callable[[str], None],
         try:
             rep = run_repetition(opts, 1, status, on_tick)
         except KeyboardInterrupt:
-            progress.stopped = f"interrupted in run {r.order} of {len(runs)}"
-            break
-        if rep.interrupted:
+            rep = None
+        if rep is None or rep.interrupted:
             progress.stopped = f"interrupted in run {r.order} of {len(runs)}"
             break
         if not rep.ok:

@@ -95,7 +95,7 @@ def bars(rows: Sequence[Row]) -> list[Bar]:
 
 
 def _nice_max(x: float) -> float:
-    """The axis top: 1, 2, 2.5 or 5 times a power of ten, at or above x."""
+    """The axis top: the first of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 or 10 times a power of ten at or above x."""
     if x <= 0:
         return 1.0
     e = 10 ** math.floor(math.log10(x))

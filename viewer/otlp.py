@@ -22,13 +22,14 @@ protocol asks.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 import ExportProfilesServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.profiles.v1development import profiles_pb2 as P
 
 from qprof.attribution.analysis import Analysis
+from qprof.attribution.engine import Decision
+from qprof.archive.stacks import StackRecord
 from qprof.version import __version__
 from qprof.viewer.folded import frame_name
 from qprof.viewer.pprof import NO_STACK, FrameAddresses, PprofCollector, Strings, stack_name, start_nanos
@@ -112,7 +113,7 @@ def otlp_request(analysis: Analysis, seen: PprofCollector) -> ExportProfilesServ
     address = FrameAddresses(info)
     dic = _Dictionary()
     req = ExportProfilesServiceRequest()
-    by_pid: dict[int, list[Any]] = {}
+    by_pid: dict[int, list[tuple[StackRecord, Decision]]] = {}
     for rec, d in seen.seen:
         by_pid.setdefault(rec.pid, []).append((rec, d))
     for p in analysis.profile.processes:

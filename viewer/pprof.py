@@ -108,7 +108,6 @@ class PprofCollector:
 class Strings:
     """A profile's string table: index 0 is the empty string, each string stored once."""
 
-
     def __init__(self) -> None:
         self.table: list[str] = [""]
         self.index: dict[str, int] = {"": 0}
