@@ -338,15 +338,18 @@ def _softirq(maps: dict[str, Any], probes: ProbeRecord) -> dict[str, Any]:
                 "in_target_share": _r(in_target_s / total) if total else None}
     s0, s1 = probes.before.softirq_seconds, probes.after.softirq_seconds
     c0, c1 = probes.before.softirqs, probes.after.softirqs
+
+    def runs(vector: str, cpu: int) -> float | None:
+        """The vector's runs on `cpu` between the snapshots; None when either lacks that CPU."""
+        a, b = c0.get(vector) or [], c1.get(vector) or []
+        return b[cpu] - a[cpu] if cpu < len(a) and cpu < len(b) else None
+
     per_cpu2: dict[str, dict[str, float | None]] = {}
     total2 = 0.0
     for i, t in s1.items():
-        total2 += round(t - s0.get(i, t), 6)
-        per_cpu2[str(i)] = {"softirq_s": round(t - s0.get(i, t), 6),
-                         "net_rx_runs": (c1.get("NET_RX") or [0] * (i + 1))[i] - (c0.get("NET_RX") or [0] * (i + 1))[i]
-                         if i < len(c1.get("NET_RX") or []) and i < len(c0.get("NET_RX") or []) else None,
-                         "net_tx_runs": (c1.get("NET_TX") or [0] * (i + 1))[i] - (c0.get("NET_TX") or [0] * (i + 1))[i]
-                         if i < len(c1.get("NET_TX") or []) and i < len(c0.get("NET_TX") or []) else None}
+        seconds = round(t - s0.get(i, t), 6)
+        total2 += seconds
+        per_cpu2[str(i)] = {"softirq_s": seconds, "net_rx_runs": runs("NET_RX", i), "net_tx_runs": runs("NET_TX", i)}
     return {"source": "/proc/stat (all softirqs, tick-sampled); the targets' own share is the Packet I/O "
                       "softirq subcategory of their samples",
             "per_cpu": per_cpu2, "total_s": round(total2, 6), "in_target_s": None, "in_target_share": None}
