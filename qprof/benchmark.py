@@ -75,6 +75,11 @@ def parse_command(role: str | None, text: str) -> Command:
     return Command(role, argv)
 
 
+def repetition_name(index: int, total: int) -> str:
+    """`rep-NN`, padded to the width of `total` (at least 2), so a listing sorts in the runs' order."""
+    return f"rep-{index:0{max(2, len(str(total)))}d}"
+
+
 @dataclass
 class RecordOptions:
     commands: list[Command]  # one alone, or a server and a client
@@ -97,7 +102,7 @@ class RecordOptions:
         """The archive of repetition `index` (1-based): DIR itself for one repetition, DIR/rep-NN for many."""
         if self.repeat == 1:
             return self.out
-        return self.out / f"rep-{index:0{max(2, len(str(self.repeat)))}d}"
+        return self.out / repetition_name(index, self.repeat)
 
 
 @dataclass

@@ -51,7 +51,7 @@ from typing import Any, Callable
 
 from qprof import archive
 from qprof.archive.model import LiveData
-from qprof.benchmark import Command, RecordOptions, parse_command, run_repetition
+from qprof.benchmark import Command, RecordOptions, parse_command, repetition_name, run_repetition
 from qprof.collectors.probing import parse_groups
 from qprof.collectors.session import AttachOptions
 from qprof.endpoints import free_udp_port
@@ -117,7 +117,7 @@ class PlannedRun:
     rep: int
 
     def directory(self, root: Path, repetitions: int) -> Path:
-        return root / self.stack / self.setting / f"rep-{self.rep:0{max(2, len(str(repetitions)))}d}"
+        return root / self.stack / self.setting / repetition_name(self.rep, repetitions)
 
 
 def _fail(path: Path, where: str, what: str) -> QprofError:
