@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,7 +60,12 @@ from pathlib import Path
 from qprof.archive.procfs import SAMPLING_CGROUP_NAME as _NAME
 from qprof.archive.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
 from qprof.archive.procfs import process_identity
+from qprof.probes.children import born_ignoring
 from qprof.probes.features import Hierarchy
+
+# the watchdog outlives these: qprof closing its pipe is what tells it to restore the cgroups
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 def _starttime(pid: int) -> str:
     return str(process_identity(pid).start_ticks)
@@ -167,11 +173,12 @@ class SampleCgroups:
         return names
 
     def _start_watchdog(self) -> None:
-        # its own process group (and it ignores SIGINT/SIGTERM/SIGHUP): a Ctrl-C to qprof's terminal
-        # must not kill it before qprof closes the pipe; in qprof's session like every helper
+        # its own process group, SIGINT/SIGTERM/SIGHUP ignored from birth: a Ctrl-C to qprof's terminal
+        # must not kill it before qprof closes the pipe (one landing while it was being spawned did, and
+        # the run lost its cgroups to a broken pipe); in qprof's session like every helper
         self._watchdog = subprocess.Popen([sys.executable, "-m", "qprof.collectors.perfcgroup"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          process_group=0)
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0,
+                                          preexec_fn=born_ignoring(*STOP_SIGNALS))
 
     def _tell_watchdog(self, child: Path, original: Path) -> None:
         assert self._watchdog is not None and self._watchdog.stdin is not None
@@ -198,9 +205,7 @@ class SampleCgroups:
 
 def _watch() -> int:
     """Watchdog: read (child, original) lines until EOF, then restore every one of them."""
-    import signal
-
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for s in STOP_SIGNALS:  # already ignored when qprof started it; also when started by hand
         signal.signal(s, signal.SIG_IGN)
     pairs = []
     for line in sys.stdin.buffer:

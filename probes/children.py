@@ -21,6 +21,31 @@ PR_SET_PDEATHSIG = 1
 BACKGROUND_NICE = 19
 
 
+_SIG_DFL, _SIG_IGN = None, 1  # signal(2)'s handler arguments
+
+
+def _libc() -> ctypes.CDLL:
+    """libc with signal(2) declared: callable in a child between fork and exec, from any thread
+    (Python's signal.signal works in the main thread only)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    return libc
+
+
+def born_ignoring(*sigs: int) -> Callable[[], None]:
+    """What to run in a child before exec so that it starts with `sigs` ignored (an ignored signal
+    stays ignored across exec), for a helper that must outlive a Ctrl-C: spawned without it, the
+    child is in qprof's process group until it makes its own, and a Ctrl-C to that group in between
+    kills it with the default action (half of 200 spawns under a flood of SIGINT to the group)."""
+    def preexec() -> None:
+        libc = _libc()
+        for sig in sigs:
+            libc.signal(sig, _SIG_IGN)
+
+    return preexec
+
+
 def die_with_parent(sig: int, nice: int = 0) -> Callable[[], None]:
     """What to run in a helper child before exec (made in qprof, run in the child): `sig` on
     qprof's death (so perf/bpftrace finish and exit), and a process group of its own: a
@@ -36,10 +61,8 @@ def die_with_parent(sig: int, nice: int = 0) -> Callable[[], None]:
     parent = os.getpid()
 
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        libc.signal(sig, None)  # SIG_DFL
+        libc = _libc()
+        libc.signal(sig, _SIG_DFL)
         libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)

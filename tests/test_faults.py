@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -151,3 +152,42 @@ def test_a_helper_never_outlives_a_parent_killed_while_starting_it() -> None:
         for p in found:
             os.kill(int(p), signal.SIGKILL)
     assert left == 0, f"{left} helper(s) outlived their killed parent"
+
+
+_FLOODED_WATCHDOGS = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from qprof.collectors.perfcgroup import SampleCgroups
+from qprof.probes.features import Hierarchy
+
+signal.signal(signal.SIGINT, lambda *_: None)  # qprof's session has a handler for it too
+flood = subprocess.Popen([sys.executable, "-c", "import os, signal, time\\n"
+                          "signal.signal(signal.SIGINT, signal.SIG_IGN)\\n"
+                          "while True:\\n    os.killpg(0, signal.SIGINT); time.sleep(0.0001)"])
+time.sleep(0.3)
+dead = 0
+try:
+    for _ in range(20):
+        cg = SampleCgroups(Hierarchy(Path("/sys/fs/cgroup"), "v2"))
+        cg._start_watchdog()
+        time.sleep(0.1)
+        w = cg._watchdog
+        dead += w.poll() is not None
+        cg.release()  # no children: the watchdog reads EOF and exits
+finally:
+    flood.kill()
+print(dead)
+"""
+
+
+def test_the_cgroup_watchdog_survives_a_ctrl_c_while_it_is_spawned() -> None:
+    """The watchdog that puts targets back in their cgroups must outlive a Ctrl-C, also one that
+    reaches qprof's process group while the watchdog is being spawned (before it has a group of its
+    own). Started as qprof starts it, 20 times, while a sibling floods the group with SIGINT: none
+    may die. Before it was born ignoring the signal, 101 of 200 died here, and a study's run lost its
+    cgroups to a broken pipe; the chance of 20 survivors then is ~1e-6."""
+    r = subprocess.run([sys.executable, "-c", _FLOODED_WATCHDOGS], capture_output=True, text=True, timeout=120,
+                       start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"], f"{r.stdout.strip()} of 20 watchdogs died of a Ctrl-C to the group"
+
