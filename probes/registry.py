@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from qprof.probes import crypto, packetio, softirq, syscalls
+from qprof.probes import crypto, packetio, softirq, syscalls, waits
 from qprof.probes.group import ProbeGroup
 
 GROUPS: dict[str, ProbeGroup] = {g.name: g for g in (
     packetio.GROUP,
+    waits.GROUP,
     softirq.GROUP,
     syscalls.GROUP,
     crypto.GROUP,

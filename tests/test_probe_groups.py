@@ -23,7 +23,7 @@ from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 
 def test_registry_names_and_defaults() -> None:
     assert all(name == g.name for name, g in GROUPS.items())
-    assert DEFAULT_GROUPS == ("packetio",)
+    assert DEFAULT_GROUPS == ("packetio", "waits")
     for g in GROUPS.values():
         assert g.summary and isinstance(g.tracepoints, tuple)
         if type(g) is BpftraceGroup:  # a shipped script (crypto writes its own for each run)

@@ -1,0 +1,442 @@
+"""The waits loader: load the programs, seed the targets' threads, print their time every second.
+
+Run by qprof as a child (`python -m qprof.probes.waits.loader OBJECT CONFIG_JSON`,
+probes.libbpf.LibbpfProcess): it dies with qprof, its programs and maps are its
+file descriptors. CONFIG_JSON: {"pids": [...], "stack_interval_ms": 10, "preempt_from_rq": N}
+(probes/waits/__init__.py: where the CPU's preempt count sits from its runqueue; 0: unknown).
+
+Start: the fork and exit programs are attached first, then every existing thread of the
+targets is written into `threads` as UNKNOWN since the start (CLOCK_MONOTONIC, the clock of
+bpf_ktime_get_ns), then the scheduler programs are attached and the READY line printed.
+Output, one JSON line every second and a last one at SIGINT/SIGTERM (after detaching, so the
+last is consistent): {"type": "map", "data": {...}} with the maps probes/waits/maps.py reads.
+Each thread's open interval is closed in the output at the print's time (not in the map): ON ->
+on_cpu, RUNNABLE -> runnable, BLOCKED -> its provisional kind, UNKNOWN (no event since the
+start) -> /proc's state for it (R: on_cpu, anything else: other; also in "@wait_unknown").
+
+Stacks are named here, once per stack id (ids are stable: the stack map never replaces an
+entry): kernel frames from /proc/kallsyms (read once) as `name_[k]`, user frames as
+`[object+0xOFFSET]` (the mapped file's name and the file offset of the address, from the
+target's /proc/PID/maps), since the probes layer may not use the collectors' ELF readers:
+naming functions is the report's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import gc
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from qprof.probes import layout as layouts
+from qprof.probes.btf import ENUM
+from qprof.probes.children import cpu_seconds
+from qprof.probes.group import Unavailable
+from qprof.probes.libbpf import READY, Loaded
+from qprof.probes.waits.maps import STATES
+
+PRINT_S = 1.0
+COMM_READS = 5  # a thread's name is read at its first prints (renamed just after its start, then kept)
+TRACKING = ("on_fork", "on_exit")  # attached before the threads are listed: none is missed
+BPF_NOEXIST = 1
+UNKNOWN_FRAME = "[unknown]"
+# kernel frames of the probe itself, above __schedule (the tracepoint's caller) in every stack
+_PROBE_FRAMES = ("bpf_", "__bpf_", "__traceiter_", "trace_")
+
+
+@dataclass
+class Stop:
+    """Set by SIGINT/SIGTERM (also while loading)."""
+
+    requested: bool = False
+
+
+def _enum(lay: layouts.ObjectLayout, name: str, prefix: str) -> list[str]:
+    """An enum of the object's BTF as lower-case names in value order, its prefix removed."""
+    for i in lay.btf.ids(ENUM, name):
+        items = sorted(lay.btf.enumerators(i).items(), key=lambda kv: kv[1])
+        return [k.removeprefix(prefix).lower() for k, _ in items]
+    raise layouts.LayoutError(f"the object defines no enum {name}")
+
+
+def _pack(st: layouts.Struct, values: dict[str, Any]) -> bytes:
+    """A struct's bytes with these fields set (the others zero)."""
+    buf = bytearray(st.size)
+    for key, value in values.items():
+        f = st.field(key)
+        fmt = "<" + {1: "b", 2: "h", 4: "i", 8: "q"}[f.size]
+        fmt = fmt if f.signed or int(value) < 0 else fmt.upper()
+        struct.pack_into(fmt, buf, f.offset, int(value))
+    return bytes(buf)
+
+
+def _one(decoded: dict[str, int | list[int]], name: str) -> int:
+    """A scalar field of a decoded struct."""
+    v = decoded[name]
+    return v if isinstance(v, int) else v[0]
+
+
+def _many(decoded: dict[str, int | list[int]], name: str) -> list[int]:
+    """An array field of a decoded struct."""
+    v = decoded[name]
+    return list(v) if isinstance(v, list) else [v]
+
+
+def proc_state(pid: int, tid: int) -> str:
+    """A thread's state letter from /proc (R, S, D, ...); '' when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode("ascii", "replace")
+    except (OSError, IndexError):
+        return ""
+
+
+def thread_name(pid: int, tid: int) -> str | None:
+    """A thread's comm from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
+            return f.read().strip().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def thread_ids(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()]
+    except OSError:
+        return []
+
+
+class KernelSymbols:
+    """/proc/kallsyms' text symbols, read at the first kernel stack."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._names: list[str] = []
+        self._read = False
+
+    def _load(self) -> None:
+        self._read = True
+        syms: list[tuple[int, str]] = []
+        try:
+            with open("/proc/kallsyms", "rb") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 3 and parts[1] in (b"t", b"T", b"w", b"W"):
+                        addr = int(parts[0], 16)
+                        if addr:
+                            syms.append((addr, parts[2].decode("ascii", "replace")))
+        except OSError:
+            return
+        syms.sort()
+        self._starts = [a for a, _ in syms]
+        self._names = [n for _, n in syms]
+
+    def name(self, addr: int) -> str:
+        if not self._read:
+            self._load()
+        i = bisect.bisect_right(self._starts, addr) - 1
+        return self._names[i] if i >= 0 else UNKNOWN_FRAME
+
+
+class UserMaps:
+    """One process's file mappings (/proc/PID/maps), read again when an address falls outside them."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.generation = -1  # the print that last read the maps again
+        self._starts: list[int] = []
+        self._maps: list[tuple[int, int, int, str]] = []  # start, end, file offset, object name
+        self.read()
+
+    def read(self) -> None:
+        maps = []
+        try:
+            with open(f"/proc/{self.pid}/maps", "rb") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) < 5:
+                        continue
+                    lo, _, hi = parts[0].partition(b"-")
+                    path = parts[5].strip().decode("utf-8", "replace") if len(parts) > 5 else ""
+                    obj = path.rsplit("/", 1)[-1].removesuffix(" (deleted)").strip("[]").replace(";", ":")
+                    maps.append((int(lo, 16), int(hi, 16), int(parts[2], 16), obj))
+        except (OSError, ValueError):
+            return  # gone: the last reading stays
+        maps.sort()
+        self._maps = maps
+        self._starts = [m[0] for m in maps]
+
+    def find(self, addr: int) -> str | None:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        start, end, off, obj = self._maps[i]
+        if addr >= end:
+            return None
+        return f"[{obj}+{addr - start + off:#x}]" if obj else UNKNOWN_FRAME
+
+
+class Waits:
+    """The loaded programs and what they measured."""
+
+    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: Stop) -> None:
+        self._stop = stop
+        self.out = out
+        self.pids = [int(p) for p in config["pids"]]
+        self.interval_ms = float(config.get("stack_interval_ms", 10.0))
+        if not self.interval_ms > 0:
+            raise Unavailable(f"stack_interval_ms must be positive, not {self.interval_ms}")
+        self.layout = lay = layouts.read(obj)
+        states = _enum(lay, "wait_state", "WAIT_")
+        if tuple(states[:len(STATES)]) != STATES:
+            raise Unavailable(f"waits.bpf.c's states {states} are not maps.STATES {STATES}: rebuild it")
+        self.phases = {name: i for i, name in enumerate(_enum(lay, "thread_phase", "PHASE_"))}
+        self.thread = lay.struct("thread")
+        self.stack_key, self.stack_val, self.stats = lay.struct("stack_key"), lay.struct("stack_val"), lay.struct("stats")
+        if self.thread.field("ns").count != len(STATES):
+            raise Unavailable("struct thread's ns[] is not one per state: rebuild the object")
+        rodata = lay.section_with(".rodata", "cfg", "config",
+                                  {"stack_interval_ns": round(self.interval_ms * 1e6),
+                                   "preempt_from_rq": int(config.get("preempt_from_rq", 0))})
+        self.prog = Loaded(obj, rodata)
+        lib = self.prog.lib
+        lib.bpf_map_delete_elem.restype, lib.bpf_map_delete_elem.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]
+        watch = lay.struct("watch").field("tids")
+        self._watch = (ctypes.c_uint64 * watch.count).from_buffer(
+            self.prog.global_data(".bss"), lay.variable("watch").offset + watch.offset)
+        stacks = self.prog.maps["stacks"]
+        self._stack_buf = ctypes.create_string_buffer(stacks.value_size)
+        self._depth = stacks.value_size // 8
+        self.start_ns = 0
+        self.dead: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # exited threads' totals
+        self.comm: dict[tuple[int, int], tuple[str, int]] = {}  # a thread's name and the prints that read it
+        self.kernel = KernelSymbols()
+        self.user: dict[int, UserMaps] = {}
+        self._kstacks: dict[int, list[str]] = {}
+        self._ustacks: dict[tuple[int, int], list[str]] = {}
+        self._generation = 0  # prints so far
+
+    @property
+    def stop(self) -> bool:
+        return self._stop.requested
+
+    # -- start
+
+    def seed(self) -> None:
+        """The targets, and each of their threads as UNKNOWN since the start."""
+        one = struct.pack("<I", 1)
+        for pid in self.pids:
+            self.prog.update("targets", struct.pack("<I", pid), one)
+        m = self.prog.maps["threads"]
+        unknown = self.phases["unknown"]
+        for pid in self.pids:
+            for tid in thread_ids(pid):
+                value = _pack(self.thread, {"since_ns": self.start_ns, "tgid": pid, "phase": unknown,
+                                            "kind": STATES.index("other"), "syscall": -1,
+                                            "ustack": -1, "kstack": -1})
+                k = ctypes.create_string_buffer(struct.pack("<I", tid), 4)
+                v = ctypes.create_string_buffer(value, m.value_size)
+                self.prog.lib.bpf_map_update_elem(m.fd, k, v, BPF_NOEXIST)  # a forked one is newer
+                words = len(self._watch)
+                self._watch[(tid >> 6) % words] |= 1 << (tid & 63)  # after its entry: a set bit finds one
+
+    # -- symbols
+
+    def _stack(self, stack_id: int) -> list[int]:
+        """A stack's addresses, leaf first ([] when the id is gone or none)."""
+        if stack_id < 0:
+            return []
+        m = self.prog.maps["stacks"]
+        k = ctypes.create_string_buffer(struct.pack("<I", stack_id), 4)
+        if self.prog.lib.bpf_map_lookup_elem(m.fd, k, self._stack_buf) != 0:
+            return []
+        addrs = struct.unpack_from(f"<{self._depth}Q", self._stack_buf.raw)
+        out = []
+        for a in addrs:
+            if not a:
+                break
+            out.append(a)
+        return out
+
+    def kernel_frames(self, stack_id: int) -> list[str]:
+        """Root first, each `name_[k]`, without the probe's own frames above __schedule."""
+        got = self._kstacks.get(stack_id)
+        if got is None:
+            names = [self.kernel.name(a) for a in self._stack(stack_id)]
+            if "__schedule" in names:
+                names = names[names.index("__schedule"):]
+            else:
+                while names and (names[0] == UNKNOWN_FRAME or names[0].startswith(_PROBE_FRAMES)):
+                    names.pop(0)
+            got = self._kstacks[stack_id] = [f"{n}_[k]" for n in reversed(names)]
+        return got
+
+    def user_frames(self, pid: int, stack_id: int) -> list[str]:
+        """Root first, each `[object+0xOFFSET]` (`[unknown]` outside any file mapping)."""
+        got = self._ustacks.get((pid, stack_id))
+        if got is None:
+            addrs = self._stack(stack_id)
+            maps = self.user.get(pid)
+            if maps is None:
+                maps = self.user[pid] = UserMaps(pid)
+            frames = [maps.find(a) for a in addrs]
+            if None in frames and maps.generation != self._generation:
+                maps.read()  # mapped since the last reading (dlopen): once a print at most
+                maps.generation = self._generation
+                frames = [maps.find(a) for a in addrs]
+            got = [f or UNKNOWN_FRAME for f in reversed(frames)]
+            if None not in frames or not os.path.exists(f"/proc/{pid}"):
+                self._ustacks[(pid, stack_id)] = got  # else named again at the next print
+        return got
+
+    # -- output
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every map as printed: the threads' totals with their open intervals closed now."""
+        now = time.monotonic_ns()
+        self._generation += 1
+        phases = {v: k for k, v in self.phases.items()}
+        wait_ns: dict[str, int] = {}
+        wait_n: dict[str, int] = {}
+        unknown: dict[str, int] = {}
+        rows: dict[tuple[int, int], tuple[list[int], list[int]]] = dict(self.dead)
+        gone = []
+        for key, (value, *_) in self.prog.entries("threads"):
+            (tid,) = struct.unpack_from("<I", key)
+            d = self.thread.decode(value)
+            pid, phase = _one(d, "tgid"), phases.get(_one(d, "phase"), "")
+            ns, n = _many(d, "ns"), _many(d, "n")
+            open_ns = max(0, now - _one(d, "since_ns"))
+            state = None
+            if phase == "on":
+                state = "on_cpu"
+            elif phase == "runnable":
+                state = "runnable"
+            elif phase == "blocked":
+                kind = _one(d, "kind")
+                state = STATES[kind] if 0 <= kind < len(STATES) else "other"
+            elif phase == "unknown":
+                state = "on_cpu" if proc_state(pid, tid) == "R" else "other"
+                unknown[f"{pid},{tid}"] = open_ns
+            elif phase == "dead":
+                self.dead[(pid, tid)] = (ns, n)
+                gone.append(key)
+            if state is not None:
+                i = STATES.index(state)
+                ns[i] += open_ns
+                n[i] += 1
+            rows[(pid, tid)] = (ns, n)
+        m = self.prog.maps["threads"]
+        for key in gone:  # their totals are kept here: the map holds the living
+            self.prog.lib.bpf_map_delete_elem(m.fd, ctypes.create_string_buffer(key, len(key)))
+        comm: dict[str, int] = {}
+        for (pid, tid), (ns, n) in sorted(rows.items()):
+            name, reads = self.comm.get((pid, tid), ("", 0))
+            if reads < COMM_READS and (pid, tid) not in self.dead:  # threads name themselves early on
+                name = thread_name(pid, tid) or name
+                self.comm[(pid, tid)] = (name, reads + 1)
+            if name:
+                comm[f"{pid},{tid},{name}"] = 1
+            for i, state in enumerate(STATES):
+                if n[i] or ns[i]:
+                    wait_ns[f"{pid},{tid},{state}"] = ns[i]
+                    wait_n[f"{pid},{tid},{state}"] = n[i]
+        stacks: dict[str, int] = {}
+        for key, (value, *_) in self.prog.entries("wait_stacks"):
+            k, v = self.stack_key.decode(key), self.stack_val.decode(value)
+            pid, kind = _one(k, "tgid"), _one(k, "kind")
+            if not 0 <= kind < len(STATES):
+                continue
+            frames = [str(pid), STATES[kind], *self.user_frames(pid, _one(k, "ustack")),
+                      *self.kernel_frames(_one(k, "kstack"))]
+            folded = ";".join(frames)
+            stacks[folded] = stacks.get(folded, 0) + _one(v, "ns")
+        stats: dict[str, float] = dict(zip(self.stats.fields, map(float, self.prog.summed_u64s("stats"))))
+        stats["loader_cpu_s"] = cpu_seconds(os.getpid()) or 0.0
+        return {"@wait_ns": wait_ns, "@wait_n": wait_n, "@wait_unknown": unknown, "@wait_comm": comm,
+                "@wait_span": {"start_ns": self.start_ns, "end_ns": now},
+                "@wait_config": {"stack_interval_ms": self.interval_ms},
+                "@wait_stacks": stacks, "@wait_stats": stats}
+
+    def print(self) -> None:
+        self.out.write(json.dumps({"type": "map", "data": self.snapshot()}, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    # -- the run
+
+    def _sleep_until(self, t: float, wake: int) -> None:
+        while not self.stop:
+            left = t - time.monotonic()
+            if left <= 0:
+                return
+            select.select([wake], [], [], left)  # a signal writes to `wake`: stop at once
+            try:
+                os.read(wake, 4096)
+            except BlockingIOError:
+                pass
+
+    def run(self, wake: int) -> None:
+        prog = self.prog
+        self.start_ns = time.monotonic_ns()
+        prog.attach(TRACKING)
+        self.seed()
+        prog.attach(n for n in prog.programs if n not in TRACKING)
+        self.out.write(READY + "\n")
+        self.out.flush()
+        next_print = time.monotonic() + PRINT_S
+        while not self.stop:
+            self._sleep_until(next_print, wake)
+            if self.stop:
+                break
+            next_print = max(next_print + PRINT_S, time.monotonic())
+            self.print()
+        prog.detach(list(prog.links))  # the last print sees no half-made transition
+        self.print()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m qprof.probes.waits.loader OBJECT CONFIG_JSON", file=sys.stderr)
+        return 2
+    try:
+        config = json.loads(argv[1])
+        if not isinstance(config, dict) or not isinstance(config.get("pids"), list):
+            raise ValueError
+    except ValueError:
+        print('qprof: error: CONFIG_JSON is not {"pids": [...], ...}', file=sys.stderr)
+        return 2
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    stop = Stop()
+
+    def on_signal(_s: int, _f: object) -> None:
+        stop.requested = True
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+    try:
+        waits = Waits(Path(argv[0]), config, sys.stdout, stop)
+        if not stop.requested:
+            gc.collect()
+            gc.freeze()
+            waits.run(r)
+    except (Unavailable, layouts.LayoutError, OSError, ValueError) as e:
+        print(f"qprof: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
