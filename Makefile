@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # `go tool pprof` reads qprof's pprof export in the tests: Debian's Go only where no Go is installed
 GO_PACKAGE := $(if $(shell command -v go || ls /usr/local/go/bin/go 2>/dev/null),,golang-go)
-APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 \
+APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 ethtool \
                 libngtcp2-dev libngtcp2-crypto-gnutls-dev libnghttp3-dev libgnutls28-dev pkg-config \
                 cmake libclang-dev util-linux clang libbpf-dev chromium curl binutils debuginfod $(GO_PACKAGE)
 

@@ -26,6 +26,33 @@ owner is gone (SIGKILL, power loss) left behind, and never touches a live lab.
 
 `qprof demo` runs its transfer in a plain `Lab()`; the quotas, cpusets and busy
 neighbours are what the verdict's proof scenarios (lab/scenarios.py) set up.
+
+A path with delay and loss (`delay_ms`, one way, each direction; `loss`, the
+fraction of frames dropped from server to client, both ways with `loss_both`;
+`seed`): this kernel has no netem, so a third namespace (`...-path`) sits
+between the two, joined to each by a veth pair (server `ql<id>s` <-> `ql<id>a`
+in the path, path `ql<id>b` <-> `ql<id>c` client), and a forwarder there
+bridges `a` and `b` frame by frame: held for the delay, dropped at random with
+a seeded generator, or dropped when the direction's queue (`path_queue_bytes`,
+default 1 Gbit/s x the delay + 2 MiB) is full, counted apart. Server and
+client keep their addresses and their one /30: the path is a wire (L2), it
+forwards ARP and everything else. The forwarder is a program of the repository
+(lab/path: forwarder.c, built and cached there), not of this package: the lab
+is given its command maker (`Lab(delay_ms=15, forwarder=lab.path.command)`).
+It runs in the path namespace, in no cgroup of the lab (it stands for a
+network, not a tenant), SCHED_FIFO `path_fifo` when the kernel allows (which
+needs the real-time bandwidth of the creator's cpu cgroup), and writes its
+counters as JSON lines: `path_stats()` now, `path_history()` each second,
+`path_final` once the lab closed; per direction frames forwarded, random drops,
+queue-full drops, how late frames left, and its own CPU seconds.
+Segmentation offloads are off on the endpoints' veths (ethtool: tso and
+tx-udp-segmentation; GSO stays on, so the stacks still hand the kernel large
+packets, cut to MTU-sized frames at their device as a NIC without those
+offloads does), GRO and offloads off on the path's, so every frame the path
+holds or drops is one MTU-sized frame. A rate limit (`rate_mbit`) stays where
+it is without a path: tbf on each endpoint's veth egress, so the bottleneck
+queue sits at the sender and the delay after it, like a bottleneck link
+followed by a long line. Without delay and loss nothing of this exists.
 """
 
 from __future__ import annotations
@@ -33,9 +60,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,7 +73,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from qprof.collectors.netns import setns
 from qprof.endpoints import Placement
@@ -55,6 +84,11 @@ PREFIX = "qprof-lab-"
 STATE_DIR = Path("/run/qprof-lab")
 NETNS_DIR = Path("/run/netns")
 ROLES = ("server", "client")
+PATH = "path"  # the namespace between them when the lab has a path with delay or loss
+# the veth ends of each namespace, by the letter after ql<id>: the path's `a` faces the server, `b` the client
+LINK_ENDS = {"server": "s", "client": "c", PATH: "ab"}
+PATH_QUEUE_MBIT = 1000  # the path's queue per direction holds this rate x the delay, plus PATH_QUEUE_SLACK
+PATH_QUEUE_SLACK = 2 << 20  # bytes: what the forwarder reads in one pass (1024 frames) fits beside a full delay
 SUBNET = "10.77.{n}.{host}"  # /30: .1 server, .2 client
 _ID = re.compile(r"[0-9a-f]{6}")
 
@@ -284,7 +318,7 @@ def _lab_resources() -> dict[str, dict[str, list[Any]]]:
 
     names = NETNS_DIR.iterdir() if NETNS_DIR.is_dir() else []
     for p in names:
-        m = re.fullmatch(re.escape(PREFIX) + r"([0-9a-f]{6})-(server|client)", p.name)
+        m = re.fullmatch(re.escape(PREFIX) + r"([0-9a-f]{6})-(server|client|path)", p.name)
         if m:
             entry(m[1])["netns"].append(p.name)
     for root in lab_roots():
@@ -293,13 +327,16 @@ def _lab_resources() -> dict[str, dict[str, list[Any]]]:
             if m and p.is_dir():
                 entry(m[1])["cgroups"].append(p)
     for line in _run(["ip", "-o", "link", "show"], check=False).stdout.splitlines():
-        m = re.match(r"\d+: (ql([0-9a-f]{6})[sc])[@:]", line)
+        m = re.match(r"\d+: (ql([0-9a-f]{6})[scab])[@:]", line)
         if m:
             entry(m[2])["links"].append(m[1])
     if STATE_DIR.is_dir():
         for p in STATE_DIR.glob("*.json"):
             if _ID.fullmatch(p.stem):
                 entry(p.stem)["state"].append(p)
+        for p in STATE_DIR.glob("*.path.jsonl"):  # a path forwarder's counters
+            if _ID.fullmatch(p.name.split(".")[0]):
+                entry(p.name.split(".")[0])["state"].append(p)
     return found
 
 
@@ -315,8 +352,9 @@ def _remove(lab_id: str, res: dict[str, list[Any]]) -> list[str]:
         _kill(sorted(pids))
         removed.append(f"{len(pids)} process(es)")
     for ns in res["netns"]:
-        for link in (f"ql{lab_id}s", f"ql{lab_id}c"):
-            _run(["ip", "-n", ns, "link", "del", link], check=False)  # synchronous: takes the peer and qdiscs
+        for end in LINK_ENDS.get(ns.rsplit("-", 1)[1], ""):
+            # synchronous: takes the peer and the qdiscs
+            _run(["ip", "-n", ns, "link", "del", f"ql{lab_id}{end}"], check=False)
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(f"netns {ns}")
     for link in res["links"]:
@@ -325,7 +363,7 @@ def _remove(lab_id: str, res: dict[str, list[Any]]) -> list[str]:
     for cg in res["cgroups"]:
         _rmdir_tree(cg)
         removed.append(f"cgroup {cg}")
-    for p in res["state"]:
+    for p in sorted(res["state"], key=lambda p: p.suffix == ".json"):  # the owner's record last
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     return removed
@@ -357,6 +395,27 @@ class Hog:
 HOG_COMMAND = ["sh", "-c", "while :; do :; done"]
 
 
+@dataclass(frozen=True)
+class PathSpec:
+    """What a lab asks of its path's forwarder; a forwarder command maker turns it into a command line
+    (lab.path.command). `server_side` and `client_side` are the path namespace's interfaces."""
+
+    server_side: str
+    client_side: str
+    delay_ms: float
+    loss_server_to_client: float
+    loss_client_to_server: float
+    seed: int
+    queue_bytes: int  # per direction
+    interval_ms: int  # counters written this often (0: on request and at exit only)
+    fifo: int  # SCHED_FIFO priority (0: as started)
+
+
+Forwarder = Callable[[PathSpec], list[str]]
+# the forwarder's directions (a faces the server) -> the names the lab gives them
+PATH_DIRECTIONS = {"a_to_b": "server_to_client", "b_to_a": "client_to_server"}
+
+
 class Lab:
     """Two namespaces joined by a veth pair, with an optional rate limit, per-role CPU quotas,
     affinities (`cpus`), cpusets and CPU weights, and busy neighbours (`hogs`).
@@ -365,12 +424,21 @@ class Lab:
     their own. They stay in the creator's cpu cgroup (a role with a quota and the hogs sharing it
     get one capped cgroup together, as a service does) and share one cgroup in the v2 hierarchy
     (`qprof-lab-<id>/shell`, no controller enabled: it only keeps track of them), so no side has a
-    CPU pressure of its own unless qprof makes one."""
+    CPU pressure of its own unless qprof makes one.
+
+    `delay_ms` (one way, each direction) and `loss` (server to client; both ways with `loss_both`)
+    put a path namespace with a forwarder between the two (the module's docstring): `forwarder` makes
+    its command line (lab.path.command), `seed` its random losses, `path_queue_bytes` its queue per
+    direction (default PATH_QUEUE_MBIT x the delay + PATH_QUEUE_SLACK), `path_fifo` its SCHED_FIFO
+    priority (0: none)."""
 
     def __init__(self, rate_mbit: float | None = None, cpu: dict[str, float | None] | None = None,
                  mtu: int = 1500, latency_ms: float = 25.0, cpus: dict[str, tuple[int, ...]] | None = None,
                  cpusets: dict[str, tuple[int, ...]] | None = None, hogs: tuple[Hog, ...] = (),
-                 weights: dict[str, float] | None = None, own_cgroups: bool = True) -> None:
+                 weights: dict[str, float] | None = None, own_cgroups: bool = True,
+                 delay_ms: float = 0.0, loss: float = 0.0, loss_both: bool = False, seed: int = 1,
+                 path_queue_bytes: int | None = None, path_fifo: int = 10,
+                 forwarder: Forwarder | None = None) -> None:
         cpu, cpus, cpusets, weights = dict(cpu or {}), dict(cpus or {}), dict(cpusets or {}), dict(weights or {})
         unknown = (set(cpu) | set(cpus) | set(cpusets) | set(weights)
                    | {h.cpuset_of for h in hogs if h.cpuset_of} | {h.quota_of for h in hogs if h.quota_of}) - set(ROLES)
@@ -392,6 +460,29 @@ class Lab:
             raise LabError(f"rate {rate_mbit} Mbit/s is out of range")
         if any(w is not None and not 0.01 <= w <= 100 for w in weights.values()):
             raise LabError(f"CPU weights {weights} are out of range: give multiples of a task's, 0.01 to 100")
+        if not 0 <= delay_ms <= 60_000:
+            raise LabError(f"delay {delay_ms} ms is out of range: give 0 to 60000 ms, one way")
+        if not 0 <= loss <= 1:
+            raise LabError(f"loss {loss} is out of range: give the fraction of frames dropped, 0 to 1")
+        if not 0 <= seed < 2**53:
+            raise LabError(f"seed {seed} is out of range: give 0 to 2**53 - 1")
+        if not 0 <= path_fifo <= 99:
+            raise LabError(f"SCHED_FIFO priority {path_fifo} is out of range: give 1 to 99, or 0 for none")
+        if path_queue_bytes is not None and not 65_536 <= path_queue_bytes <= 1 << 34:
+            raise LabError(f"path queue of {path_queue_bytes} bytes is out of range: give 64 KiB to 16 GiB")
+        self.delay_ms = float(delay_ms)
+        self.loss = float(loss)
+        self.loss_both = loss_both
+        self.seed = seed
+        self.path_fifo = path_fifo
+        self.path_queue_bytes = (path_queue_bytes
+                                 or math.ceil(PATH_QUEUE_MBIT * 1e6 / 8 * delay_ms / 1e3) + PATH_QUEUE_SLACK)
+        if self.has_path and forwarder is None:
+            raise LabError("delay and loss need the path's forwarder: pass forwarder=lab.path.command "
+                           "(the repository's lab/path builds it)")
+        self.forwarder = forwarder
+        self.path_final: dict[str, Any] | None = None  # the forwarder's last counters, once the lab closed
+        self._forwarder: subprocess.Popen[bytes] | None = None
         self.rate_mbit = rate_mbit
         self.weights = weights
         self.cpu = cpu
@@ -410,8 +501,18 @@ class Lab:
         self._old_handlers: dict[int, Any] = {}
         self._created = False
 
+    @property
+    def has_path(self) -> bool:
+        """Whether a path namespace with a forwarder sits between server and client."""
+        return self.delay_ms > 0 or self.loss > 0
+
+    @property
+    def loss_client_to_server(self) -> float:
+        return self.loss if self.loss_both else 0.0
+
     # names and addresses
     def netns(self, role: str) -> str:
+        """The namespace of `role` ("server", "client", or "path" when the lab has one)."""
         return f"{PREFIX}{self.id}-{role}"
 
     def netns_path(self, role: str) -> str:
@@ -419,6 +520,13 @@ class Lab:
 
     def link(self, role: str) -> str:
         return f"ql{self.id}{role[0]}"
+
+    def path_link(self, role: str) -> str:
+        """The path namespace's interface facing `role`."""
+        return f"ql{self.id}{'a' if role == 'server' else 'b'}"
+
+    def _namespaces(self) -> list[str]:
+        return [*ROLES, PATH] if self.has_path else list(ROLES)
 
     def addr(self, role: str) -> str:
         assert self.n is not None, "the lab is not up"
@@ -511,6 +619,9 @@ class Lab:
             raise LabError("no cgroup hierarchy with the cpu controller is mounted: cannot cap CPU")
         if self.cpusets and self.cpuset_kind is None:
             raise LabError("no cgroup hierarchy with the cpuset controller is mounted: cannot make cpusets")
+        if self.has_path and shutil.which("ethtool") is None:
+            raise LabError("ethtool is missing: a path with delay or loss needs it to keep frames MTU-sized "
+                           "(apt-get install ethtool; make test installs it)")
         self._trap_signals()
         try:
             cleanup()
@@ -550,14 +661,17 @@ class Lab:
                 raise LabError("no free 10.77.N.0/30 subnet for a lab (256 labs running?)")
             self.n = free[0]
             state = {"pid": os.getpid(), "starttime": _starttime(os.getpid()), "n": self.n,
-                     "netns": [self.netns(r) for r in ROLES]}
+                     "netns": [self.netns(r) for r in self._namespaces()]}
             (STATE_DIR / f"{self.id}.json").write_text(json.dumps(state))
             self._created = True
-        for role in ROLES:
+        for role in self._namespaces():
             _run(["ip", "netns", "add", self.netns(role)])
-        _run(["ip", "link", "add", self.link("server"), "netns", self.netns("server"), "mtu", str(self.mtu),
-              "type", "veth", "peer", "name", self.link("client"), "netns", self.netns("client"),
-              "mtu", str(self.mtu)])
+        if self.has_path:
+            self._create_path_links()
+        else:
+            _run(["ip", "link", "add", self.link("server"), "netns", self.netns("server"), "mtu", str(self.mtu),
+                  "type", "veth", "peer", "name", self.link("client"), "netns", self.netns("client"),
+                  "mtu", str(self.mtu)])
         for role in ROLES:
             ns, dev = self.netns(role), self.link(role)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -601,6 +715,119 @@ class Lab:
         if self.psi_root is not None:
             for role in ROLES if self.own_cgroups else ("shell",):
                 (self.psi_root / f"{PREFIX}{self.id}" / role).mkdir(parents=True)
+        if self.has_path:
+            self._start_forwarder()
+
+    # the path
+    def _create_path_links(self) -> None:
+        """The path namespace (no IPv6: it originates nothing) joined to each side by a veth pair; its
+        ends up, promiscuous, without GRO or offloads; the sides' ends without segmentation offloads."""
+        path = self.netns(PATH)
+        with self.entered(PATH):
+            for scope in ("all", "default"):
+                conf = Path(f"/proc/sys/net/ipv6/conf/{scope}/disable_ipv6")
+                if conf.exists():
+                    conf.write_text("1")
+        for role in ROLES:
+            _run(["ip", "link", "add", self.link(role), "netns", self.netns(role), "mtu", str(self.mtu),
+                  "type", "veth", "peer", "name", self.path_link(role), "netns", path, "mtu", str(self.mtu)])
+            self._ethtool(role, self.link(role), "tso", "off", "tx-udp-segmentation", "off")
+            end = self.path_link(role)
+            self._ethtool(PATH, end, "gro", "off", "gso", "off", "tso", "off", "tx-udp-segmentation", "off")
+            _run(["ip", "-n", path, "link", "set", end, "promisc", "on", "up"])
+
+    def _ethtool(self, ns: str, dev: str, *features: str) -> None:
+        r = subprocess.run(["ethtool", "-K", dev, *features], capture_output=True, text=True,
+                           preexec_fn=Placement(netns=self.netns_path(ns)).preexec)
+        if r.returncode != 0:
+            raise LabError(f"ethtool -K {dev} {' '.join(features)} failed (exit {r.returncode}): "
+                           f"{(r.stderr or r.stdout).strip()}")
+
+    def path_spec(self) -> PathSpec:
+        return PathSpec(server_side=self.path_link("server"), client_side=self.path_link("client"),
+                        delay_ms=self.delay_ms, loss_server_to_client=self.loss,
+                        loss_client_to_server=self.loss_client_to_server, seed=self.seed,
+                        queue_bytes=self.path_queue_bytes, interval_ms=1000, fifo=self.path_fifo)
+
+    @property
+    def _path_counters(self) -> Path:
+        return STATE_DIR / f"{self.id}.path.jsonl"
+
+    def _path_read(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """The forwarder's counters lines from byte `offset` on (whole lines only: the last may be half
+        written; a line cut by `offset` is skipped), and the offset after the last whole one."""
+        try:
+            with open(self._path_counters, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return [], offset
+        end = data.rfind(b"\n") + 1
+        records = []
+        for line in data[:end].split(b"\n"):
+            with contextlib.suppress(ValueError):
+                records.append(_path_record(json.loads(line)))
+        return records, offset + end
+
+    def _start_forwarder(self) -> None:
+        """Start the forwarder in the path namespace and wait until its sockets are bound."""
+        assert self.forwarder is not None
+        argv = self.forwarder(self.path_spec())
+        with open(self._path_counters, "wb") as out:
+            p = self._forwarder = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE,
+                                                   preexec_fn=Placement(netns=self.netns_path(PATH)).preexec)
+        deadline = time.monotonic() + 10
+        while not self._path_read()[0]:
+            if p.poll() is not None:
+                err = p.stderr.read().decode(errors="replace").strip() if p.stderr else ""
+                raise LabError(f"the path forwarder did not start ({' '.join(argv)}): exit {p.returncode}: {err}")
+            if time.monotonic() > deadline:
+                raise LabError(f"the path forwarder did not start within 10 s ({' '.join(argv)})")
+            time.sleep(0.005)
+
+    @property
+    def forwarder_pid(self) -> int | None:
+        return self._forwarder.pid if self._forwarder is not None else None
+
+    def path_stats(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The forwarder's counters now (it is asked for them: SIGUSR1): per direction
+        (`server_to_client`, `client_to_server`) frames received, forwarded, bytes, random_drops,
+        queue_drops, send_errors, socket_drops, ..., and its own cpu_seconds since it started."""
+        if self._forwarder is None or self._forwarder.poll() is not None:
+            raise LabError("this lab has no running path forwarder (no delay or loss asked, or it is closed)")
+        offset = self._path_counters.stat().st_size
+        self._forwarder.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while True:
+            new = [r for r in self._path_read(offset)[0] if r.get("event") == "stats"]
+            if new:
+                return new[-1]
+            if time.monotonic() > deadline:
+                raise LabError(f"the path forwarder (pid {self._forwarder.pid}) did not answer within {timeout} s")
+            time.sleep(0.002)
+
+    def path_history(self) -> list[dict[str, Any]]:
+        """Every counters line the forwarder wrote so far: at start, each second, on request, at exit."""
+        return self._path_read()[0]
+
+    def _stop_forwarder(self) -> None:
+        """SIGTERM: the forwarder writes its final counters (kept in `path_final`) and exits."""
+        p, self._forwarder = self._forwarder, None
+        if p is None:
+            return
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        if p.stderr is not None:
+            p.stderr.close()
+        with contextlib.suppress(FileNotFoundError):
+            tail = max(0, self._path_counters.stat().st_size - (64 << 10))
+            final = [r for r in self._path_read(tail)[0] if r.get("event") == "exit"]
+            self.path_final = final[-1] if final else None
 
     def _start_hogs(self) -> None:
         """The busy neighbours, in the lab's `hogs` cpu cgroup (without own cgroups: beside the roles, in
@@ -631,6 +858,7 @@ class Lab:
             self._old_handlers.clear()
 
     def _teardown(self) -> None:
+        self._stop_forwarder()
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -642,6 +870,11 @@ class Lab:
                 res = _lab_resources().get(self.id, {"netns": [], "cgroups": [], "links": [], "state": []})
                 _remove(self.id, res)
             self._created = False
+
+
+def _path_record(raw: dict[str, Any]) -> dict[str, Any]:
+    """A forwarder's counters line with its directions named after the lab's sides."""
+    return {PATH_DIRECTIONS.get(k, k): v for k, v in raw.items()}
 
 
 def main(argv: list[str]) -> int:
