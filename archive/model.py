@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qprof.probes.packetio.maps import PacketioMaps
+from qprof.probes.waits.maps import WaitMaps
 
 
 # A field `X | None` only because older archives lack it: absent is allowed, null is refused
@@ -597,3 +598,7 @@ class ProbeRecord:
     def packetio(self) -> PacketioMaps:
         """What the packetio group measured, typed (probes.packetio.maps)."""
         return PacketioMaps.from_maps(self.maps("packetio"))
+
+    def waits(self) -> WaitMaps:
+        """What the waits group measured, typed (probes.waits.maps); empty when it did not run."""
+        return WaitMaps.from_maps(self.maps("waits"))

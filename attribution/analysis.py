@@ -14,6 +14,7 @@ from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer, transfer, working
 from qprof.attribution.qlog import SenderRecord
 from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
+from qprof.attribution.waits import WallClock, wall_clock
 from qprof.archive import Run
 from qprof.archive.model import Meta, ProbeRecord
 
@@ -30,6 +31,7 @@ class Analysis:
     stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
     threads: dict[int, ThreadView] = field(default_factory=dict)  # per target: pools, parallelism, handoffs
     transfers: dict[int, Transfer] = field(default_factory=dict)  # per process: its goodput, computed once
+    wall: dict[int, WallClock] = field(default_factory=dict)  # per target: its threads' wall clock (waits probes)
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -71,12 +73,14 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     threads = {t.pid: thread_view(working(readings, t.pid, transfers[t.pid])[0], t.pid, procs.get(t.pid),
                                   profile.seconds_per_period, transfers[t.pid].bytes, _datagrams(pio, t.pid))
                for t in info.targets}
+    waits = probes.waits()
+    wall = {t.pid: w for t in info.targets if (w := wall_clock(waits, t.pid, threads[t.pid])) is not None}
     sides = [ev for t in info.targets if t.role in ("server", "client")
              for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
-                                      probes.queues, transfers[t.pid], threads[t.pid])]
+                                      probes.queues, transfers[t.pid], threads[t.pid], wall.get(t.pid))]
              if ev is not None]
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads,
-                    transfers=transfers)
+                    transfers=transfers, wall=wall)
 
 
 def _datagrams(pio: PacketIO | None, pid: int) -> float | None:

@@ -17,12 +17,14 @@ from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
 from qprof.attribution.symbols import naming
 from qprof.attribution.threads import ThreadView
+from qprof.attribution.waits import CLOSURE, ON_CPU, STATES, WAIT_KINDS, WallClock, WallSplit
 from qprof.archive.model import ObjectSymbols
 from qprof.attribution.tcp import ProcessTcp
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
 COLOURS = TERMINAL
 BAR = 24
+WALL_THREADS = 8  # threads listed under a pool in the wall-clock table
 
 
 def _bar(share: float, colour: str) -> Text:
@@ -137,6 +139,48 @@ def _thread_notes(view: ThreadView, p: ProcessProfile, profile: Profile, say: "C
             + (f", {h.cpu_s_per_gb:.2f} CPU s per GB moved" if h.cpu_s_per_gb is not None else "")
             + (f"; {h.wakeups_per_datagram:.2f} wakeups (voluntary switches) per datagram"
                if h.wakeups_per_datagram is not None else ""))
+
+
+def _wall_table(wall: WallClock) -> Table:
+    """Each pool's (and its threads') wall time: on a CPU, runnable, and waiting by kind, as shares of
+    the threads' summed window (waits probes)."""
+    t = Table(show_edge=False, pad_edge=False, title_justify="left",
+              title=f"wall clock by pool (share of each thread's window, summed over the pool; {wall.span_s:.2f} s "
+                    "traced at every context switch)")
+    t.add_column("pool / thread")
+    t.add_column("threads", justify="right")
+    t.add_column("window s", justify="right")
+    for state in STATES:
+        t.add_column(state.replace("_", " "), justify="right", style="bold" if state == ON_CPU else "")
+
+    def cells(split: WallSplit) -> list[str]:
+        return [f"{split.share(k):.0%}" if split.seconds[k] else "–" for k in STATES]
+
+    for pool in wall.pools:
+        t.add_row(Text(pool.name, style="bold"), str(len(pool.threads)), f"{pool.split.window_s:.2f}", *cells(pool.split))
+        if len(pool.threads) == 1 and pool.threads[0].comm == pool.name:
+            continue
+        for th in pool.threads[:WALL_THREADS]:
+            t.add_row(Text(f"  {th.tid} {th.comm}", style="dim"), "", f"{th.split.window_s:.2f}", *cells(th.split))
+        if len(pool.threads) > WALL_THREADS:
+            t.add_row(Text(f"  ... {len(pool.threads) - WALL_THREADS} more", style="dim"), "", "", *[""] * len(STATES))
+    return t
+
+
+def _wall_notes(wall: WallClock, say: "Callable[..., None]") -> None:
+    """Where each kind of wait blocked most (the sampled call path's innermost frames), and the check that
+    every thread's parts add up to its window."""
+    for kind in WAIT_KINDS:
+        paths = wall.stacks.get(kind)
+        total = wall.total.seconds[kind]
+        if not paths or total <= 0:
+            continue
+        path, secs = max(paths.items(), key=lambda kv: kv[1])
+        frames = [f for f in path.split(";") if f]
+        say(f"  waiting: {kind} {total:.2f} s, most in ... {' <- '.join(reversed(frames[-3:]))} "
+            f"({secs / total:.0%})", "dim")
+    if wall.closure > CLOSURE:
+        say(f"  note: a thread's parts differ from its window by {wall.closure:.1%} (probe events lost)", "yellow")
 
 
 def _fmt(x: float | int | None, spec: str = ",") -> str:
@@ -355,6 +399,10 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
         if view is not None and len(view.threads) > 1:
             console.print(_threads_table(view, p, profile))
             _thread_notes(view, p, profile, say)
+        wall = analysis.wall.get(p.pid)
+        if wall is not None:
+            console.print(_wall_table(wall))
+            _wall_notes(wall, say)
         tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
         udp = pio.processes.get(p.pid) if pio is not None else None
         if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):
