@@ -1,7 +1,7 @@
 """What the QUIC stack itself recorded about why its sender waited (qlog), to set beside the verdict.
 
 The verdict decides from what the kernel measured; a stack that writes qlog
-(quic-go with QLOGDIR, `qprof report --qlog DIR`) says in its own words what
+(quic-go with QLOGDIR, ngtcp2 with --qlog-dir: `qprof report --qlog DIR`) says in its own words what
 held its sender back, and the report shows whether the two agree. From each
 connection's qlog (JSON-SEQ, one file per connection and vantage point):
 - `recovery:congestion_state_updated`: slow_start, congestion_avoidance and
@@ -12,7 +12,10 @@ connection's qlog (JSON-SEQ, one file per connection and vantage point):
   (`flow_control`);
 - `application`: not filling its window and not flow-control blocked (nothing
   to send: the application, or a sender too slow to produce packets);
-- `recovery:packet_lost`: packets it declared lost.
+- `recovery:packet_lost`: packets it declared lost;
+- `recovery:metrics_updated`: its smoothed RTT; for a stack that logs no
+  congestion states (ngtcp2 with `--qlog-dir`), whether bytes in flight
+  filled its congestion window stands in for them.
 Time is weighted between events, from the connection's first to last event.
 """
 
@@ -28,9 +31,12 @@ from qprof.errors import QprofError
 
 REASONS = ("congestion_control", "flow_control", "application")
 _CWND_STATES = {"slow_start", "congestion_avoidance", "recovery"}
+# bytes in flight this close to the congestion window count as a full window (less than one more packet fits)
+WINDOW_FULL_MARGIN = 1500
 _TIME = re.compile(rb'"time":\s*([0-9.eE+-]+)')
 # events parsed in full (the rest only give their time): state changes, losses, blocked and window frames
-_WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_data", b"max_stream_data")
+_WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_data", b"max_stream_data",
+           b"metrics_updated")
 
 
 @dataclass
@@ -44,6 +50,13 @@ class SenderRecord:
     packets_sent: int = 0
     packets_lost: int = 0
     states_seen: bool = False  # the stack logs congestion states at all
+    rtts_ms: list[float] = field(default_factory=list)  # smoothed RTT at each metrics update
+
+    @property
+    def rtt_ms(self) -> float | None:
+        """The median smoothed RTT the stack reported; None when it logged none."""
+        r = sorted(self.rtts_ms)
+        return r[len(r) // 2] if r else None
 
     def shares(self) -> dict[str, float]:
         known = sum(self.seconds.values())
@@ -58,7 +71,15 @@ class SenderRecord:
         return {"file": self.file, "role": self.role, "span_s": round(self.span_s, 3),
                 "seconds": {r: round(s, 3) for r, s in self.seconds.items()},
                 "shares": {r: round(s, 3) for r, s in self.shares().items()}, "dominant": self.dominant,
-                "packets_sent": self.packets_sent, "packets_lost": self.packets_lost}
+                "packets_sent": self.packets_sent, "packets_lost": self.packets_lost,
+                "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3)}
+
+
+def _number(v: Any) -> float | None:
+    """A finite, non-negative number from a qlog field; None for anything else."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e15:
+        return None
+    return float(v)
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -81,6 +102,7 @@ def read_qlog(path: Path) -> SenderRecord:
     blocked_since: dict[str, float] = {}  # "connection"/"stream" -> ms when a *_BLOCKED frame went out
     first = last = None
     at = 0.0  # ms up to which time has been given a reason
+    from_events = False  # the stack logs its congestion states: metrics do not stand in for them
     for raw in _records(path):
         if rec.role is None and b'"vantage_point"' in raw[:4096]:  # the file's header
             try:
@@ -111,10 +133,19 @@ def read_qlog(path: Path) -> SenderRecord:
         _account(rec, state, blocked_since, at, t)
         at = t
         if name.endswith("congestion_state_updated"):
-            rec.states_seen = True
+            rec.states_seen = from_events = True
             state = str((ev.get("data") or {}).get("new"))
         elif name.endswith("packet_lost"):
             rec.packets_lost += 1
+        elif name.endswith("metrics_updated"):
+            data = ev.get("data") or {}
+            rtt, cwnd, flight = (_number(data.get(k)) for k in ("smoothed_rtt", "congestion_window", "bytes_in_flight"))
+            if rtt is not None:
+                rec.rtts_ms.append(rtt)
+            if not from_events and cwnd is not None and flight is not None:
+                # a stack that logs no congestion states (ngtcp2): its window full or not when the metrics change
+                rec.states_seen = True
+                state = "congestion_avoidance" if flight + WINDOW_FULL_MARGIN >= cwnd else "application_limited"
         elif name.endswith("packet_sent"):
             for f in _frames(ev):
                 if f in ("data_blocked", "stream_data_blocked"):
@@ -163,6 +194,11 @@ EXPECTED_REASONS = {
     "link": ("congestion_control",),
     "receive-buffer": ("congestion_control",),
     "flow-control/application": ("application", "flow_control"),
+    "path": ("congestion_control",),
+    "flow-control": ("flow_control",),
+    "path/flow-control": ("congestion_control", "flow_control"),
+    "application": ("application",),
+    "scheduling": ("application",),  # its threads cannot fill the window
 }
 
 

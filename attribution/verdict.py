@@ -24,9 +24,22 @@ Per side, over its own window (two archives from two hosts need no clock sync):
   drops are its CPU's symptom).
 - `link`: a queue on the way out of a side's namespace held back or dropped
   the run's packets (tc qdisc overlimits, drops and requeues per packet).
-- `flow-control/application` when nothing above is found: both waited with
-  no CPU saturated, no drops and no queue on this host (the sender had nothing
-  it was allowed to send; a bottleneck beyond this host would look the same).
+- When nothing above is found, what the threads did off the CPU (the `waits`
+  probes, attribution.waits) names what binds:
+  `scheduling`: a multi-threaded side's working threads spent a large share
+  of their wall time runnable after a wakeup or waiting for each other (a
+  runtime handing work between its threads: binding them to fewer CPUs is
+  expected to raise goodput);
+  `path/flow-control`: the sender's busiest thread waited mostly for the
+  network, for its peer's packets (acknowledgements or credit): the path's
+  round-trip time and loss through congestion control, or the receiver's
+  flow control; the stack's qlog, where it writes one, tells them apart
+  (`path`, `flow-control`);
+  `application`: the sender's busiest thread waited mostly on a timer or on
+  its own input (a paced or idle application; a pacer's timers look alike,
+  the qlog tells congestion control's pacing apart as `path`).
+  Without the waits probes (older archives, `--probes none`):
+  `flow-control/application`, one label for all of these.
 
 When findings of several kinds are met, the one that binds is named and the
 others are noted: a queue that filled on the way out means the sender
@@ -50,6 +63,7 @@ from qprof.attribution.packetio import PacketIO
 from qprof.attribution.qlog import SenderRecord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
 from qprof.attribution.transfer import MIN_WINDOW_S, Transfer, working
+from qprof.attribution.waits import ON_CPU, RUNNABLE, WallClock, WallSplit
 from qprof.archive.model import NamespaceQueues, Pressure, ProcReading
 
 THRESHOLDS: dict[str, float] = {
@@ -66,9 +80,16 @@ THRESHOLDS: dict[str, float] = {
     "receive_drop_share": 0.02,  # receive-buffer: dropped at its sockets / (received + dropped)
     "drops_over_starved": 0.10,  # ... binding over a sender starved of CPU only at this share (else its bursts)
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
+    # scheduling: its working threads' wall time runnable or waiting for another of its threads (waits probes)
+    "scheduling_wait": 0.30,
 }
+WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window does the side's work
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
-CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "flow-control/application")
+CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "path", "flow-control",
+          "path/flow-control", "application", "flow-control/application")
+# what the sender's busiest thread waiting mostly on each kind says binds, when no CPU, buffer or queue does
+UNBOUND_BY_WAIT = {"network": "path/flow-control", "timer": "application", "thread": "application",
+                   "disk": "application", "other": "application"}
 # kernel drop reasons (skb_drop_reason) meaning the socket had no room
 RECEIVE_BUFFER_REASONS = {"SOCKET_RCVBUFF", "SOCKET_BACKLOG", "PROTO_MEM"}
 # x86_64 system calls a thread sits in while it waits for packets
@@ -142,6 +163,13 @@ class SideEvidence:
     queue_events: int | None = None  # overlimits + drops + requeues there
     queue_share: float | None = None
     goodput_gbps: float | None = None
+    sends: bool | None = None  # the larger direction it moved was sent: the transfer's sender
+    # wall clock (waits probes): its busiest thread's state -> share of its window, and its working threads'
+    wall_busiest: dict[str, float] | None = None
+    wall_working: dict[str, float] | None = None
+    working_threads: int = 0  # threads on a CPU >= WORKING_ON_CPU of their window
+    waited_for: str | None = None  # the kind its busiest thread waited for longest
+    scheduling_wait: float | None = None  # working threads' runnable + thread-wait share of their wall time
     cause: str | None = None  # what limits this side, or None
     cpu_limited: bool = False
     findings: list[Finding] = field(default_factory=list)
@@ -186,10 +214,11 @@ def _mode(values: list[Any]) -> Any:
 def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, host_cpus: int,
                   pio: PacketIO | None, cpu_nodes: dict[int, int] | None = None,
                   qdiscs: dict[str, NamespaceQueues] | None = None, moved: Transfer | None = None,
-                  threads: ThreadView | None = None) -> SideEvidence | None:
+                  threads: ThreadView | None = None, clock: WallClock | None = None) -> SideEvidence | None:
     """The measured facts of one side over its window, judged (its cause, if it limits).
     `moved`: its transfer (attribution.transfer): its goodput, and the span its window keeps to;
-    `threads`: its thread view (pools, the runtime's work, handoffs), which names the pool that binds."""
+    `threads`: its thread view (pools, the runtime's work, handoffs), which names the pool that binds;
+    `clock`: its threads' wall clock (attribution.waits), what it waited for when no CPU binds."""
     rs, ev_from = working(readings, pid, moved)
     if len(rs) < 2:
         return None
@@ -203,8 +232,11 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
     _network(ev, pid, pio, qdiscs or {})
     if moved is not None:
         ev.goodput_gbps = moved.gbps
+        ev.sends = None if moved.direction is None else moved.direction == "sent"
     if threads is not None:
         _threads(ev, threads)
+    if clock is not None:
+        _wall(ev, clock)
     _judge(ev)
     if ev.cpu_limited:
         ev.binds = _binds(ev, threads)
@@ -219,6 +251,23 @@ def _threads(ev: SideEvidence, view: ThreadView) -> None:
     ev.runtime = dict(view.runtime)
     ev.handoff_cpu_s_per_gb = view.handoffs.cpu_s_per_gb
     ev.wakeups_per_datagram = view.handoffs.wakeups_per_datagram
+
+
+def _wall(ev: SideEvidence, wall: WallClock) -> None:
+    """What its threads did off the CPU: the busiest thread's split (the one schedstat names, as
+    everywhere), and its working threads' together."""
+    th = wall.thread(ev.busiest_tid) if ev.busiest_tid is not None else None
+    th = th or (wall.threads[0] if wall.threads else None)
+    if th is None:
+        return
+    ev.wall_busiest = {k: th.split.share(k) for k in th.split.seconds}
+    ev.waited_for = th.split.dominant_wait
+    working = [t.split for t in wall.threads if t.split.share(ON_CPU) >= WORKING_ON_CPU]
+    ev.working_threads = len(working)
+    if working:
+        w = WallSplit.total(working)
+        ev.wall_working = {k: w.share(k) for k in w.seconds}
+        ev.scheduling_wait = w.share(RUNNABLE) + w.share("thread")
 
 
 def _binds(ev: SideEvidence, view: ThreadView | None) -> str:
@@ -436,6 +485,10 @@ def _judge(ev: SideEvidence) -> None:
         add("receive-buffer", "receive_drop_share", ev.receive_drop_share,
             f"{ev.receive_drops} datagrams dropped at its sockets for lack of buffer, "
             f"{ev.receive_drop_share:.2%} of {(ev.received_datagrams or 0) + ev.receive_drops:.0f}")
+    if ev.scheduling_wait is not None and ev.working_threads > 1 and ev.wall_working is not None:
+        add("scheduling", "scheduling_wait", ev.scheduling_wait,
+            f"its {ev.working_threads} working threads runnable {ev.wall_working[RUNNABLE]:.0%} and waiting for "
+            f"one another {ev.wall_working['thread']:.0%} of their wall time = {ev.scheduling_wait:.0%}")
     if ev.queue_share is not None:
         add("link", "queue_share", ev.queue_share,
             f"queues in its namespace held back or dropped {ev.queue_events} of {ev.queue_packets} packets "
@@ -472,9 +525,54 @@ def _describe(ev: SideEvidence) -> str:
         s += f"; handoffs between its threads {ev.handoff_cpu_s_per_gb:.2f} CPU s/GB"
     if ev.wakeups_per_datagram is not None:
         s += f", {ev.wakeups_per_datagram:.2f} wakeups per datagram"
+    if ev.wall_busiest is not None:
+        s += "; busiest thread's wall clock " + ", ".join(f"{k.replace('_', '-')} {v:.0%}" for k, v in
+                                                          sorted(ev.wall_busiest.items(), key=lambda kv: -kv[1])
+                                                          if v >= 0.005)
     if ev.drops:
         s += "; drops at its ports: " + ", ".join(f"{r} {n}" for r, n in sorted(ev.drop_reasons.items()))
     return s
+
+
+def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, str]:
+    """(cause, summary) when no side's CPU, buffer or queue binds: what the sender waited for off the CPU
+    (its busiest thread's longest wait, from the waits probes), told apart by the stack's qlog where it
+    wrote one; `flow-control/application` when no side's waits were measured."""
+    none = ("no side is CPU-limited, no datagram was dropped for lack of buffer, no queue on this host "
+            "held the packets back")
+    measured = [s for s in sides if s.waited_for is not None]
+    snd = next((s for s in measured if s.sends), None) or (measured[0] if len(measured) == 1 else None)
+    if snd is None or snd.wall_busiest is None:
+        return "flow-control/application", (f"{none}: the sender waited with nothing it was allowed to send "
+                                            "(the application or flow control; a bottleneck beyond this host "
+                                            "looks the same)")
+    kind = str(snd.waited_for)
+    cause = UNBOUND_BY_WAIT.get(kind, "application")
+    said = rec.dominant if rec is not None else None
+    if cause == "path/flow-control" and said in ("congestion_control", "flow_control"):
+        cause = "path" if said == "congestion_control" else "flow-control"
+    elif cause == "application" and kind == "timer" and said == "congestion_control":
+        cause = "path"  # a congestion controller's pacer sleeps on timers too
+    split = ", ".join(f"{k.replace('_', '-')} {v:.0%}" for k, v in sorted(snd.wall_busiest.items(), key=lambda kv: -kv[1])
+                      if v >= 0.005)
+    who = f"the sender, {snd.role} {snd.comm}'s busiest thread {snd.busiest_thread} ({snd.busiest_tid}): {split}"
+    what = {"path": "its peer's acknowledgements: the path's round-trip time and loss hold it through congestion "
+                    "control (the stack's qlog says so)",
+            "flow-control": "credit from its peer: the receiver's flow control holds it (the stack's qlog says so)",
+            "path/flow-control": "its peer's packets (acknowledgements or flow-control credit): the path's "
+                                 "round-trip time and loss, or the receiver's window; the stack's qlog tells them "
+                                 "apart (qprof report --qlog)",
+            "application": {"timer": "a timer: it paces itself or has nothing to send until then (a congestion "
+                                     "controller's pacer looks the same; the stack's qlog tells them apart)",
+                            "thread": "another of its own threads: its own input (the application producing "
+                                      "data)",
+                            "disk": "the disk: the application reading what it sends"}.get(kind, f"{kind} waits")}
+    path = ""
+    if rec is not None and (rec.rtt_ms is not None or rec.packets_sent):
+        path = (f"; the stack's qlog: RTT {rec.rtt_ms:.1f} ms" if rec.rtt_ms is not None else "; the stack's qlog:") + (
+            f", {rec.packets_lost} of {rec.packets_sent} packets lost ({rec.packets_lost / rec.packets_sent:.2%})"
+            if rec.packets_sent else "")
+    return cause, f"{none}; {who}; it waited longest for {what[cause]}{path}"
 
 
 def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = None) -> Verdict:
@@ -502,6 +600,10 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     bursts = [b for b in buffer if round(b.receive_drop_share or 0.0, FINDING_PLACES) < THRESHOLDS["drops_over_starved"]]
     starved_sender = any(s.cause == "cpu-starved" and any(b.role != s.role for b in bursts) for s in cpu)
     culprits = [] if queued else cpu if starved_sender else buffer or cpu
+    if not culprits and not queued:  # no CPU, buffer or queue binds: a runtime whose threads wait for each other?
+        culprits = [s for s in sides if any(f.met and f.cause == "scheduling" for f in s.findings)]
+        for s in culprits:
+            s.cause = "scheduling"
     for s in sides:
         if s.cause is not None and s not in culprits:
             why = ("packets queued on the way out: the sender outpaced the link" if queued else
@@ -520,10 +622,7 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
         cause = "link"
         summary = "the link limits: " + "; ".join(f.text for f in queued)
     else:
-        cause = "flow-control/application"
-        summary = ("no side is CPU-limited, no datagram was dropped for lack of buffer, no queue on this host "
-                   "held the packets back: the sender waited with nothing it was allowed to send "
-                   "(the application or flow control; a bottleneck beyond this host looks the same)")
+        cause, summary = _unbound(sides, sender(records or []))
     notes += [_describe(s) for s in sides]
     v = Verdict(limited, cause, summary, sides, dict(THRESHOLDS), notes)
     rec = sender(records or [])

@@ -28,6 +28,7 @@ from lab.endpoints.transfer import BulkTransfer
 from lab.transfers import Ngtcp2Transfer, Transfer
 from qprof.archive import Run
 from qprof.errors import QprofError
+from lab import path
 from qprof.netlab import ROLES, Hog, Lab, LabError, signals_held
 from qprof.probes.sockets import socket_fds, udp_ports
 
@@ -101,6 +102,7 @@ PROTECTED = 8.0  # CPU weight (x a task's) of a side that must not be CPU-limite
 LINK_RATE_MBIT = 200  # the shaped link of "link"
 APP_RATE_MBIT = 100  # what the application-limited sender allows itself
 TINY_RCVBUF = 4096  # bytes asked of SO_RCVBUF (the kernel doubles it): a few datagrams
+SMALL_WINDOW = 256 << 10  # the receiver's flow-control windows of "flow-control": far under the path's BDP
 Roles = tuple[tuple[str, tuple[int, ...]], ...]  # (role, CPUs) pairs: a frozen dataclass keeps no dicts
 
 
@@ -126,12 +128,15 @@ class Scenario:
     app_rate_mbit: float | None = None  # the server paces its own writes (endpoint option)
     qlog: bool = False  # the endpoints write qlog (endpoint option), read beside the verdict
     own_cgroups: bool = True  # False: the sides where a shell leaves them, no cgroup made for them
+    delay_ms: float = 0.0  # the path's one-way delay (the lab's forwarder, lab.path)
+    loss: float = 0.0  # ... and the share of the data direction's frames it drops
+    client_window: int | None = None  # the receiver's flow-control windows, bytes (endpoint option)
     about: str = ""
 
     @property
     def needs(self) -> tuple[str, ...]:
         """Endpoint options the scenario cannot do without (qlog is read where a stack writes it)."""
-        return ("app_rate_mbit",) if self.app_rate_mbit else ()
+        return (("app_rate_mbit",) if self.app_rate_mbit else ()) + (("client_window",) if self.client_window else ())
 
     @property
     def cpus_needed(self) -> int:
@@ -142,7 +147,17 @@ class Scenario:
     def lab(self) -> Lab:
         return Lab(rate_mbit=self.rate_mbit, cpu={"server": self.server_cpu, "client": self.client_cpu},
                    cpus=dict(self.cpus), cpusets=dict(self.cpusets), hogs=self.hogs,
-                   weights={r: PROTECTED for r in self.protected}, own_cgroups=self.own_cgroups)
+                   weights={r: PROTECTED for r in self.protected}, own_cgroups=self.own_cgroups,
+                   delay_ms=self.delay_ms, loss=self.loss,
+                   forwarder=path.command if self.delay_ms or self.loss else None)
+
+
+def _path(rtt_ms: int, loss: float, stack_note: str = "") -> Scenario:
+    """A wide-area path: `rtt_ms` round trip, `loss` of the data direction dropped; nothing else limits."""
+    return Scenario(f"path-{rtt_ms}ms-{loss:.1%}".replace(".0%", "%"), "neither", "path", delay_ms=rtt_ms / 2,
+                    loss=loss, qlog=True, protected=ROLES,
+                    about=f"a path of {rtt_ms} ms round trip dropping {loss:.1%} of the data direction's frames"
+                          f"{stack_note}")
 
 
 def _starved(role: str, how: str) -> Scenario:
@@ -195,9 +210,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              about=f"client's socket held at SO_RCVBUF {TINY_RCVBUF} (the kernel doubles it)"),
     Scenario("link", "neither", "link", rate_mbit=LINK_RATE_MBIT, qlog=True, protected=ROLES,
              about=f"the link shaped to {LINK_RATE_MBIT} Mbit/s (tbf)"),
-    Scenario("application", "neither", "flow-control/application", app_rate_mbit=APP_RATE_MBIT, qlog=True,
+    Scenario("application", "neither", "application", app_rate_mbit=APP_RATE_MBIT, qlog=True,
              protected=ROLES, about=f"the server paces its own writes to {APP_RATE_MBIT} Mbit/s, the link free"),
     Scenario("uncapped", None, about="both free, the link unshaped, no weights: reported as measured"),
+    *(_path(rtt, loss) for rtt in (10, 50) for loss in (0.0, 0.005, 0.02)),
+    Scenario("flow-control", "neither", "flow-control", delay_ms=15, client_window=SMALL_WINDOW, qlog=True,
+             protected=ROLES, about=f"the receiver's windows held at {SMALL_WINDOW >> 10} KiB over a 30 ms path"),
+    Scenario("scheduling", None, own_cgroups=False,
+             about="both free where a shell leaves them, the link unshaped: a multi-threaded runtime's threads "
+                   "waiting for each other (checked by pinning: bench/verdict_matrix.py)"),
     *(_shared(role, how) for how in ("contention", "cpuset", "quota") for role in ROLES),
     Scenario("busy-host", "both", "cpu-starved", hogs=tuple(Hog(cpus=(c,)) for c in range(2)), own_cgroups=False,
              about="both free, a busy process bound to each of the host's 2 CPUs; all in the shell's cgroup"),
@@ -212,16 +233,19 @@ TransferFactory = Callable[..., Transfer]
 def transfer_factory(stack: str) -> TransferFactory:
     """ngtcp2 (Debian's gtlsserver/gtlsclient), or a stack built from lab/endpoints (quicgo, quinn...)."""
     if stack == "ngtcp2":
-        return lambda size, host, placement, env=None: Ngtcp2Transfer(size, host=host, placement=placement,
-                                                                      env=env or {})
+        return lambda size, host, placement, env=None, qlog_dir=None, client_window=None: Ngtcp2Transfer(
+            size, host=host, placement=placement, env=env or {}, qlog_dir=qlog_dir, client_window=client_window)
     built = build(stack)
-    return lambda size, host, placement, env=None: BulkTransfer(size, host=host, placement=placement,
-                                                                env=env or {}, built=built)
+    return lambda size, host, placement, env=None, qlog_dir=None, client_window=None: BulkTransfer(
+        size, host=host, placement=placement, env=env or {}, built=built)
+
+
+NGTCP2_OPTIONS = ("qlog_dir", "client_window")  # Debian's ngtcp2 pair takes these as flags (lab.transfers)
 
 
 def endpoint_options(stack: str) -> dict[str, str]:
-    """The options a stack's endpoints take (option -> environment variable); ngtcp2's take none."""
-    return {} if stack == "ngtcp2" else dict(build(stack).spec.env_options)
+    """The options a stack's endpoints take (option -> environment variable; ngtcp2's are flags)."""
+    return dict.fromkeys(NGTCP2_OPTIONS, "") if stack == "ngtcp2" else dict(build(stack).spec.env_options)
 
 
 def unsupported(scenario: Scenario, stack: str) -> str | None:
@@ -292,7 +316,7 @@ def _env(scenario: Scenario, stack: str, qlog_dir: Path | None) -> dict[str, dic
     env: dict[str, dict[str, str]] = {"server": {}, "client": {}}
     if scenario.app_rate_mbit:
         env["server"][opts["app_rate_mbit"]] = f"{scenario.app_rate_mbit:g}"
-    if qlog_dir is not None and "qlog_dir" in opts:
+    if qlog_dir is not None and opts.get("qlog_dir"):
         for role in ROLES:
             env[role][opts["qlog_dir"]] = str(qlog_dir)
     return env
@@ -306,7 +330,8 @@ def _transfer(scenario: Scenario, stack: str, factory: TransferFactory, lab: Lab
     if reason:
         raise LabError(f"scenario {scenario.name}: {reason}")
     with signals_held():  # its work directory exists from here on
-        xfer = factory(size, lab.server_addr, lab.placements(), _env(scenario, stack, qlog_dir))
+        flags = {"qlog_dir": qlog_dir, "client_window": scenario.client_window} if stack == "ngtcp2" else {}
+        xfer = factory(size, lab.server_addr, lab.placements(), _env(scenario, stack, qlog_dir), **flags)
     placed = _Placed(scenario, xfer)
     try:
         yield placed

@@ -158,13 +158,26 @@ class Ngtcp2Transfer(Transfer):
     """A gtlsserver serving one file from tmpfs and a gtlsclient downloading it (the demo's pair)."""
 
     requests: int = 1  # the client fetches the file this many times (streams of one connection)
+    qlog_dir: Path | None = None  # both ends write their qlog there (--qlog-dir)
+    client_window: int | None = None  # the client's flow-control windows, bytes (connection and stream)
 
     def server_command(self, key: Path, cert: Path) -> list[str]:
         make_payload(self.workdir, self.size)
-        return ngtcp2_server_command(self.workdir, self.host, self.port, key, cert)
+        return ngtcp2_server_command(self.workdir, self.host, self.port, key, cert) + self._qlog()
 
     def client_command(self) -> list[str]:
-        return ngtcp2_client_command(self.host, self.port, self.requests)
+        cmd = ngtcp2_client_command(self.host, self.port, self.requests)
+        if self.client_window:
+            w = self.client_window  # later flags win: the windows start and stay this small
+            cmd[-3:-3] = [f"--max-data={w}", f"--max-stream-data-bidi-local={w}", f"--max-window={w}",
+                          f"--max-stream-window={w}"]
+        return cmd[:-3] + self._qlog() + cmd[-3:]
+
+    def _qlog(self) -> list[str]:
+        if self.qlog_dir is None:
+            return []
+        self.qlog_dir.mkdir(parents=True, exist_ok=True)
+        return [f"--qlog-dir={self.qlog_dir}"]
 
     def transferred_bytes(self) -> int:
         return self.size * self.requests

@@ -1,0 +1,134 @@
+"""The wall-clock split (attribution.waits) and the causes it lets the verdict name when no CPU binds,
+on synthetic probe maps and /proc readings: pure logic, fast."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qprof.attribution.qlog import SenderRecord
+from qprof.attribution.transfer import Transfer
+from qprof.attribution.verdict import CAUSES, judge, side_evidence
+from qprof.attribution.waits import STATES, WAIT_KINDS, wall_clock
+from qprof.probes.waits.maps import WaitMaps
+from conftest import examples
+from test_verdict import merge, readings, typed
+
+
+def maps(threads: dict[tuple[int, int], dict[str, float]], seconds: float = 10.0,
+         stacks: dict[str, int] | None = None) -> WaitMaps:
+    """The waits group's printed maps: per (pid, tid), the share of `seconds` in each state."""
+    doc: dict[str, Any] = {"@wait_ns": {}, "@wait_n": {}, "@wait_comm": {},
+                           "@wait_span": {"start_ns": 0, "end_ns": int(seconds * 1e9)},
+                           "@wait_stacks": stacks or {}}
+    for (pid, tid), shares in threads.items():
+        doc["@wait_comm"][f"{pid},{tid},t{tid}"] = 1
+        for state, share in shares.items():
+            doc["@wait_ns"][f"{pid},{tid},{state}"] = int(share * seconds * 1e9)
+            doc["@wait_n"][f"{pid},{tid},{state}"] = 10
+    return WaitMaps.from_maps(doc)
+
+
+def moved(pid: int, direction: str) -> Transfer:
+    return Transfer(pid, 10**9, direction, "UDP", "exact", 0.0, 10.0, "test")
+
+
+def verdict(srv_wall: dict[tuple[int, int], dict[str, float]], cli_wall: dict[tuple[int, int], dict[str, float]],
+            srv: list[dict[str, Any]] | None = None, cli: list[dict[str, Any]] | None = None,
+            record: SenderRecord | None = None) -> Any:
+    rs = typed(merge(srv or readings(1, 10, 0.3, 0.01), cli or readings(2, 10, 0.2, 0.01)))
+    waits = maps({**srv_wall, **cli_wall})
+    sides = [side_evidence(rs, 1, "server", "srv", 2, None, None, {}, moved(1, "sent"), None, wall_clock(waits, 1, None)),
+             side_evidence(rs, 2, "client", "cli", 2, None, None, {}, moved(2, "received"), None,
+                           wall_clock(waits, 2, None))]
+    return judge([s for s in sides if s is not None], [record] if record else None)
+
+
+RECEIVER = {(2, 2): {"on_cpu": 0.2, "runnable": 0.01, "network": 0.79}}
+
+
+def test_a_sender_waiting_for_the_network_names_the_path_or_flow_control() -> None:
+    v = verdict({(1, 1): {"on_cpu": 0.3, "runnable": 0.01, "network": 0.69}}, RECEIVER)
+    assert (v.limited_by, v.cause) == ("neither", "path/flow-control")
+    assert "network 69%" in v.summary and "qlog" in v.summary
+
+
+def test_the_qlog_tells_the_path_from_flow_control() -> None:
+    cc = SenderRecord("s.sqlog", "server", 10.0, {"congestion_control": 9.0, "flow_control": 0.5, "application": 0.5},
+                      1000, 20, True, [30.0, 31.0, 29.0])
+    v = verdict({(1, 1): {"on_cpu": 0.3, "runnable": 0.01, "network": 0.69}}, RECEIVER, record=cc)
+    assert (v.limited_by, v.cause) == ("neither", "path")
+    assert "RTT 30.0 ms" in v.summary and "20 of 1000 packets lost" in v.summary
+    assert v.stack_record is not None and v.stack_record["agrees"] is True
+    fc = SenderRecord("s.sqlog", "server", 10.0, {"congestion_control": 1.0, "flow_control": 8.0, "application": 1.0},
+                      1000, 0, True)
+    assert verdict({(1, 1): {"on_cpu": 0.3, "network": 0.7}}, RECEIVER, record=fc).cause == "flow-control"
+
+
+def test_a_sender_asleep_on_a_timer_is_the_application_unless_its_pacer_says_congestion() -> None:
+    paced = {(1, 1): {"on_cpu": 0.1, "runnable": 0.0, "timer": 0.8, "network": 0.1}}
+    assert verdict(paced, RECEIVER).cause == "application"
+    cc = SenderRecord("s.sqlog", "server", 10.0, {"congestion_control": 9.0, "flow_control": 0.0, "application": 1.0},
+                      1000, 5, True, [50.0])
+    assert verdict(paced, RECEIVER, record=cc).cause == "path"
+
+
+def test_threads_waiting_for_each_other_name_scheduling_on_their_side() -> None:
+    """Two working threads of the server runnable 20% and waiting for each other 25% of their time."""
+    go = {(1, 1): {"on_cpu": 0.4, "runnable": 0.2, "thread": 0.25, "network": 0.15},
+          (1, 3): {"on_cpu": 0.35, "runnable": 0.2, "thread": 0.3, "network": 0.15},
+          (1, 4): {"on_cpu": 0.01, "thread": 0.99}}  # an idle thread: not a working one
+    v = verdict(go, RECEIVER, srv=readings(1, 10, 0.75, 0.4, threads=3, psi_full=0.05))
+    assert (v.limited_by, v.cause) == ("server-limited", "scheduling")
+    srv = v.to_json()["evidence"]["server"]
+    assert srv["working_threads"] == 2 and srv["scheduling_wait"] == 0.475
+    assert f"2 working threads runnable 20% and waiting for one another {0.275:.0%} of their wall time = 48%" in v.summary
+
+
+def test_one_working_thread_is_never_scheduling() -> None:
+    one = {(1, 1): {"on_cpu": 0.4, "runnable": 0.3, "thread": 0.3}, (1, 3): {"on_cpu": 0.01, "thread": 0.99}}
+    v = verdict(one, RECEIVER)
+    assert v.cause != "scheduling"
+    assert not any(f.cause == "scheduling" for s in v.sides for f in s.findings)
+
+
+def test_without_the_waits_probes_the_old_label_stays() -> None:
+    rs = typed(merge(readings(1, 10, 0.3, 0.01), readings(2, 10, 0.2, 0.01)))
+    sides = [side_evidence(rs, 1, "server", "srv", 2, None, None, {}, moved(1, "sent")),
+             side_evidence(rs, 2, "client", "cli", 2, None, None, {}, moved(2, "received"))]
+    v = judge([s for s in sides if s is not None])
+    assert (v.limited_by, v.cause) == ("neither", "flow-control/application")
+
+
+def test_wall_clock_pools_threads_and_scales_stacks_to_the_exact_totals() -> None:
+    w = wall_clock(maps({(1, 1): {"on_cpu": 0.5, "network": 0.5}, (1, 2): {"on_cpu": 0.1, "timer": 0.9}},
+                        stacks={"1;network;main;epoll_wait": 300, "1;network;main;recvmsg": 100,
+                                "1;timer;main;nanosleep": 50, "2;timer;x": 5}), 1, None)
+    assert w is not None
+    assert [t.tid for t in w.threads] == [1, 2]
+    assert abs(w.total.seconds["network"] - 5.0) < 1e-6 and abs(w.total.window_s - 20.0) < 1e-6
+    assert abs(w.stacks["network"]["main;epoll_wait"] - 3.75) < 1e-6
+    assert abs(sum(w.stacks["timer"].values()) - 9.0) < 1e-6
+    assert w.closure < 1e-6
+    assert wall_clock(maps({(1, 1): {"on_cpu": 1.0}}), 7, None) is None
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.dictionaries(st.tuples(st.integers(1, 3), st.integers(1, 40)),
+                       st.dictionaries(st.sampled_from(STATES), st.floats(0, 1)), max_size=8))
+def test_any_split_adds_up_and_any_verdict_names_a_known_cause(threads: dict[tuple[int, int], dict[str, float]]) -> None:
+    waits = maps(threads)
+    for pid in (1, 2, 3):
+        w = wall_clock(waits, pid, None)
+        if w is None:
+            continue
+        for t in w.threads:
+            assert abs(sum(t.split.seconds.values()) - t.split.window_s) <= 1e-9 * max(1.0, t.split.window_s)
+            assert all(0.0 <= t.split.share(k) <= 1.0 + 1e-9 for k in STATES)
+            assert t.split.dominant_wait is None or t.split.dominant_wait in WAIT_KINDS
+    srv = {k: v for k, v in threads.items() if k[0] == 1}
+    cli = {(2, k[1]): v for k, v in threads.items() if k[0] == 2}
+    v = verdict(srv, cli)
+    assert set(v.cause.split("+")) <= set(CAUSES)
