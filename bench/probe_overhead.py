@@ -145,6 +145,8 @@ def configurations() -> list[Config]:
                       f"perf + {','.join(DEFAULT_GROUPS)} on {sides}", tuple(DEFAULT_GROUPS))
                for sides in ("both", "server", "client")]
     configs.append(Config("sampling-both", qprof_attach((), "both"), "perf only on both"))
+    rest = tuple(g for g in DEFAULT_GROUPS if g != "waits")  # the default attach without wall-clock tracing
+    configs.append(Config("nowaits-both", qprof_attach(rest, "both"), f"perf + {','.join(rest)} on both", rest))
     configs.append(Config("system-both", qprof_attach(DEFAULT_GROUPS, "both", "system"),
                           "perf (--scope system) + default probes on both", tuple(DEFAULT_GROUPS)))
     for g in GROUPS:
@@ -672,9 +674,12 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
 def run_benchmark(configs: list[Config], npairs: int, size: int, seed: int, timeout: float,
                   warmup: int, workroot: Path, shmroot: Path | None,
                   log: Callable[[str], None], make: MakeTransfer,
-                  probe_share: bool = True) -> tuple[list[Pair], int, bool]:
+                  probe_share: bool = True, versus: Config | None = None) -> tuple[list[Pair], int, bool]:
+    """`versus`: the configuration every pair's first arm runs (nothing attached when None): a cost of
+    one part alone is the default attach paired against the same attach without it."""
     rng = random.Random(seed)
-    baseline = Config(BASELINE, None, "nothing attached")
+    baseline = Config(BASELINE, versus.attach if versus else None, versus.describe if versus else "nothing attached",
+                      versus.groups if versus else ())
     pairs: list[Pair] = []
     failures = 0
     try:
@@ -715,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as failed")
     ap.add_argument("--warmup", type=int, default=1, help="discarded warm-up rounds (default 1)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-pair progress on stderr")
+    ap.add_argument("--versus", help="a configuration for the pairs' other arm instead of nothing attached "
+                                      "(e.g. --configs default-both --versus nowaits-both: the waits probes' cost)")
     ap.add_argument("--no-probe-share", action="store_true",
                     help="skip the report of every run (probe frames per side; ~2 s a run)")
     args = ap.parse_args(argv)
@@ -734,6 +741,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown configuration(s) {', '.join(sorted(unknown))}: "
                      f"choose from {', '.join(c.name for c in configs)}")
         configs = [c for c in configs if c.name in wanted]
+    versus = next((c for c in configurations() if c.name == args.versus), None)
+    if args.versus and versus is None:
+        ap.error(f"unknown --versus configuration {args.versus}")
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -750,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.pairs} pairs each; archives in {workroot} (removed at the end)")
         pairs, failures, interrupted = run_benchmark(configs, args.pairs, size, args.seed, args.timeout,
                                                      args.warmup, workroot, shmroot, log,
-                                                     transfer_maker(args.stack), not args.no_probe_share)
+                                                     transfer_maker(args.stack), not args.no_probe_share, versus)
     except QprofError as e:
         print(f"probe_overhead: {e}", file=sys.stderr)
         return 1
@@ -763,6 +773,8 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_overhead: interrupted before any pair completed" if interrupted else
               "probe_overhead: no pair completed", file=sys.stderr)
     else:
+        if versus is not None:
+            print(f"the pairs' other arm (\"baseline\" below) is {versus.name}: {versus.describe}")
         print(summarize(configs, pairs, failures, args.seed, size, (load_start, load1()), interrupted, args.stack))
         changed = probe_scripts(configs) != scripts
         print(f"qprof tree {tree}; probe scripts " + ", ".join(f"{k} {v}" for k, v in scripts.items()) +
