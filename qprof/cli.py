@@ -71,7 +71,8 @@ def main() -> None:
     qprof attach PID...      sample running endpoints, write a run archive
     qprof record ...         run a benchmark's server and client under qprof, N times
     qprof report RUN         attribute and print (or --format json)
-    qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope)
+    qprof flamegraph RUN     flame graph coloured by category (SVG, HTML, speedscope);
+                             --off-cpu: the wall time, by what the threads waited for
     qprof diff RUN_A RUN_B   what changed between two runs, per category and symbol
     qprof table RUN...       many runs side by side, CSV/parquet, median and CI, --chart
     qprof export RUN --otlp  send a run's profiles to an OpenTelemetry Collector
@@ -373,11 +374,16 @@ def print_report(run_paths: list[Path], fmt: str | None, mappings: list[str], to
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), as for `qprof report`; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
+@click.option("--off-cpu", "off_cpu", is_flag=True,
+              help="Draw the processes' wall time instead: on a CPU, runnable, and each kind of wait (network, "
+                   "timer, thread, disk, other) with the call paths it blocked in, coloured by kind (the waits "
+                   "probes; .svg or .html). Default file: RUN-offcpu.svg.")
 @_guard
 def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, tid: int | None,
-               mappings: tuple[str, ...], stack: str | None) -> None:
+               mappings: tuple[str, ...], stack: str | None, off_cpu: bool) -> None:
     """Draw a run's flame graph, each frame coloured by the category its samples were attributed to
-    (the attribution `qprof report` prints), with a legend of the categories' shares."""
+    (the attribution `qprof report` prints), with a legend of the categories' shares; with --off-cpu,
+    where the wall time went, coloured by what the threads waited for."""
     from qprof.attribution.mapping import MappingSet
     from qprof.viewer.flametree import Selection
     from qprof.viewer.outputs import Request, by_suffix, of_kind, render
@@ -385,9 +391,12 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
     sel = Selection(pid=pid, role=role, tid=tid)
     if out is None:
         here = run.resolve()
-        out = here.parent / f"{here.name}-flamegraph{sel.slug()}.svg"
+        out = here.parent / f"{here.name}-{'offcpu' if off_cpu else 'flamegraph'}{sel.slug()}.svg"
     output = by_suffix(out, tuple(o for o in of_kind("report") if o.flame))
-    (rendered,) = render([(output, Request(selection=sel))], [_open_run(run)], MappingSet.load(mappings), stack)
+    if off_cpu and output.name not in ("svg", "html"):
+        raise QprofError(f"--off-cpu draws .svg or .html, not {output.name} (its tree weighs seconds, not samples)")
+    (rendered,) = render([(output, Request(selection=sel, off_cpu=off_cpu))], [_open_run(run)],
+                         MappingSet.load(mappings), stack)
     _emit(output.name, rendered, out)
 
 

@@ -48,6 +48,7 @@ class Request:
     verbose: bool = False  # text: how skid was placed, the mapping files' paths
     timeline: bool = False  # text and JSON: CPU by category and goodput over the run
     selection: Selection = Selection()  # flame graphs: one process, role or thread
+    off_cpu: bool = False  # flame graphs: the wall time by state and wait call path (viewer.offcpu), not the CPU
     colour: bool = False  # text: ANSI colours (when it goes to a terminal)
     pairs: tuple[tuple[int, int], ...] = ()  # diff: processes to pair (run A's pid, run B's)
     summary: bool = False  # table: the summary over the runs instead of one row per run x process x category
@@ -173,18 +174,30 @@ class _Pprof:
 
 
 class _Flame:
-    """A flame graph of the selected part of one run; `draw` turns the tree into the file."""
+    """A flame graph of the selected part of one run; `draw` turns the tree into the file. Off-CPU
+    (`request.off_cpu`): the tree of viewer.offcpu, from the analysis's wall clock, drawn the same way."""
 
     def __init__(self, request: Request, draw: Callable[[Flame], str]) -> None:
         self.selection = request.selection
+        self.off_cpu = request.off_cpu
         self.draw = draw
         self.builders: tuple[FlameBuilder, TimelineBuilder] | None = None
 
     def visitor(self, index: int, run: Run) -> Visitor | None:
+        if self.off_cpu:
+            from qprof.viewer.offcpu import check
+
+            check(run, self.selection)  # refused before the work
+            return None
         self.builders = selecting(run, self.selection)
         return _fan_out(list(self.builders))
 
     def render(self, result: Attributed) -> Rendered:
+        if self.off_cpu:
+            from qprof.viewer.offcpu import offcpu_flame
+
+            off = offcpu_flame(result.analyses[0], self.selection)
+            return Rendered(self.draw(off), f"off-CPU flame graph of {off.total_s:,.2f} s of wall time")
         assert self.builders is not None
         flame = flame_of(result.analyses[0], self.selection, *self.builders)
         return Rendered(self.draw(flame), f"flame graph of {flame.root.samples:,} samples")

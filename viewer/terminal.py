@@ -167,18 +167,24 @@ def _wall_table(wall: WallClock) -> Table:
     return t
 
 
-def _wall_notes(wall: WallClock, say: "Callable[..., None]") -> None:
-    """Where each kind of wait blocked most (the sampled call path's innermost frames), and the check that
-    every thread's parts add up to its window."""
+def _wall_notes(wall: WallClock, say: "Callable[..., None]", profile: Profile | None = None) -> None:
+    """Where each kind of wait blocked most: its sampled call paths summed by where they blocked (the system
+    call and the innermost user frame, attribution.waitstacks.where; user frames named with the objects of
+    `profile`'s run), and the check that every thread's parts add up to its window."""
+    from qprof.attribution.waitstacks import named, where
+
+    stacks = named(wall.stacks, profile.run, wall.pid) if profile is not None else wall.stacks
     for kind in WAIT_KINDS:
-        paths = wall.stacks.get(kind)
+        paths = stacks.get(kind)
         total = wall.total.seconds[kind]
         if not paths or total <= 0:
             continue
-        path, secs = max(paths.items(), key=lambda kv: kv[1])
-        frames = [f for f in path.split(";") if f]
-        say(f"  waiting: {kind} {total:.2f} s, most in ... {' <- '.join(reversed(frames[-3:]))} "
-            f"({secs / total:.0%})", "dim")
+        spots: dict[str, float] = {}
+        for path, secs in paths.items():
+            spot = where(path)
+            spots[spot] = spots.get(spot, 0.0) + secs
+        spot, secs = min(spots.items(), key=lambda kv: (-kv[1], kv[0]))
+        say(f"  waiting: {kind} {total:.2f} s, most in {spot} ({secs / total:.0%})", "dim")
     if wall.closure > CLOSURE:
         say(f"  note: a thread's parts differ from its window by {wall.closure:.1%} (probe events lost)", "yellow")
 
@@ -402,7 +408,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
         wall = analysis.wall.get(p.pid)
         if wall is not None:
             console.print(_wall_table(wall))
-            _wall_notes(wall, say)
+            _wall_notes(wall, say, profile)
         tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
         udp = pio.processes.get(p.pid) if pio is not None else None
         if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):
