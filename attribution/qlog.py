@@ -7,9 +7,11 @@ connection's qlog (JSON-SEQ, one file per connection and vantage point):
 - `recovery:congestion_state_updated`: slow_start, congestion_avoidance and
   recovery mean the sender filled its congestion window when an ACK came
   (`congestion_control`); application_limited means it did not;
-- DATA_BLOCKED / STREAM_DATA_BLOCKED frames it sent, until the MAX_DATA /
-  MAX_STREAM_DATA it received next: blocked by the peer's flow control
-  (`flow_control`);
+- DATA_BLOCKED / STREAM_DATA_BLOCKED frames it sent, or stream data sent up
+  to within a packet of the peer's limit (its transport parameters, the
+  MAX_DATA / MAX_STREAM_DATA frames it received: ngtcp2 sends no *_BLOCKED
+  frame), until the MAX_DATA / MAX_STREAM_DATA it received next: blocked by
+  the peer's flow control (`flow_control`);
 - `application`: not filling its window and not flow-control blocked (nothing
   to send: the application, or a sender too slow to produce packets);
 - `recovery:packet_lost`: packets it declared lost;
@@ -36,7 +38,7 @@ WINDOW_FULL_MARGIN = 1500
 _TIME = re.compile(rb'"time":\s*([0-9.eE+-]+)')
 # events parsed in full (the rest only give their time): state changes, losses, blocked and window frames
 _WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_data", b"max_stream_data",
-           b"metrics_updated")
+           b"metrics_updated", b"parameters_set", b'"stream"')
 
 
 @dataclass
@@ -82,6 +84,50 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
+class _Credit:
+    """The sender's flow-control credit as its qlog shows it: the peer's limits (its transport parameters,
+    then MAX_DATA / MAX_STREAM_DATA frames received) against the stream data sent. Credit used up to
+    within a packet is a block, also where the stack sends no DATA_BLOCKED frame to say so."""
+
+    def __init__(self) -> None:
+        self.connection: float | None = None
+        self.streams: dict[Any, float] = {}
+        self.offsets: dict[Any, float] = {}  # stream -> highest offset sent
+
+    def parameters(self, ev: dict[str, Any]) -> None:
+        data = ev.get("data") or {}
+        if data.get("owner") == "remote":
+            self.connection = _number(data.get("initial_max_data")) or self.connection
+
+    def received(self, ev: dict[str, Any]) -> None:
+        for f in (ev.get("data") or {}).get("frames") or []:
+            if not isinstance(f, dict):
+                continue
+            limit = _number(f.get("maximum"))
+            if limit is None:
+                continue
+            if f.get("frame_type") == "max_data":
+                self.connection = max(limit, self.connection or 0.0)
+            elif f.get("frame_type") == "max_stream_data":
+                sid = f.get("stream_id")
+                self.streams[sid] = max(limit, self.streams.get(sid, 0.0))
+
+    def sent(self, ev: dict[str, Any]) -> list[str]:
+        """What this packet's stream data used up: "connection" and/or "stream"."""
+        blocked = []
+        for f in (ev.get("data") or {}).get("frames") or []:
+            if not isinstance(f, dict) or f.get("frame_type") != "stream":
+                continue
+            sid, end = f.get("stream_id"), (_number(f.get("offset")) or 0.0) + (_number(f.get("length")) or 0.0)
+            self.offsets[sid] = max(end, self.offsets.get(sid, 0.0))
+            limit = self.streams.get(sid)
+            if limit is not None and self.offsets[sid] + WINDOW_FULL_MARGIN >= limit and "stream" not in blocked:
+                blocked.append("stream")
+        if self.connection is not None and sum(self.offsets.values()) + WINDOW_FULL_MARGIN >= self.connection:
+            blocked.append("connection")
+        return blocked
+
+
 def _records(path: Path) -> Iterator[bytes]:
     """JSON-SEQ records (RS-prefixed or one per line)."""
     with open(path, "rb") as f:
@@ -103,6 +149,7 @@ def read_qlog(path: Path) -> SenderRecord:
     first = last = None
     at = 0.0  # ms up to which time has been given a reason
     from_events = False  # the stack logs its congestion states: metrics do not stand in for them
+    credit = _Credit()
     for raw in _records(path):
         if rec.role is None and b'"vantage_point"' in raw[:4096]:  # the file's header
             try:
@@ -150,9 +197,14 @@ def read_qlog(path: Path) -> SenderRecord:
             for f in _frames(ev):
                 if f in ("data_blocked", "stream_data_blocked"):
                     blocked_since.setdefault("connection" if f == "data_blocked" else "stream", t)
+            for what in credit.sent(ev):  # a stack that sends no *_BLOCKED frame (ngtcp2): its credit used up
+                blocked_since.setdefault(what, t)
         elif name.endswith("packet_received"):
             for f in _frames(ev):
                 blocked_since.pop({"max_data": "connection", "max_stream_data": "stream"}.get(f, ""), None)
+            credit.received(ev)
+        elif name.endswith("parameters_set"):
+            credit.parameters(ev)
     if first is not None and last is not None:
         _account(rec, state, blocked_since, at, last)
         rec.span_s = (last - first) / 1e3

@@ -84,6 +84,7 @@ THRESHOLDS: dict[str, float] = {
     "scheduling_wait": 0.30,
 }
 WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window does the side's work
+EXTERNAL_WAITS = 0.10  # waits on anything but its own threads: this share of them names what it waited for
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
 CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "path", "flow-control",
           "path/flow-control", "application", "flow-control/application")
@@ -168,7 +169,7 @@ class SideEvidence:
     wall_busiest: dict[str, float] | None = None
     wall_working: dict[str, float] | None = None
     working_threads: int = 0  # threads on a CPU >= WORKING_ON_CPU of their window
-    waited_for: str | None = None  # the kind its busiest thread waited for longest
+    waited_for: str | None = None  # what its busiest thread (its pool, when several) waited for from outside
     scheduling_wait: float | None = None  # working threads' runnable + thread-wait share of their wall time
     cause: str | None = None  # what limits this side, or None
     cpu_limited: bool = False
@@ -261,13 +262,31 @@ def _wall(ev: SideEvidence, wall: WallClock) -> None:
     if th is None:
         return
     ev.wall_busiest = {k: th.split.share(k) for k in th.split.seconds}
-    ev.waited_for = th.split.dominant_wait
+    pool = wall.pool_of(th.tid)
+    ev.waited_for = _waited_for(pool.split if pool is not None and len(pool.threads) > 1 else th.split)
+    if ev.busiest_pool is None and pool is not None:
+        ev.busiest_pool = pool.name
     working = [t.split for t in wall.threads if t.split.share(ON_CPU) >= WORKING_ON_CPU]
     ev.working_threads = len(working)
     if working:
         w = WallSplit.total(working)
         ev.wall_working = {k: w.share(k) for k in w.seconds}
         ev.scheduling_wait = w.share(RUNNABLE) + w.share("thread")
+
+
+def _waited_for(split: WallSplit) -> str | None:
+    """What a thread, or its pool together, waited for from outside: waits on another of its own threads
+    are a runtime's handoffs (Go's Ms park on a futex until the thread that polls the network wakes
+    them), so the longest of the other kinds names it, unless they are under EXTERNAL_WAITS of its waits
+    (then its own input: another thread)."""
+    waits = {k: split.seconds[k] for k in split.seconds if k not in (ON_CPU, RUNNABLE)}
+    total = sum(waits.values())
+    if total <= 0:
+        return None
+    outside = {k: v for k, v in waits.items() if k != "thread"}
+    if sum(outside.values()) >= EXTERNAL_WAITS * total:
+        return max(outside, key=lambda k: outside[k])
+    return "thread"
 
 
 def _binds(ev: SideEvidence, view: ThreadView | None) -> str:
@@ -555,7 +574,8 @@ def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, 
         cause = "path"  # a congestion controller's pacer sleeps on timers too
     split = ", ".join(f"{k.replace('_', '-')} {v:.0%}" for k, v in sorted(snd.wall_busiest.items(), key=lambda kv: -kv[1])
                       if v >= 0.005)
-    who = f"the sender, {snd.role} {snd.comm}'s busiest thread {snd.busiest_thread} ({snd.busiest_tid}): {split}"
+    who = (f"the sender, {snd.role} {snd.comm}'s busiest thread {snd.busiest_thread} ({snd.busiest_tid})"
+           + (f" of {snd.busiest_pool}" if snd.busiest_pool and snd.threads > 1 else "") + f": {split}")
     what = {"path": "its peer's acknowledgements: the path's round-trip time and loss hold it through congestion "
                     "control (the stack's qlog says so)",
             "flow-control": "credit from its peer: the receiver's flow control holds it (the stack's qlog says so)",
@@ -572,7 +592,7 @@ def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, 
         path = (f"; the stack's qlog: RTT {rec.rtt_ms:.1f} ms" if rec.rtt_ms is not None else "; the stack's qlog:") + (
             f", {rec.packets_lost} of {rec.packets_sent} packets lost ({rec.packets_lost / rec.packets_sent:.2%})"
             if rec.packets_sent else "")
-    return cause, f"{none}; {who}; it waited longest for {what[cause]}{path}"
+    return cause, f"{none}; {who}; {'its pool' if snd.busiest_pool and snd.threads > 1 else 'it'} waited longest for {what[cause]}{path}"
 
 
 def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = None) -> Verdict:

@@ -76,3 +76,30 @@ def test_bad_directories_are_one_line(tmp_path: Path) -> None:
         read_dir(tmp_path / "nope")
     with pytest.raises(QprofError, match="no .sqlog or .qlog files"):
         read_dir(tmp_path)
+
+
+def metrics(t: float, **data: float) -> tuple[float, str, dict]:
+    return t, "recovery:metrics_updated", data
+
+
+def stream(t: float, offset: int, length: int) -> tuple[float, str, dict]:
+    return t, "transport:packet_sent", {"frames": [{"frame_type": "stream", "stream_id": 0, "offset": offset,
+                                                    "length": length}]}
+
+
+def test_a_stack_without_congestion_states_or_blocked_frames(tmp_path: Path) -> None:
+    """ngtcp2's qlog: no congestion states (bytes in flight against the window stand in) and no
+    STREAM_DATA_BLOCKED (its stream data reaching the peer's MAX_STREAM_DATA does); its smoothed RTT."""
+    events = [(0, "transport:parameters_set", {"owner": "remote", "initial_max_data": 10**9}),
+              (0, "transport:packet_received",
+                                      {"frames": [{"frame_type": "max_stream_data", "stream_id": 0, "maximum": 100_000}]}),
+              metrics(0, smoothed_rtt=30, congestion_window=50_000, bytes_in_flight=49_000),  # window full
+              stream(100, 0, 50_000),
+              metrics(1000, smoothed_rtt=31, congestion_window=500_000, bytes_in_flight=10_000),  # not full
+              stream(1000, 50_000, 49_000),  # up to the peer's limit: blocked
+              (1500, "transport:packet_received",
+               {"frames": [{"frame_type": "max_stream_data", "stream_id": 0, "maximum": 400_000}]}),
+              stream(2000, 99_000, 1_000), (3000, "transport:connection_closed", {})]
+    rec = read_qlog(qlog(tmp_path / "n.sqlog", "server", events))
+    assert rec.seconds == pytest.approx({"congestion_control": 1.0, "flow_control": 0.5, "application": 1.5})
+    assert rec.rtt_ms == 31 and rec.states_seen

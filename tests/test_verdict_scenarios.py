@@ -8,7 +8,8 @@ stack's own record must agree with the verdict. Uncapped runs have no
 expected answer: the verdict must only be one of the four words with a cause.
 The scenarios with the sides in a shared cgroup (a shell's or a service's,
 none made for them) run on the multi-threaded endpoints: quic-go and the
-tokio multi-thread quinn and s2n-quic.
+tokio multi-thread quinn and s2n-quic. The path cells (a forwarder adding
+delay and loss between the namespaces) read the stack's qlog beside the verdict.
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ SHARED_CASES = [("server-contention-shared", "quicgo"), ("client-cpuset-shared",
                 ("client-contention-shared", "quinn-mt"), ("server-quota-shared", "quinn-mt"),
                 ("server-cpuset-shared", "s2nquic-mt"), ("client-quota-shared", "s2nquic-mt"),
                 ("busy-host", "s2nquic-mt")]
-CASES = [(name, "ngtcp2") for name in SCENARIOS if not SCENARIOS[name].needs and SCENARIOS[name].own_cgroups] + \
-        [(name, "quicgo") for name in QLOG_PROOF] + SHARED_CASES
+# What binds when no CPU does: a path with loss at two round-trip times, the receiver's flow control over a path
+# (ngtcp2, whose qlog names no block: its credit used up does), quic-go's runtime pool over a path; the bench runs
+# every RTT and loss
+PATH_CASES = [("path-50ms-0.5%", "ngtcp2"), ("path-10ms-2%", "ngtcp2"), ("flow-control", "ngtcp2"),
+              ("path-50ms-0.5%", "quicgo")]
+CASES = [(name, "ngtcp2") for name in SCENARIOS
+         if not SCENARIOS[name].needs and SCENARIOS[name].own_cgroups and not SCENARIOS[name].delay_ms] + \
+        [(name, "quicgo") for name in QLOG_PROOF] + SHARED_CASES + PATH_CASES
 
 
 @pytest.mark.parametrize("name,stack", CASES)
@@ -88,8 +95,11 @@ def test_scenario_verdict(scenario_run: Any, name: str, stack: str) -> None:
     assert r.verdict in VERDICTS and r.cause
     if r.expected is not None:
         assert (r.verdict, r.cause) == (r.expected, r.expected_cause), describe(r)
-    if stack == "quicgo" and name in QLOG_PROOF:
+    if (stack == "quicgo" and name in QLOG_PROOF) or sc.delay_ms:
         word = r.stack_word
-        assert word is not None, "quic-go wrote no qlog the report could read"
-        print(f"the stack's own record: {word['shares']} ({word['packets_lost']} lost): agrees {word['agrees']}")
+        assert word is not None, f"{stack} wrote no qlog the report could read"
+        print(f"the stack's own record: {word['shares']} ({word['packets_lost']} lost, RTT {word['rtt_ms']} ms): "
+              f"agrees {word['agrees']}")
         assert word["role"] == "server" and word["agrees"] is True, word
+        if sc.delay_ms:  # the stack measured the path the lab made
+            assert word["rtt_ms"] is not None and abs(word["rtt_ms"] - 2 * sc.delay_ms) <= 0.2 * 2 * sc.delay_ms

@@ -18,13 +18,14 @@ from test_verdict import merge, readings, typed
 
 
 def maps(threads: dict[tuple[int, int], dict[str, float]], seconds: float = 10.0,
-         stacks: dict[str, int] | None = None) -> WaitMaps:
-    """The waits group's printed maps: per (pid, tid), the share of `seconds` in each state."""
+         stacks: dict[str, int] | None = None, comm: str | None = None) -> WaitMaps:
+    """The waits group's printed maps: per (pid, tid), the share of `seconds` in each state; threads named
+    `comm` are one pool (a thread view's pools stand in for names without one)."""
     doc: dict[str, Any] = {"@wait_ns": {}, "@wait_n": {}, "@wait_comm": {},
                            "@wait_span": {"start_ns": 0, "end_ns": int(seconds * 1e9)},
                            "@wait_stacks": stacks or {}}
     for (pid, tid), shares in threads.items():
-        doc["@wait_comm"][f"{pid},{tid},t{tid}"] = 1
+        doc["@wait_comm"][f"{pid},{tid},{comm or f't{tid}'}"] = 1
         for state, share in shares.items():
             doc["@wait_ns"][f"{pid},{tid},{state}"] = int(share * seconds * 1e9)
             doc["@wait_n"][f"{pid},{tid},{state}"] = 10
@@ -37,9 +38,9 @@ def moved(pid: int, direction: str) -> Transfer:
 
 def verdict(srv_wall: dict[tuple[int, int], dict[str, float]], cli_wall: dict[tuple[int, int], dict[str, float]],
             srv: list[dict[str, Any]] | None = None, cli: list[dict[str, Any]] | None = None,
-            record: SenderRecord | None = None) -> Any:
+            record: SenderRecord | None = None, comm: str | None = None) -> Any:
     rs = typed(merge(srv or readings(1, 10, 0.3, 0.01), cli or readings(2, 10, 0.2, 0.01)))
-    waits = maps({**srv_wall, **cli_wall})
+    waits = maps({**srv_wall, **cli_wall}, comm=comm)
     sides = [side_evidence(rs, 1, "server", "srv", 2, None, None, {}, moved(1, "sent"), None, wall_clock(waits, 1, None)),
              side_evidence(rs, 2, "client", "cli", 2, None, None, {}, moved(2, "received"), None,
                            wall_clock(waits, 2, None))]
@@ -85,6 +86,19 @@ def test_threads_waiting_for_each_other_name_scheduling_on_their_side() -> None:
     srv = v.to_json()["evidence"]["server"]
     assert srv["working_threads"] == 2 and srv["scheduling_wait"] == 0.475
     assert f"2 working threads runnable 20% and waiting for one another {0.275:.0%} of their wall time = 48%" in v.summary
+
+
+def test_a_runtime_pool_waits_for_what_wakes_its_threads() -> None:
+    """Go's threads park on a futex until the one polling the network wakes them: the pool's waits other
+    than on its own threads name what it waited for; only waits on its own threads are its own input."""
+    go = {(1, 1): {"on_cpu": 0.05, "network": 0.3, "timer": 0.02, "thread": 0.63},
+          (1, 3): {"on_cpu": 0.02, "network": 0.25, "thread": 0.73}, (1, 4): {"on_cpu": 0.01, "thread": 0.99}}
+    v = verdict(go, RECEIVER, srv=readings(1, 10, 0.08, 0.0, threads=3), comm="go")
+    assert (v.cause, v.sides[0].waited_for) == ("path/flow-control", "network")
+    assert "of go:" in v.summary and "its pool waited longest" in v.summary
+    own_input = {(1, 1): {"on_cpu": 0.05, "network": 0.02, "thread": 0.93}, (1, 3): {"on_cpu": 0.5, "thread": 0.5}}
+    v = verdict(own_input, RECEIVER, srv=readings(1, 10, 0.6, 0.0, threads=2), comm="go")
+    assert (v.cause, v.sides[0].waited_for) == ("application", "thread")
 
 
 def test_one_working_thread_is_never_scheduling() -> None:
