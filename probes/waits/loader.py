@@ -2,8 +2,9 @@
 
 Run by qprof as a child (`python -m qprof.probes.waits.loader OBJECT CONFIG_JSON`,
 probes.libbpf.LibbpfProcess): it dies with qprof, its programs and maps are its
-file descriptors. CONFIG_JSON: {"pids": [...], "stack_interval_ms": 10, "preempt_from_rq": N}
-(probes/waits/__init__.py: where the CPU's preempt count sits from its runqueue; 0: unknown).
+file descriptors. CONFIG_JSON: {"pids": [...], "stack_interval_ms": 10, "preempt_from_rq": N,
+"series": PATH} (probes/waits/__init__.py: where the CPU's preempt count sits from its runqueue; 0:
+unknown; PATH: where to write the wall clock per 100 ms, probes/waits/series.py; absent: none).
 
 Start: the fork and exit programs are attached first, then every existing thread of the
 targets is written into `threads` as UNKNOWN since the start (CLOCK_MONOTONIC, the clock of
@@ -13,6 +14,13 @@ last is consistent): {"type": "map", "data": {...}} with the maps probes/waits/m
 Each thread's open interval is closed in the output at the print's time (not in the map): ON ->
 on_cpu, RUNNABLE -> runnable, BLOCKED -> its provisional kind, UNKNOWN (no event since the
 start) -> /proc's state for it (R: on_cpu, anything else: other; also in "@wait_unknown").
+
+The series (with "series" in the config): at every 100 ms edge of CLOCK_MONOTONIC the loader reads
+`threads` again and appends one line to PATH, per process the time its threads spent per state
+since the previous edge (series.Binner; the format in series.py), each line one write(2) to a file
+opened O_APPEND, so a kill leaves whole lines and at most one cut last line. A write that fails
+(a full disk) is counted ("series_write_errors") and the maps go on. What the reads cost is
+measured here: "series_cpu_s" in "@wait_stats" (this thread's CPU time in them).
 
 Stacks are named here, once per stack id (ids are stable: the stack map never replaces an
 entry): kernel frames from /proc/kallsyms (read once) as `name_[k]`, user frames as
@@ -28,6 +36,7 @@ import ctypes
 import gc
 import json
 import os
+import re
 import select
 import signal
 import struct
@@ -43,6 +52,7 @@ from qprof.probes.children import cpu_seconds
 from qprof.probes.group import Unavailable
 from qprof.probes.libbpf import READY, Loaded
 from qprof.probes.waits.maps import STATES
+from qprof.probes.waits.series import Binner
 
 PRINT_S = 1.0
 COMM_READS = 5  # a thread's name is read at its first prints (renamed just after its start, then kept)
@@ -117,35 +127,33 @@ def thread_ids(pid: int) -> list[int]:
 
 
 class KernelSymbols:
-    """/proc/kallsyms' text symbols, read at the first kernel stack."""
+    """/proc/kallsyms' text symbols, read at the first kernel stack. Kept as the file's fixed-width hex
+    addresses (their byte order is their numeric order) and names, undecoded: converting each of the
+    ~200k lines cost the loader 0.2-0.4 CPU s a run; only the names looked up are decoded."""
+
+    _TEXT = re.compile(rb"^([0-9a-f]{16}) [tTwW] (\S+)", re.M)
 
     def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._names: list[str] = []
+        self._starts: list[bytes] = []
+        self._names: list[bytes] = []
         self._read = False
 
     def _load(self) -> None:
         self._read = True
-        syms: list[tuple[int, str]] = []
         try:
             with open("/proc/kallsyms", "rb") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) >= 3 and parts[1] in (b"t", b"T", b"w", b"W"):
-                        addr = int(parts[0], 16)
-                        if addr:
-                            syms.append((addr, parts[2].decode("ascii", "replace")))
+                data = f.read()
         except OSError:
             return
-        syms.sort()
+        syms = sorted(m for m in self._TEXT.findall(data) if m[0] != b"0" * 16)
         self._starts = [a for a, _ in syms]
         self._names = [n for _, n in syms]
 
     def name(self, addr: int) -> str:
         if not self._read:
             self._load()
-        i = bisect.bisect_right(self._starts, addr) - 1
-        return self._names[i] if i >= 0 else UNKNOWN_FRAME
+        i = bisect.bisect_right(self._starts, b"%016x" % addr) - 1
+        return self._names[i].decode("ascii", "replace") if i >= 0 else UNKNOWN_FRAME
 
 
 class UserMaps:
@@ -225,6 +233,18 @@ class Waits:
         self._kstacks: dict[int, list[str]] = {}
         self._ustacks: dict[tuple[int, int], list[str]] = {}
         self._generation = 0  # prints so far
+        self.dead_ns: dict[tuple[int, int], list[int]] = {}  # exited threads' totals per state (the series')
+        self._unknown_state: dict[tuple[int, int], str] = {}  # /proc's state of a thread no event has told yet
+        # the series: each thread's few fields it needs, unpacked without decoding the whole struct
+        series = config.get("series")
+        self.series_path = Path(series) if series else None
+        self.binner: Binner | None = None
+        self._series_fd: int | None = None
+        self._series_cpu_ns = 0
+        self._series_errors = 0
+        t = self.thread
+        self._fast = [(struct.Struct("<" + {4: "I", 8: "Q"}[f.size] * f.count), f.offset)
+                      for f in (t.field("since_ns"), t.field("ns"), t.field("tgid"), t.field("phase"), t.field("kind"))]
 
     @property
     def stop(self) -> bool:
@@ -327,9 +347,12 @@ class Waits:
                 state = STATES[kind] if 0 <= kind < len(STATES) else "other"
             elif phase == "unknown":
                 state = "on_cpu" if proc_state(pid, tid) == "R" else "other"
+                self._unknown_state[(pid, tid)] = state
                 unknown[f"{pid},{tid}"] = open_ns
             elif phase == "dead":
                 self.dead[(pid, tid)] = (ns, n)
+                self.dead_ns[(pid, tid)] = list(ns)
+                self._unknown_state.pop((pid, tid), None)
                 gone.append(key)
             if state is not None:
                 i = STATES.index(state)
@@ -363,6 +386,9 @@ class Waits:
             stacks[folded] = stacks.get(folded, 0) + _one(v, "ns")
         stats: dict[str, float] = dict(zip(self.stats.fields, map(float, self.prog.summed_u64s("stats"))))
         stats["loader_cpu_s"] = cpu_seconds(os.getpid()) or 0.0
+        if self.binner is not None:
+            stats["series_cpu_s"] = self._series_cpu_ns / 1e9
+            stats["series_write_errors"] = float(self._series_errors)
         return {"@wait_ns": wait_ns, "@wait_n": wait_n, "@wait_unknown": unknown, "@wait_comm": comm,
                 "@wait_span": {"start_ns": self.start_ns, "end_ns": now},
                 "@wait_config": {"stack_interval_ms": self.interval_ms},
@@ -371,6 +397,66 @@ class Waits:
     def print(self) -> None:
         self.out.write(json.dumps({"type": "map", "data": self.snapshot()}, separators=(",", ":")) + "\n")
         self.out.flush()
+
+    # -- the series
+
+    def _series_write(self, obj: dict[str, Any]) -> None:
+        """One whole line in one write (O_APPEND): a kill leaves whole lines, at most one cut."""
+        if self._series_fd is None:
+            return
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(self._series_fd, data):]
+        except OSError:
+            self._series_errors += 1
+
+    def series_open(self) -> None:
+        """The series file, empty, with its header line (before the programs attach)."""
+        if self.series_path is None:
+            return
+        self.binner = Binner(self.start_ns)
+        self._series_fd = os.open(self.series_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
+                                  0o600)
+        self._series_write(self.binner.header())
+
+    def series_cut(self, at_ns: int) -> None:
+        """Every thread's totals with its open interval closed at `at_ns` (a bin edge, or the stop),
+        and the line for the time since the last cut."""
+        if self.binner is None:
+            return
+        t0 = time.thread_time_ns()
+        (since_f, since_o), (ns_f, ns_o), (tgid_f, tgid_o), (phase_f, phase_o), (kind_f, kind_o) = self._fast
+        on, runnable, blocked = self.phases["on"], self.phases["runnable"], self.phases["blocked"]
+        unknown, dead = self.phases["unknown"], self.phases["dead"]
+        other, nstates = STATES.index("other"), len(STATES)
+        living = []
+        for key, (value, *_) in self.prog.entries("threads"):
+            (tid,) = struct.unpack_from("<I", key)
+            (pid,), (phase,), (since,) = tgid_f.unpack_from(value, tgid_o), phase_f.unpack_from(value, phase_o), \
+                since_f.unpack_from(value, since_o)
+            ns = list(ns_f.unpack_from(value, ns_o))
+            if since < at_ns and phase != dead:
+                if phase == on:
+                    i = 0
+                elif phase == runnable:
+                    i = 1
+                elif phase == blocked:
+                    (i,) = kind_f.unpack_from(value, kind_o)
+                    i = i if 0 <= i < nstates else other
+                elif phase == unknown:
+                    state = self._unknown_state.get((pid, tid))
+                    if state is None:
+                        state = self._unknown_state[(pid, tid)] = "on_cpu" if proc_state(pid, tid) == "R" else "other"
+                    i = STATES.index(state)
+                else:
+                    i = other
+                ns[i] += at_ns - since
+            living.append((pid, tid, ns))
+        line = self.binner.cut(at_ns, living, self.dead_ns)
+        if line is not None:
+            self._series_write(line)
+        self._series_cpu_ns += time.thread_time_ns() - t0
 
     # -- the run
 
@@ -388,20 +474,33 @@ class Waits:
     def run(self, wake: int) -> None:
         prog = self.prog
         self.start_ns = time.monotonic_ns()
+        self.series_open()
         prog.attach(TRACKING)
         self.seed()
         prog.attach(n for n in prog.programs if n not in TRACKING)
         self.out.write(READY + "\n")
         self.out.flush()
         next_print = time.monotonic() + PRINT_S
+        binner = self.binner
+        next_edge = binner.next_edge(time.monotonic_ns()) if binner is not None else None
         while not self.stop:
-            self._sleep_until(next_print, wake)
+            self._sleep_until(next_print if next_edge is None else min(next_print, next_edge / 1e9), wake)
             if self.stop:
                 break
-            next_print = max(next_print + PRINT_S, time.monotonic())
-            self.print()
+            if binner is not None and next_edge is not None:
+                now_ns = time.monotonic_ns()
+                if now_ns >= next_edge:
+                    self.series_cut(binner.edge_before(now_ns))  # late by several bins: one line for them
+                    next_edge = binner.next_edge(now_ns)
+            if time.monotonic() >= next_print:
+                next_print = max(next_print + PRINT_S, time.monotonic())
+                self.print()
         prog.detach(list(prog.links))  # the last print sees no half-made transition
+        self.series_cut(time.monotonic_ns())  # the last bin, to the stop
         self.print()
+        if self._series_fd is not None:
+            os.close(self._series_fd)
+            self._series_fd = None
 
 
 def main(argv: list[str]) -> int:
