@@ -13,9 +13,9 @@ Tolerances, from the setup:
   - on-CPU and runnable time against the kernel's own schedstat (sum_exec_runtime, run_delay)
     read around the loader's span: the loader's attach (a few ms) and the polling for its
     readiness line (10 ms steps) make the two windows differ by a few tens of ms: 2% of 3 s;
-  - the sleeper's busy share (on a CPU or runnable: its spin is 10 ms of wall time) is 10 ms of
-    every ~20.1 ms (nanosleep overshoots by the timer slack, 50 us, and the wake-up): 50% within
-    3 pp;
+  - the sleeper's blocked time per block is its 10 ms nanosleep, plus the timer slack (50 us) and
+    the expiry: within 0.5 ms, on a quiet or a loaded host (a loaded one adds runnable time after
+    each wakeup, not blocked time);
   - a thread's blocked time is its kind's: at least 95% (the odd futex of a lock, a page fault);
   - every block here is sampled (their gaps pass the 10 ms stack interval), so each kind's stacks
     add up to its exact total within 10% (waits still open at the end have no stack yet).
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.root]
 SECONDS = 3.0
 SPAN_TOL = 0.02
 SCHEDSTAT_TOL = 0.02
-BUSY_TOL = 0.03
+SLEEP_MS, SLEEP_SLACK_MS = 10.0, 0.5  # the sleeper's nanosleep, and what timer slack and expiry add to it
 KIND_SHARE = 0.95
 STACK_TOL = 0.10
 
@@ -255,8 +255,11 @@ def test_each_thread_is_accounted_exactly_and_by_what_it_waited_for(waiters: Wai
         t = rec.threads[tids[name]]
         return t.ns[kind] / t.blocked_ns
 
-    sleeper = shares["sleeper"]
-    assert abs(sleeper["on_cpu"] + sleeper["runnable"] - 0.5) <= BUSY_TOL, sleeper
+    # each of the sleeper's blocks is one 10 ms nanosleep: its blocked time per block is that, however long
+    # a loaded host makes it wait for a CPU after each (runnable, not blocked)
+    slept = rec.threads[w.sleeper]
+    per_block_ms = slept.ns["timer"] / slept.counts["timer"] / 1e6
+    assert SLEEP_MS <= per_block_ms <= SLEEP_MS + SLEEP_SLACK_MS, (per_block_ms, shares["sleeper"])
     assert kind_share("sleeper", "timer") >= KIND_SHARE
     assert kind_share("signaller", "timer") >= KIND_SHARE
     assert kind_share("receiver", "network") >= KIND_SHARE
