@@ -17,6 +17,12 @@ SKID = "interrupt skid"  # samples that landed where interrupts came back on (at
 APPLICATION = "application"  # the target's own code, also when a library calls it back
 RUNTIME = "runtime: "  # prefix of language-runtime overhead: "runtime: go scheduler", "runtime: tokio"...
 HANDOFF = "thread handoff"  # waking its own threads and switching to them, where no caller says whose work waited
+# Kernel work that stands for the code it interrupted or was called from: a handoff (a reschedule IPI and
+# the switch it causes, a preemption at an interrupt's exit) and another tool's eBPF program. The thread's
+# own clock counts it there, so a caller that a rule places in one of the four work categories decides
+# (the subcategory stays, as a tag's); Uncategorized / this subcategory only where none does
+# (attribution.engine). qprof's own probes are not among them: their cost is the observer's, shown apart.
+CALLER_PLACED = (HANDOFF, OTHER_BPF)
 
 
 def is_named_other(subcategory: str | None) -> bool:

@@ -6,6 +6,16 @@ sample that is really spent in sendto. Here the deepest frame with a specific
 rule decides; generic frames (memcpy, malloc, locks) are transparent and pass
 the decision to their caller; frames no rule knows pass it on as well.
 
+Handoffs and other tools' eBPF programs (categories.CALLER_PLACED) are held,
+not decided: a reschedule IPI, the switch it causes, a preemption at an
+interrupt's exit, a kprobe's or trampoline's program are kernel work that the
+thread's own clock counts in the code it interrupted or was called from. The
+walk goes on past their kernel frames (and the interrupt's, the other
+Uncategorized kernel rules) to the first frame a rule claims: a work category
+there places the sample (keeping the held subcategory, as a tag), anything else
+(the program's own code, a runtime, no rule at all) leaves it Uncategorized
+under its held name.
+
 Cost: rules are matched once per distinct (symbol, dso) pair, and each `within`
 pattern once per distinct symbol; a stack then costs one lookup per frame.
 """
@@ -16,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from qprof.attribution.categories import UNCATEGORIZED
+from qprof.attribution.categories import CALLER_PLACED, UNCATEGORIZED
 from qprof.attribution.mapping import MappingFile, Rule
 from qprof.attribution.patterns import BoundedPattern
 from qprof.archive.stacks import KERNEL_DSO, Frame
@@ -94,6 +104,7 @@ class Classifier:
                 j = rootmost[key] = self.context(rule, frames)
             return j >= i
 
+        held: Decision | None = None  # a handoff or another tool's eBPF program, waiting for its caller
         for i, frame in enumerate(frames):
             for rule in self._candidates(frame):
                 if rule.leaf and i > 0:
@@ -105,7 +116,20 @@ class Classifier:
                 if rule.category is None:  # a tag: keep the leaf-most one, let callers decide
                     tag = tag or rule.subcategory
                     break
+                if rule.category == UNCATEGORIZED:
+                    if held is None and rule.kernel and rule.subcategory in CALLER_PLACED:
+                        held = Decision(UNCATEGORIZED, rule.subcategory, rule, i)
+                        tag = rule.subcategory  # named over a deeper tag ("scheduler"), wherever it lands
+                        break
+                    if held is not None:
+                        if rule.kernel:  # its own kernel frames, the interrupt that caused it: not the caller
+                            break
+                        return held  # the program's own code or a runtime: Uncategorized, under the held name
+                elif held is not None:
+                    return Decision(rule.category, tag, rule, i)
                 # in Uncategorized the subcategory is all that says what the time is: the rule names it
                 sub = (rule.subcategory or tag) if rule.category == UNCATEGORIZED else (tag or rule.subcategory)
                 return Decision(rule.category, sub, rule, i)
+        if held is not None:
+            return held
         return Decision(UNCATEGORIZED, tag, None, None) if tag else UNDECIDED

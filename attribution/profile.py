@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from qprof.attribution import handoff, symbols
 from qprof.attribution.application import application_rule
-from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_IO, PROBE_COST, UNCATEGORIZED
+from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_IO, PROBE_COST
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.pools import PoolMatcher
@@ -119,12 +119,16 @@ class ProcessProfile:
     @property
     def other_bpf_share(self) -> float:
         """Share spent in eBPF programs qprof cannot have attached (kprobes, trampolines): a cost the
-        target pays with or without qprof, which a user should know is there."""
+        target pays with or without qprof, which a user should know is there. Counted in whatever
+        category placed it (the send path's Packet I/O for a program on udp_send_skb: engine), so
+        summed over all of them."""
         return self._share(OTHER_BPF)
 
     def _share(self, sub: str) -> float:
+        """Share of its samples under subcategory `sub`, whichever category holds them (probe frames
+        are Uncategorized only; other eBPF programs go where a caller places them)."""
         b = self.breakdown
-        return b.subcategories[(UNCATEGORIZED, sub)] / b.period if b.period else 0.0
+        return sum(b.subcategories[(c, sub)] for c in CATEGORIES) / b.period if b.period else 0.0
 
 
 @dataclass

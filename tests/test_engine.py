@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qprof.attribution.categories import CATEGORIES, CONNECTION, CRYPTO, IO, PACKET_IO, UNCATEGORIZED
+from qprof.attribution.categories import (CATEGORIES, CONNECTION, CRYPTO, HANDOFF, IO, OTHER_BPF, PACKET_IO,
+                                          PROBE_COST, UNCATEGORIZED)
 from qprof.attribution.engine import Classifier, is_kernel_dso
 from qprof.attribution.mapping import MappingSet, parse_mapping
 from conftest import examples
@@ -319,7 +320,7 @@ SEND = ("udp_sendmsg", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg", "do
 
 
 @pytest.mark.parametrize("frames,sub", [
-    # qprof's tp_btf programs as perf unwinds them on its test VM
+    # qprof's tp_btf programs as perf unwinds them on its test VM (kept apart: the observer's cost)
     (("bpf_prog_894bd9ef255d2238_copy_datagram", "bpf_trace_run2", "skb_copy_datagram_iter", "udp_recvmsg"),
      "eBPF probes"),
     (("[unknown]", "bpf_trace_run3", "call_trace_sock_recv_length", "sock_recvmsg"), "eBPF probes"),
@@ -332,7 +333,7 @@ SEND = ("udp_sendmsg", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg", "do
     (("mtree_load", "find_active_uprobe_rcu", "uprobe_notify_resume", "irqentry_exit_to_user_mode"),
      "eBPF probes"),
     # a BPF trampoline on udp_send_skb (not qprof's): its program's frames are lost, helpers hang off
-    # the traced function's ftrace site
+    # the traced function's ftrace site; the send path it runs in places it (Packet I/O), under its name
     (("__bpf_prog_enter_recur", "udp_send_skb") + SEND, "other eBPF programs"),
     (("__rcu_read_lock", "__bpf_prog_enter_recur", "udp_send_skb") + SEND, "other eBPF programs"),
     (("sched_clock", "__bpf_prog_exit_recur", "udp_send_skb") + SEND, "other eBPF programs"),
@@ -345,11 +346,88 @@ SEND = ("udp_sendmsg", "____sys_sendmsg", "___sys_sendmsg", "__sys_sendmsg", "do
 ])
 def test_ebpf_frames_split_by_how_the_program_was_entered(shipped_clf: Classifier, frames: tuple[str, ...],
                                                            sub: str) -> None:
-    """Tracepoint and uprobe programs (the kinds qprof attaches) are "eBPF probes"; kprobe and
-    trampoline programs, which qprof never attaches, are another tool's and shown apart."""
+    """Tracepoint and uprobe programs (the kinds qprof attaches) are "eBPF probes", Uncategorized whatever
+    they interrupt; kprobe and trampoline programs, which qprof never attaches, are another tool's, named
+    apart but placed where the thread's own clock counts them: in the code that ran them (udp_send_skb's
+    send path here, Packet I/O)."""
     d = shipped_clf.classify(k(*frames))
-    assert (d.category, d.subcategory) == (UNCATEGORIZED, sub), d
+    placed = UNCATEGORIZED if sub == PROBE_COST else PACKET_IO if "udp_send_skb" in frames else UNCATEGORIZED
+    assert (d.category, d.subcategory) == (placed, sub), d
     assert shipped_clf.classify(k("udp_send_skb", *SEND)).category == "Packet I/O", "the traced function itself"
+
+
+def test_other_ebpf_program_without_a_placing_caller_stays_named(shipped_clf: Classifier) -> None:
+    """Another tool's program with no caller a rule places (a kernel thread's, or its callers lost):
+    Uncategorized / other eBPF programs, as before."""
+    d = shipped_clf.classify(k("bpf_probe_read_kernel", "__bpf_prog_enter_recur", "do_nanosleep", "kthread"))
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, OTHER_BPF), d
+    assert d.rule is not None and d.rule.subcategory == OTHER_BPF and d.frame == 0
+
+
+QUEUE = m("symbol = '^handoff_queue_(push|pop)$'\ncategory = \"Connection Mgmt\"\nsubcategory = \"queues\"",
+          name="handoff")
+WORKLOAD = "/opt/handoff"
+
+
+def _with_queue(shipped: Classifier) -> Classifier:
+    return Classifier([parse_mapping(QUEUE, "handoff.toml"), *shipped.files])
+
+
+@pytest.mark.parametrize("kernel_part,user_part,placed", [
+    # a reschedule IPI taken in a mapped queue function, its sample skidded to the IPI's exit
+    (("irqentry_exit_to_user_mode", "asm_sysvec_reschedule_ipi"), ["handoff_queue_pop", "sender"], CONNECTION),
+    # ... and the switch it caused, sampled when the thread runs again
+    (("finish_task_switch.isra.0", "__schedule", "schedule", "irqentry_exit_to_user_mode",
+      "asm_sysvec_reschedule_ipi"), ["handoff_queue_push", "worker"], CONNECTION),
+    # preempted at a timer interrupt's exit while in libcrypto: the interrupt's frames are the handoff's
+    (("finish_task_switch.isra.0", "__schedule", "schedule", "irqentry_exit_to_user_mode",
+      "asm_sysvec_apic_timer_interrupt"), [("gcm_ghash_avx", "/usr/lib/libcrypto.so.3"), "handoff_seal"], CRYPTO),
+    # preempted at a device interrupt's exit inside the kernel's send path
+    (("finish_task_switch.isra.0", "__schedule", "preempt_schedule_irq", "irqentry_exit", "asm_common_interrupt",
+      "ip_finish_output2", "udp_send_skb", *SEND), [("__libc_sendto", LIBC), "sender"], PACKET_IO),
+])
+def test_handoff_goes_to_the_caller_a_rule_places(shipped_clf: Classifier, kernel_part: tuple[str, ...],
+                                                  user_part: list, placed: str) -> None:
+    """A reschedule IPI, the switch it causes and a preemption at an interrupt's exit stand for the code
+    they interrupted, which the thread's own clock charges: a frame a rule places in a work category
+    decides the category; the subcategory still says it was a handoff."""
+    user = [f if isinstance(f, tuple) else (f, WORKLOAD) for f in user_part]
+    d = _with_queue(shipped_clf).classify(k(*kernel_part) + user)
+    assert (d.category, d.subcategory) == (placed, HANDOFF), d
+    assert d.rule is not None and d.rule.category == placed
+
+
+def test_handoff_without_a_placing_caller_stays_named(shipped_clf: Classifier) -> None:
+    """No caller a rule places (code no rule knows, the program's own code, a runtime's): Uncategorized /
+    thread handoff, decided by the handoff's own rule."""
+    c = _with_queue(shipped_clf)
+    for user in (u("compute", "main", dso=WORKLOAD), [], u("[unknown]", dso="[unknown]")):
+        d = c.classify(k("finish_task_switch.isra.0", "__schedule", "schedule", "irqentry_exit_to_user_mode",
+                         "asm_sysvec_reschedule_ipi") + user)
+        assert (d.category, d.subcategory) == (UNCATEGORIZED, HANDOFF), (user, d)
+        assert d.rule is not None and d.rule.subcategory == HANDOFF and d.frame == 0
+    own = Classifier([*c.files], [parse_mapping(m("dso = '/opt/handoff$'\ncategory = \"Uncategorized\"\n"
+                                                  "subcategory = \"application\""), "app.toml").rules[0]])
+    d = own.classify(k("irqentry_exit_to_user_mode", "asm_sysvec_reschedule_ipi") + u("compute", "handoff_queue_pop",
+                                                                                       dso=WORKLOAD))
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, HANDOFF), "the program's own code decides first"
+
+
+def test_user_space_rules_naming_a_handoff_are_not_held() -> None:
+    """Only kernel rules are held for their caller: a user's rule that names a function of its own
+    "thread handoff" places it there."""
+    c = clf(m("symbol = '^my_park$'\ncategory = \"Uncategorized\"\nsubcategory = \"thread handoff\"",
+              "symbol = '^my_loop$'\ncategory = \"Connection Mgmt\""))
+    d = c.classify(u("my_park", "my_loop"))
+    assert (d.category, d.subcategory, d.frame) == (UNCATEGORIZED, HANDOFF, 0)
+
+
+def test_probe_cost_is_not_placed_under_its_caller(shipped_clf: Classifier) -> None:
+    """qprof's own programs stay Uncategorized / eBPF probes under a send: the report states their cost."""
+    d = _with_queue(shipped_clf).classify(k("bpf_prog_6deef7357e7b4530_sock_send_length", "trace_call_bpf",
+                                            "perf_trace_sock_msg_length", "sock_sendmsg", "__sys_sendto")
+                                          + [("__libc_sendto", LIBC), ("handoff_queue_push", WORKLOAD)])
+    assert (d.category, d.subcategory) == (UNCATEGORIZED, PROBE_COST)
 
 
 def test_cpu_shortfall_note_only_beyond_sampling_error() -> None:
