@@ -8,7 +8,8 @@ A run is a directory:
   stacks.jsonl.gz  folded, symbolised stacks (archive.stacks)
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
   probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
-                   probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output
+                   probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output;
+                   probe-waits.series.jsonl the waits group's wall clock per 100 ms
   tcp.json         the targets' TCP sockets and their kernel byte counters (collectors.traffic)
 Mappings are not applied here: reports apply them later, on any machine.
 """
@@ -29,6 +30,7 @@ from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.probes.mapsout import read_maps
+from qprof.probes.waits.series import WaitSeries, file_name as wait_series_file
 
 META_SHAPE = schema.shape_of(Meta)
 RESERVE_BYTES = 1 << 20  # room kept for the last meta.json write when the disk fills up
@@ -208,6 +210,12 @@ class Run:
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
         schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
         return ProbeRecord.from_json(data)
+
+    def wait_series(self) -> WaitSeries | None:
+        """The waits group's wall clock per 100 ms (probe-waits.series.jsonl, probes.waits.series); None
+        for a run without it (recorded before it existed, or without the waits group). Written line by
+        line while the run goes on: a run cut short holds what was written until the cut."""
+        return WaitSeries.read(self.path / wait_series_file())
 
     def tcp(self) -> TcpRecord | None:
         """tcp.json (collectors.traffic), or None for a run without it."""

@@ -16,6 +16,13 @@ Samples (perf -k monotonic) and readings share CLOCK_MONOTONIC: time 0 is the
 start of the bin holding the run's first /proc reading. A run recorded before, or refolded without that
 clock, has no common clock: its CPU starts at its first sample and no rates
 are drawn (`aligned` is false).
+
+The wall clock over time (`wall`): with the waits probes' series (probes.waits.series, on
+CLOCK_MONOTONIC too, cut at the same 100 ms edges), each target's threads' seconds per state
+(on a CPU, runnable, waiting for the network, a timer, another thread, the disk, other) per
+bin, summed over its threads: a bin's states add up to its threads' time in it (bin_s per thread
+alive all of it). Runs without the series (older archives, no waits group) or without the common
+clock have none, and their outputs are as they were.
 """
 
 from __future__ import annotations
@@ -30,6 +37,14 @@ from qprof.attribution.profile import Profile
 from qprof.attribution.transfer import Transfer
 from qprof.archive.model import ProcReading
 from qprof.archive.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
+from qprof.probes.waits.maps import STATES
+from qprof.probes.waits.series import BIN_NS as SERIES_BIN_NS, WaitSeries
+
+# The probes cut the wall clock series at the timeline's bin edges: one constant on each side of the
+# layers (the probes may not import the archive), checked here.
+if round(BIN_S * 1e9) != SERIES_BIN_NS:
+    raise RuntimeError(f"the waits series' bin ({SERIES_BIN_NS} ns) is not the timeline's ({BIN_S} s): "
+                       "probes/waits/series.py and archive/stacks.py must agree")
 
 
 # the probes' running UDP totals change once a second: their rates are averages between two prints
@@ -68,6 +83,17 @@ class TargetTimeline:
     cpu: list[dict[str, float]]  # per bin from time 0: CPU cores by category (CPU seconds / BIN_S)
     rates: list[Rate] = field(default_factory=list)
     traffic: str = ""  # what the rates count: "TCP", "UDP (...)", both, or "" for none
+    # per bin from time 0: its threads' seconds per state (STATES; states with none left out), from the
+    # waits probes' series; None when the run has none
+    wall: list[dict[str, float]] | None = None
+
+    def wall_shares(self, lo: int, hi: int) -> dict[str, float] | None:
+        """Each state's share of the threads' time over bins [lo, hi); None without a series or time."""
+        if self.wall is None:
+            return None
+        secs = {s: sum(b.get(s, 0.0) for b in self.wall[lo:hi]) for s in STATES}
+        total = sum(secs.values())
+        return {s: v / total for s, v in secs.items()} if total > 0 else None
 
     @property
     def goodput(self) -> list[tuple[float, float, float]]:
@@ -82,7 +108,9 @@ class TargetTimeline:
                 "rates": [{"start_s": round(r.start_s, 3), "end_s": round(r.end_s, 3),
                            "sent_gbps": round(r.sent_gbps, 4), "received_gbps": round(r.received_gbps, 4)}
                           for r in self.rates],
-                "goodput_gbps": [[round(a, 3), round(b, 3), round(g, 4)] for a, b, g in self.goodput]}
+                "goodput_gbps": [[round(a, 3), round(b, 3), round(g, 4)] for a, b, g in self.goodput],
+                **({"wall_s": {s: [round(b.get(s, 0.0), 6) for b in self.wall] for s in STATES}}
+                   if self.wall is not None else {})}
 
 
 @dataclass
@@ -165,6 +193,14 @@ def _within(moved: list[list[float]], lo: float, hi: float) -> list[list[float]]
     return kept
 
 
+def _wall(series: WaitSeries, pid: int, first: int, last: int, bin_s: float) -> list[dict[str, float]] | None:
+    """A process's seconds per state per timeline bin, first to last (a merged bin sums its parts)."""
+    if pid not in series.bins:
+        return None
+    per = series.over(pid, round(bin_s * 1e9))
+    return [{s: v / 1e9 for s, v in per.get(b, {}).items() if v} for b in range(first, last + 1)]
+
+
 def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading],
           pids: list[int] | None = None, transfers: dict[int, Transfer] | None = None) -> Timeline:
     """The timeline of the sampled processes (or of `pids`) from what `builder` saw during `profile`'s pass;
@@ -182,6 +218,7 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading
     if aligned:
         last = max(last, int(readings[-1].mono / BIN_S) // grain)
     scale = profile.seconds_per_period / bin_s  # period per bin -> cores
+    series = profile.run.wait_series() if aligned else None  # read once for every target
     targets = []
     for p in profile.processes:
         if pids is not None and p.pid not in pids:
@@ -192,5 +229,6 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading
         cpu = [{c: v * scale for c, v in per_bin.get(b, {}).items()} for b in range(first, last + 1)]
         span = (p.packet_span_ns[0] / 1e9, p.packet_span_ns[1] / 1e9) if p.packet_span_ns else None
         rates, kinds = _rates(readings, p.pid, origin, span, (transfers or {}).get(p.pid)) if aligned else ([], "")
-        targets.append(TargetTimeline(p.pid, p.comm, p.role, cpu, rates, kinds))
+        wall = _wall(series, p.pid, first, last, bin_s) if series is not None else None
+        targets.append(TargetTimeline(p.pid, p.comm, p.role, cpu, rates, kinds, wall))
     return Timeline(bin_s, aligned, targets)

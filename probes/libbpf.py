@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import json
 import mmap
@@ -178,6 +179,7 @@ class Loaded:
         self._mapped: list[mmap.mmap] = []
         self.ncpus = max(1, lib.libbpf_num_possible_cpus())
         self._summed: dict[str, tuple[int, Any, Any, int, struct.Struct]] = {}
+        self._batch: dict[str, tuple[Any, Any, Any, Any]] = {}
 
     def attach(self, names: Iterable[str]) -> None:
         """Attach these programs (those attached already stay as they are)."""
@@ -235,6 +237,47 @@ class Loaded:
             for i, v in enumerate(fields.unpack_from(raw, cpu * per)):
                 totals[i] += v
         return totals
+
+    def batch(self, name: str, chunk: int = 1024) -> tuple[int, bytes, bytes] | None:
+        """Every entry of a hash map (not per-CPU) in a few BPF_MAP_LOOKUP_BATCH calls: (count, keys
+        packed at key_size, values packed at value_size), for a map read often (one system call per
+        `chunk` entries where `entries` makes two per entry). None where the kernel or libbpf lacks it
+        (the caller reads `entries`). Buffers are kept from the last call."""
+        m = self.maps[name]
+        if m.percpu:
+            return None
+        fast = self._batch.get(name)
+        if fast is None:
+            try:
+                fn = self.lib.bpf_map_lookup_batch
+            except AttributeError:
+                return None
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p]
+            fast = self._batch[name] = (ctypes.create_string_buffer(max(8, m.key_size)),
+                                        ctypes.create_string_buffer(max(8, m.key_size)),
+                                        ctypes.create_string_buffer(m.key_size * chunk),
+                                        ctypes.create_string_buffer(m.value_size * chunk))
+        token_in, token_out, keys, values = fast
+        fn = self.lib.bpf_map_lookup_batch
+        got_keys, got_values, total = [], [], 0
+        first = True
+        while True:
+            count = ctypes.c_uint32(chunk)
+            rc = fn(m.fd, None if first else token_in, token_out, keys, values, ctypes.byref(count), None)
+            err = ctypes.get_errno() if rc != 0 else 0
+            if rc != 0 and err != errno.ENOENT:
+                return None  # unsupported here (EINVAL, ENOTSUPP), or a bucket larger than `chunk` (ENOSPC)
+            n = count.value
+            if n:
+                got_keys.append(keys.raw[:n * m.key_size])
+                got_values.append(values.raw[:n * m.value_size])
+                total += n
+            if rc != 0:  # ENOENT: that was the last of them
+                return total, b"".join(got_keys), b"".join(got_values)
+            ctypes.memmove(token_in, token_out, len(token_out))
+            first = False
 
     def entries(self, name: str) -> list[tuple[bytes, list[bytes]]]:
         """(key, [value per CPU]) of every entry (one value for a shared map)."""

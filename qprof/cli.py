@@ -288,8 +288,8 @@ def _format_help(kind: str) -> str:
               help="Directory of the endpoints' qlog files (e.g. quic-go's QLOGDIR): the stack's own record of "
                    "why its sender waited, shown beside the verdict.")
 @click.option("--timeline", is_flag=True,
-              help="Also each target's CPU by category and goodput over the run (text: a table per target; "
-                   "json: a `timeline` object).")
+              help="Also each target's CPU by category, goodput and (waits probes) its threads' wall clock by "
+                   "state over the run (text: a table per target; json: a `timeline` object).")
 @click.option("-v", "--verbose", is_flag=True,
               help="Text: also how interrupt skid was placed and each mapping file's path and version "
                    "(always in the JSON).")

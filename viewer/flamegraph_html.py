@@ -11,7 +11,12 @@ frame has the same colour as in the SVG. URL parameters `?s=REGEX` and
 Above the graph, a timeline per process shown (attribution.timeline): its
 CPU in cores per 100 ms, stacked by category in the category colours, and
 its goodput (Gbit/s, right axis) as a step line, so handshake, slow start,
-stalls and steady state show where the graph below only has totals.
+stalls and steady state show where the graph below only has totals. With the
+waits probes' series (attribution.timeline's `wall`), under each CPU chart the
+wall clock of the process's threads per 100 ms, stacked by state (on a CPU,
+runnable, and what they waited for) in the off-CPU flame graph's colours, in
+threads (a bin's seconds in a state / the bin): its own script, added only
+then, so a page of a run without the series is what it always was.
 
 Symbol names are untrusted: the tree travels as JSON in a non-executed
 <script type="application/json"> block with `<`, `>` and `&` escaped, and the
@@ -26,6 +31,7 @@ from importlib import resources
 from typing import Any, Callable
 
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.waits import LABELS, STATES
 from qprof.viewer.flametree import Flame, FrameNode
 from qprof.viewer.palette import SEARCH_MATCH, category_colour
 
@@ -197,6 +203,62 @@ _JS = """
 """ % {"match": SEARCH_MATCH}
 
 
+# The wall clock per process under its CPU chart (runs after _JS, which drew the CPU charts).
+_WALL_JS = """
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("qprof-data").textContent);
+  var tl = data.timeline, states = @STATES@, colours = @COLOURS@, labels = @LABELS@;
+  if (!tl) return;
+  var width = Math.max(600, document.getElementById("chart").clientWidth);
+  var m = {top: 18, right: 56, bottom: 26, left: 44}, h = 90;
+  tl.targets.forEach(function (t) {
+    if (!t.wall_s) return;
+    var cpu = document.querySelector('svg.tl-chart[data-pid="' + t.pid + '"]');
+    if (!cpu) return;
+    var n = t.wall_s[states[0]].length, rows = [];
+    for (var i = 0; i < n; i++) {
+      var row = {t: i * tl.bin_s};
+      states.forEach(function (s) { row[s] = t.wall_s[s][i] / tl.bin_s; });
+      rows.push(row);
+    }
+    if (n) rows.push(Object.assign({}, rows[n - 1], {t: n * tl.bin_s}));
+    var used = states.filter(function (s) { return t.wall_s[s].some(function (v) { return v > 0; }); });
+    var holder = document.createElement("div");
+    holder.className = "tl-wall-box";
+    cpu.parentNode.insertBefore(holder, cpu.nextSibling);
+    var box = d3.select(holder);
+    var title = box.append("p").attr("class", "tl-title")
+      .text(t.comm + " (pid " + t.pid + "): its threads' wall clock by state per " + tl.bin_s + " s (threads; waits probes) ");
+    used.forEach(function (s) {
+      var item = title.append("span").attr("class", "legend-item").attr("data-state", s).style("margin-left", "10px");
+      item.append("span").attr("class", "swatch").style("background", colours[s]);
+      item.append("span").text(labels[s]);
+    });
+    var svg = box.append("svg").attr("class", "tl-wall").attr("data-pid", t.pid)
+      .attr("width", width).attr("height", h + m.top + m.bottom);
+    var g = svg.append("g").attr("transform", "translate(" + m.left + "," + m.top + ")");
+    var w = width - m.left - m.right;
+    var series = d3.stack().keys(states)(rows);
+    var top = d3.max(series[series.length - 1] || [], function (d) { return d[1]; }) || 1;
+    var x = d3.scaleLinear().domain([0, Math.max(n * tl.bin_s, tl.bin_s)]).range([0, w]);
+    var y = d3.scaleLinear().domain([0, Math.max(1, top)]).nice().range([h, 0]);
+    var area = d3.area().curve(d3.curveStepAfter).x(function (d) { return x(d.data.t); })
+      .y0(function (d) { return y(d[0]); }).y1(function (d) { return y(d[1]); });
+    g.selectAll("path.tl-wall-area").data(series).enter().append("path").attr("class", "tl-wall-area")
+      .attr("data-state", function (d) { return d.key; })
+      .attr("fill", function (d) { return colours[d.key]; }).attr("d", area)
+      .append("title").text(function (d) { return labels[d.key]; });
+    g.append("g").attr("transform", "translate(0," + h + ")").call(d3.axisBottom(x).ticks(10))
+      .append("text").attr("x", w).attr("y", 22).attr("fill", "#111").attr("text-anchor", "end").text("s");
+    g.append("g").call(d3.axisLeft(y).ticks(3))
+      .append("text").attr("x", 0).attr("y", -8).attr("fill", "#111").attr("text-anchor", "middle").text("threads");
+  });
+})();
+""".replace("@STATES@", json.dumps(list(STATES))).replace(
+    "@COLOURS@", json.dumps({s: category_colour(s) for s in STATES})).replace("@LABELS@", json.dumps(LABELS))
+
+
 def flame_html(flame: Flame) -> str:
     """The page: title, subtitle, legend of category shares, search/zoom controls, the graph."""
     total = flame.root.period or 1
@@ -211,6 +273,9 @@ def flame_html(flame: Flame) -> str:
     doc = json.dumps(data)[:-1] + ',"tree":' + tree_json(flame.root, fields) + "}"
     css = vendored(VENDOR_CSS)
     scripts = "\n".join(f"<script>{vendored(name)}</script>" for name in VENDOR)
+    # the wall clock under each CPU chart: only with the waits probes' series (else the page is unchanged)
+    wall = flame.timeline is not None and any(t.wall is not None for t in flame.timeline.targets)
+    wall_script = f"<script>{_WALL_JS}</script>\n" if wall else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -232,6 +297,6 @@ def flame_html(flame: Flame) -> str:
 <script type="application/json" id="qprof-data">{script_json(doc)}</script>
 {scripts}
 <script>{_JS}</script>
-</body>
+{wall_script}</body>
 </html>
 """

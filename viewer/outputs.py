@@ -46,7 +46,7 @@ class Request:
 
     top: int = 5  # symbols per category (text, JSON)
     verbose: bool = False  # text: how skid was placed, the mapping files' paths
-    timeline: bool = False  # text and JSON: CPU by category and goodput over the run
+    timeline: bool = False  # text and JSON: CPU by category, goodput and the wall clock over the run
     selection: Selection = Selection()  # flame graphs: one process, role or thread
     off_cpu: bool = False  # flame graphs: the wall time by state and wait call path (viewer.offcpu), not the CPU
     colour: bool = False  # text: ANSI colours (when it goes to a terminal)

@@ -3,7 +3,11 @@
 One row per slice of the run (the 100 ms bins merged so a run fits in about
 `rows` lines), each category's CPU in cores in its colour, the total as a
 bar, and the goodput of the slice (Gbit/s, the time-weighted mean of the
-rates that overlap it).
+rates that overlap it). With the waits probes' series (attribution.timeline's `wall`), the row
+goes on with the wall clock of the target's threads in the slice: each state's share of their
+time (on a CPU, runnable, then what they waited for), one column per state the target spent
+time in, in the state colours of the off-CPU flame graph. A run without the series prints as
+it always did.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.timeline import TargetTimeline, Timeline
-from qprof.viewer.palette import TERMINAL
+from qprof.attribution.waits import STATES
+from qprof.viewer.palette import TERMINAL, WAIT_FAMILIES
+
+WALL_HEADERS = {"on_cpu": "on CPU", "runnable": "runnable", "network": "network", "timer": "timer",
+                "thread": "thread", "disk": "disk", "other": "other"}
+assert tuple(WALL_HEADERS) == STATES
 
 BAR_CORES = 20  # bar characters per CPU core
 
@@ -36,13 +45,18 @@ def _target_table(t: TargetTimeline, bin_s: float, rows: int) -> Table:
     per_row = max(1, math.ceil(len(t.cpu) / rows))
     name = f"{t.comm} (pid {t.pid}" + (f", {t.role})" if t.role else ")")
     traffic = f"; goodput from {t.traffic}" if t.traffic else ""
-    table = Table(title=f"timeline of {name}: CPU cores by category per {per_row * bin_s:g} s{traffic}",
+    # the wall clock's states the target spent time in (none: no series, nothing added)
+    states = [s for s in STATES if t.wall is not None and any(b.get(s) for b in t.wall)]
+    wall = "; wall clock: share of its threads' time per state (waits probes)" if states else ""
+    table = Table(title=f"timeline of {name}: CPU cores by category per {per_row * bin_s:g} s{traffic}{wall}",
                   title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("t (s)", justify="right")
     for c in CATEGORIES:
         table.add_column(c, justify="right", style=TERMINAL[c])
     table.add_column("CPU", justify="left", no_wrap=True)
     table.add_column("Gbit/s", justify="right")
+    for s in states:
+        table.add_column(WALL_HEADERS[s], justify="right", style=WAIT_FAMILIES[s].terminal)
     spans = t.goodput
     for i in range(0, len(t.cpu), per_row):
         chunk = t.cpu[i:i + per_row]
@@ -52,8 +66,10 @@ def _target_table(t: TargetTimeline, bin_s: float, rows: int) -> Table:
         for c in CATEGORIES:
             bar.append("█" * round(cores[c] * BAR_CORES), style=TERMINAL[c])
         g = _mean_rate(spans, i * bin_s, (i + len(chunk)) * bin_s)
+        shares = t.wall_shares(i, i + len(chunk)) if states else None
         table.add_row(f"{i * bin_s:.1f}", *[f"{cores[c]:.2f}" if cores[c] else "" for c in CATEGORIES],
-                      bar.append(f" {total:.2f}"), "" if g is None else f"{g:.2f}")
+                      bar.append(f" {total:.2f}"), "" if g is None else f"{g:.2f}",
+                      *[f"{100 * shares[s]:.0f}%" if shares and shares[s] else "" for s in states])
     return table
 
 

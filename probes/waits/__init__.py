@@ -5,6 +5,8 @@ Per thread: time on a CPU, runnable (waiting for a CPU), and blocked, by what en
 waits. waits.bpf.c holds the programs (tp_btf on sched_switch, sched_waking, fork and exit, and
 the timer callbacks' bounds) and every struct they share with Python; loader.py loads them and
 prints the maps every second; maps.py reads what it printed back as a typed record (WaitMaps).
+It also writes each process's time per state per 100 ms to a file of its own (series.py: the
+format, the loader's binning and the reader, WaitSeries).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable
 from qprof import runfiles
 from qprof.probes import btf, libbpf
 from qprof.probes.group import Context, Launch, Unavailable
+from qprof.probes.waits.series import file_name
 
 STACK_INTERVAL_MS = 10.0  # mean gap between one thread's sampled wait stacks
 _DATASEC = 15  # BTF kind
@@ -70,12 +73,13 @@ class WaitsGroup:
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
-        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, config,
+        series = ctx.out / file_name()  # the wall clock per 100 ms (series.py), beside the maps' stream
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, {**config, "series": str(series)},
                                     ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                     ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()
         return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
-                             "output": proc.output.name,
+                             "output": proc.output.name, "series": series.name,
                              "mechanism": "libbpf tp_btf, every context switch and wakeup, sampled stacks"})
 
     def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],

@@ -19,7 +19,9 @@ The series (with "series" in the config): at every 100 ms edge of CLOCK_MONOTONI
 `threads` again and appends one line to PATH, per process the time its threads spent per state
 since the previous edge (series.Binner; the format in series.py), each line one write(2) to a file
 opened O_APPEND, so a kill leaves whole lines and at most one cut last line. A write that fails
-(a full disk) is counted ("series_write_errors") and the maps go on. What the reads cost is
+(a full disk) is counted ("series_write_errors") and the maps go on. The prints follow a cut, so
+a slow print (the first, which names the stacks) has a whole bin before the next edge; a cut made
+more than a bin late is one line for its bins ("series_late_cuts"). What the reads cost is
 measured here: "series_cpu_s" in "@wait_stats" (this thread's CPU time in them).
 
 Stacks are named here, once per stack id (ids are stable: the stack map never replaces an
@@ -44,7 +46,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterable, TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.btf import ENUM
@@ -242,6 +244,7 @@ class Waits:
         self._series_fd: int | None = None
         self._series_cpu_ns = 0
         self._series_errors = 0
+        self._series_late = 0
         t = self.thread
         self._fast = [(struct.Struct("<" + {4: "I", 8: "Q"}[f.size] * f.count), f.offset)
                       for f in (t.field("since_ns"), t.field("ns"), t.field("tgid"), t.field("phase"), t.field("kind"))]
@@ -388,6 +391,7 @@ class Waits:
         stats["loader_cpu_s"] = cpu_seconds(os.getpid()) or 0.0
         if self.binner is not None:
             stats["series_cpu_s"] = self._series_cpu_ns / 1e9
+            stats["series_late_cuts"] = float(self._series_late)  # lines over more than one bin
             stats["series_write_errors"] = float(self._series_errors)
         return {"@wait_ns": wait_ns, "@wait_n": wait_n, "@wait_unknown": unknown, "@wait_comm": comm,
                 "@wait_span": {"start_ns": self.start_ns, "end_ns": now},
@@ -429,32 +433,42 @@ class Waits:
         (since_f, since_o), (ns_f, ns_o), (tgid_f, tgid_o), (phase_f, phase_o), (kind_f, kind_o) = self._fast
         on, runnable, blocked = self.phases["on"], self.phases["runnable"], self.phases["blocked"]
         unknown, dead = self.phases["unknown"], self.phases["dead"]
-        other, nstates = STATES.index("other"), len(STATES)
+        on_i, runnable_i, other_i, nstates = STATES.index("on_cpu"), STATES.index("runnable"), \
+            STATES.index("other"), len(STATES)
+        # the map in one or a few system calls (BPF_MAP_LOOKUP_BATCH), else entry by entry
+        got = self.prog.batch("threads")
+        if got is not None:
+            n, keys, values = got
+            ks, vs = self.prog.maps["threads"].key_size, self.prog.maps["threads"].value_size
+            rows: Iterable[tuple[bytes, int, bytes, int]] = ((keys, i * ks, values, i * vs) for i in range(n))
+        else:
+            rows = ((key, 0, value, 0) for key, (value, *_) in self.prog.entries("threads"))
         living = []
-        for key, (value, *_) in self.prog.entries("threads"):
-            (tid,) = struct.unpack_from("<I", key)
-            (pid,), (phase,), (since,) = tgid_f.unpack_from(value, tgid_o), phase_f.unpack_from(value, phase_o), \
-                since_f.unpack_from(value, since_o)
-            ns = list(ns_f.unpack_from(value, ns_o))
+        for key, kbase, value, base in rows:
+            (tid,) = struct.unpack_from("<I", key, kbase)
+            (pid,), (phase,), (since,) = tgid_f.unpack_from(value, base + tgid_o), \
+                phase_f.unpack_from(value, base + phase_o), since_f.unpack_from(value, base + since_o)
+            ns = list(ns_f.unpack_from(value, base + ns_o))
             if since < at_ns and phase != dead:
                 if phase == on:
-                    i = 0
+                    i = on_i
                 elif phase == runnable:
-                    i = 1
+                    i = runnable_i
                 elif phase == blocked:
-                    (i,) = kind_f.unpack_from(value, kind_o)
-                    i = i if 0 <= i < nstates else other
+                    (i,) = kind_f.unpack_from(value, base + kind_o)
+                    i = i if 0 <= i < nstates else other_i
                 elif phase == unknown:
                     state = self._unknown_state.get((pid, tid))
                     if state is None:
                         state = self._unknown_state[(pid, tid)] = "on_cpu" if proc_state(pid, tid) == "R" else "other"
                     i = STATES.index(state)
                 else:
-                    i = other
+                    i = other_i
                 ns[i] += at_ns - since
             living.append((pid, tid, ns))
         line = self.binner.cut(at_ns, living, self.dead_ns)
         if line is not None:
+            self._series_late += "n" in line
             self._series_write(line)
         self._series_cpu_ns += time.thread_time_ns() - t0
 
@@ -484,14 +498,17 @@ class Waits:
         binner = self.binner
         next_edge = binner.next_edge(time.monotonic_ns()) if binner is not None else None
         while not self.stop:
-            self._sleep_until(next_print if next_edge is None else min(next_print, next_edge / 1e9), wake)
+            # with the series, the prints follow a cut (a print can take tens of ms, the first one, which
+            # names the stacks, more: it then has a whole bin before the next edge)
+            self._sleep_until(next_print if next_edge is None else next_edge / 1e9, wake)
             if self.stop:
                 break
             if binner is not None and next_edge is not None:
                 now_ns = time.monotonic_ns()
-                if now_ns >= next_edge:
-                    self.series_cut(binner.edge_before(now_ns))  # late by several bins: one line for them
-                    next_edge = binner.next_edge(now_ns)
+                if now_ns < next_edge:
+                    continue
+                self.series_cut(binner.edge_before(now_ns))  # late by several bins: one line for them
+                next_edge = binner.next_edge(now_ns)
             if time.monotonic() >= next_print:
                 next_print = max(next_print + PRINT_S, time.monotonic())
                 self.print()
