@@ -19,12 +19,10 @@ Output, one JSON line each, every second and a last time at SIGINT/SIGTERM:
 from __future__ import annotations
 
 import ctypes
-import gc
 import json
 import os
 import random
 import select
-import signal
 import struct
 import sys
 import time
@@ -34,7 +32,7 @@ from typing import Any, TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
-from qprof.probes.libbpf import READY, Loaded, Unavailable
+from qprof.probes.libbpf import READY, Loaded, Stop, Unavailable, loader_main
 from qprof.probes.packetio import windows
 from qprof.probes.sockets import snmp_table, udp_ports
 
@@ -87,13 +85,6 @@ Mib = dict[str, tuple[float, ...]]  # netns -> its counters, windows.AUX's order
 
 
 @dataclass
-class Stop:
-    """Set by SIGINT/SIGTERM (also while loading: qprof may die before the probes are live)."""
-
-    requested: bool = False
-
-
-@dataclass
 class Window:
     """One period's window, kept until the period is known to be over."""
 
@@ -112,7 +103,7 @@ def _aux_delta(before: Mib, after: Mib) -> Mib:
 class Sampler:
     """The loaded programs, their windows, and what they counted."""
 
-    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: "Stop") -> None:
+    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: Stop) -> None:
         self._stop = stop
         self.pids = [int(p) for p in config["pids"]]
         self.layout = layouts.read(obj)
@@ -422,37 +413,7 @@ class Sampler:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m qprof.probes.packetio.sampler OBJECT CONFIG_JSON", file=sys.stderr)
-        return 2
-    try:
-        config = json.loads(argv[1])
-    except ValueError:
-        print("qprof: error: CONFIG_JSON is not JSON", file=sys.stderr)
-        return 2
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    signal.set_wakeup_fd(w)
-    stop = Stop()
-
-    def on_signal(_s: int, _f: object) -> None:
-        stop.requested = True
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_signal)
-    try:
-        sampler = Sampler(Path(argv[0]), config, sys.stdout, stop)
-        if not stop.requested:
-            # what loading made lives to the end: the collector need not walk it again (it was up
-            # to 15% of the loader's CPU during a transfer)
-            gc.collect()
-            gc.freeze()
-            sampler.run(r)
-    except (Unavailable, layouts.LayoutError, OSError) as e:
-        print(f"qprof: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return loader_main(argv, "qprof.probes.packetio.sampler", Sampler, (layouts.LayoutError,))
 
 
 if __name__ == "__main__":

@@ -35,16 +35,13 @@ from __future__ import annotations
 
 import bisect
 import ctypes
-import gc
 import json
 import os
 import re
 import select
-import signal
 import struct
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
@@ -52,7 +49,7 @@ from qprof.probes import layout as layouts
 from qprof.probes.btf import ENUM
 from qprof.probes.children import cpu_seconds
 from qprof.probes.group import Unavailable
-from qprof.probes.libbpf import READY, Loaded
+from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
 from qprof.probes.waits.maps import STATES
 from qprof.probes.waits.series import Binner
 
@@ -64,12 +61,6 @@ UNKNOWN_FRAME = "[unknown]"
 # kernel frames of the probe itself, above __schedule (the tracepoint's caller) in every stack
 _PROBE_FRAMES = ("bpf_", "__bpf_", "__traceiter_", "trace_")
 
-
-@dataclass
-class Stop:
-    """Set by SIGINT/SIGTERM (also while loading)."""
-
-    requested: bool = False
 
 
 def _enum(lay: layouts.ObjectLayout, name: str, prefix: str) -> list[str]:
@@ -521,37 +512,7 @@ class Waits:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m qprof.probes.waits.loader OBJECT CONFIG_JSON", file=sys.stderr)
-        return 2
-    try:
-        config = json.loads(argv[1])
-        if not isinstance(config, dict) or not isinstance(config.get("pids"), list):
-            raise ValueError
-    except ValueError:
-        print('qprof: error: CONFIG_JSON is not {"pids": [...], ...}', file=sys.stderr)
-        return 2
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    signal.set_wakeup_fd(w)
-    stop = Stop()
-
-    def on_signal(_s: int, _f: object) -> None:
-        stop.requested = True
-
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_signal)
-    try:
-        waits = Waits(Path(argv[0]), config, sys.stdout, stop)
-        if not stop.requested:
-            gc.collect()
-            gc.freeze()
-            waits.run(r)
-    except (Unavailable, layouts.LayoutError, OSError, ValueError) as e:
-        print(f"qprof: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return loader_main(argv, "qprof.probes.waits.loader", Waits, (layouts.LayoutError,))
 
 
 if __name__ == "__main__":
