@@ -26,12 +26,14 @@ import json
 import mmap
 import os
 import platform
+import select
 import shutil
 import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -320,6 +322,18 @@ class Stop:
     """Set by SIGINT/SIGTERM (also while loading: qprof may die before the probes are live)."""
 
     requested: bool = False
+
+    def sleep_until(self, t: float, wake: int) -> None:
+        """Sleep to monotonic time `t`, or until a stop: a signal writes to the pipe `wake`."""
+        while not self.requested:
+            left = t - time.monotonic()
+            if left <= 0:
+                return
+            select.select([wake], [], [], left)
+            try:
+                os.read(wake, 4096)
+            except BlockingIOError:
+                pass
 
 
 class Runner(Protocol):

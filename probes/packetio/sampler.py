@@ -22,7 +22,6 @@ import ctypes
 import json
 import os
 import random
-import select
 import struct
 import sys
 import time
@@ -288,15 +287,7 @@ class Sampler:
     # -- the windows
 
     def _sleep_until(self, t: float, wake: int) -> None:
-        while not self.stop:
-            left = t - time.monotonic()
-            if left <= 0:
-                return
-            select.select([wake], [], [], left)  # a signal writes to `wake`: stop at once
-            try:
-                os.read(wake, 4096)
-            except BlockingIOError:
-                pass
+        self._stop.sleep_until(t, wake)
 
     def _count_whole(self, end: float, opened: float, budget_events_s: float, wake: int) -> tuple[int, bool]:
         """Wait for the end of a whole-period window, checking the hook rate every windows.CHECK_S:

@@ -38,7 +38,6 @@ import ctypes
 import json
 import os
 import re
-import select
 import struct
 import sys
 import time
@@ -466,15 +465,7 @@ class Waits:
     # -- the run
 
     def _sleep_until(self, t: float, wake: int) -> None:
-        while not self.stop:
-            left = t - time.monotonic()
-            if left <= 0:
-                return
-            select.select([wake], [], [], left)  # a signal writes to `wake`: stop at once
-            try:
-                os.read(wake, 4096)
-            except BlockingIOError:
-                pass
+        self._stop.sleep_until(t, wake)
 
     def run(self, wake: int) -> None:
         prog = self.prog

@@ -30,7 +30,7 @@ STATES = ("on_cpu", "runnable", "network", "timer", "thread", "disk", "other")
 BLOCKED = STATES[2:]
 
 
-def _count(v: Any) -> int | None:
+def count(v: Any) -> int | None:
     """A finite, non-negative number as an int, else None (strings, NaN, negatives: damaged)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -107,7 +107,7 @@ class WaitMaps:
         for name, into in (("@wait_ns", ns), ("@wait_n", counts)):
             m = maps.get(name)
             for key, value in m.items() if isinstance(m, dict) else ():
-                ids, v = _ids(key, 2), _count(value)
+                ids, v = _ids(key, 2), count(value)
                 state = str(key).split(",")[2] if str(key).count(",") == 2 else None
                 if ids is None or v is None or state not in STATES:
                     continue
@@ -115,7 +115,7 @@ class WaitMaps:
         unknown: dict[tuple[int, int], int] = {}
         m = maps.get("@wait_unknown")
         for key, value in m.items() if isinstance(m, dict) else ():
-            ids, v = _ids(key, 2), _count(value)
+            ids, v = _ids(key, 2), count(value)
             if ids is not None and v is not None and str(key).count(",") == 1:
                 unknown[(ids[0], ids[1])] = v
         comms: dict[tuple[int, int], str] = {}
@@ -133,7 +133,7 @@ class WaitMaps:
         stacks: dict[tuple[int, str], dict[str, int]] = {}
         m = maps.get("@wait_stacks")
         for key, value in m.items() if isinstance(m, dict) else ():
-            parts, v = str(key).split(";"), _count(value)
+            parts, v = str(key).split(";"), count(value)
             if len(parts) < 2 or v is None or parts[1] not in BLOCKED:
                 continue
             try:
@@ -146,7 +146,7 @@ class WaitMaps:
         span = None
         m = maps.get("@wait_span")
         if isinstance(m, dict):
-            start, end = _count(m.get("start_ns")), _count(m.get("end_ns"))
+            start, end = count(m.get("start_ns")), count(m.get("end_ns"))
             if start is not None and end is not None and end >= start:
                 span = (start, end)
         interval = None

@@ -39,14 +39,13 @@ the file back, skipping and counting damaged lines (a line cut by a kill, a hand
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from qprof import runfiles
 from qprof.errors import QprofError
-from qprof.probes.waits.maps import STATES
+from qprof.probes.waits.maps import STATES, count
 from qprof.readlimits import lines, open_regular
 
 # The bin: the timeline's (archive.stacks.BIN_S, 100 ms), which the probes layer may not import;
@@ -145,15 +144,6 @@ class Binner:
         return line
 
 
-def _count(v: Any) -> int | None:
-    """A finite, non-negative number as an int, else None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return int(v) if v >= 0 else None
-
-
 @dataclass(frozen=True)
 class WaitSeries:
     """What the series file holds: per process, per bin, ns per state (its threads summed)."""
@@ -211,7 +201,7 @@ class WaitSeries:
                 continue
             if first and isinstance(obj, dict) and "bin_ns" in obj:
                 first = False
-                width, start = _count(obj.get("bin_ns")), _count(obj.get("start_ns"))
+                width, start = count(obj.get("bin_ns")), count(obj.get("start_ns"))
                 if width is not None and MIN_BIN_NS <= width <= MAX_BIN_NS:
                     bin_ns = width
                 else:
@@ -266,7 +256,7 @@ def _bin_line(obj: Any) -> tuple[int, int, dict[tuple[int, str], int]] | None:
     entries: dict[tuple[int, str], int] = {}
     for key, value in obj["d"].items():
         pid_s, _, state = str(key).partition(",")
-        v = _count(value)
+        v = count(value)
         if state not in STATES or v is None:
             return None
         try:
