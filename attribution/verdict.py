@@ -28,9 +28,9 @@ Per side, over its own window (two archives from two hosts need no clock sync):
   probes, attribution.waits) names what binds:
   `scheduling`: a multi-threaded side's working threads spent a large share
   of their wall time runnable after a wakeup or waiting for each other (a
-  runtime handing work between its threads: binding them to fewer CPUs is
-  expected to raise goodput);
-  `path/flow-control`: the sender's busiest thread waited mostly for the
+  runtime handing work between its threads; binding them to fewer CPUs
+  changes it, for better or worse: docs/measurements.md);
+  `path/flow-control`: the sender's busiest thread (its pool) waited mostly for the
   network, for its peer's packets (acknowledgements or credit): the path's
   round-trip time and loss through congestion control, or the receiver's
   flow control; the stack's qlog, where it writes one, tells them apart
