@@ -19,6 +19,7 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.errors import QprofError
 from qprof.viewer import rows as R
 from qprof.collectors.perf import DEFAULT_FREQUENCY
+from qprof.probes.registry import DEFAULT_GROUPS
 from test_bad_input import one_line_error
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -99,7 +100,7 @@ def test_load_probes_verdict_and_meta(runs: list[Path], reports: list[dict]) -> 
     assert len(d.meta) == 1
     meta = d.meta.iloc[0]
     assert meta.samples == sum(p["samples"] for p in report["processes"])
-    assert meta.hostname == os.uname().nodename and meta.probes == "packetio" and meta.frequency == DEFAULT_FREQUENCY
+    assert meta.hostname == os.uname().nodename and meta.probes == ",".join(DEFAULT_GROUPS) and meta.frequency == DEFAULT_FREQUENCY
     assert meta.verdict == report["verdict"]["limited_by"] and meta["stack"] == "ngtcp2"
     assert d.report["run"]["path"] == str(runs[0])
 

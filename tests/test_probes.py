@@ -117,6 +117,33 @@ def test_ngtcp2_server_sends_with_gso(probes_available: None, ngtcp2_tools: None
     assert cost["bpf_run_cnt"] > 0 and cost["bpf_run_time_ns"] > 0, "probe cost is measured"
 
 
+# The late stream's start in its period depends on how long the probes took to start: one that begins in a
+# period's last ~20 ms adds fewer hook runs than the burst the overrun check allows (windows.BURST_S) before
+# that period ends (2026-11-27, with the waits loader's start: 2 of 7 runs), and the next window is already
+# sampled. Each retry moves the start by a third of a 0.2 s period.
+LATE_SHIFT_S, LATE_TRIES = 0.07, 3
+
+
+def _stream(exe: Path, gro: bool, segs: int, late: float, run: Path) -> tuple[list[int], list[int], int, int]:
+    """One attached run of the stream: (the sender's own counts, the sink's, their pids)."""
+    sink = subprocess.Popen([str(exe), "sink", *(["gro"] if gro else [])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None
+        port = int(sink.stdout.readline())
+        send = [str(exe), "send", str(port), "2", "1200", str(segs)]
+        if late:  # the same process (pid), execing the sender once the wait is over
+            send = ["sh", "-c", f'sleep {late}; exec "$@"', "sh", *send]
+        sender = StoppedProcess(send, stdout=subprocess.PIPE, text=True)
+        AttachSession(AttachOptions(pids=[sink.pid, sender.pid], out=run, frequency=99), on_ready=sender.release,
+                      stop_when=lambda: sink.poll() is not None and sender.poll() is not None).run()
+        tx = [int(x) for x in sender.stdout.read().split()]  # type: ignore[union-attr]
+        rx = [int(x) for x in sink.stdout.read().split()]
+    finally:
+        sink.kill()
+        sink.wait()
+    return tx, rx, sender.pid, sink.pid
+
+
 @pytest.mark.parametrize("segs,gro,late", [(8, False, 0.0), (1, False, 0.0), (8, True, 0.0), (1, False, 1.1)],
                          ids=["gso", "plain", "gso-gro", "plain-late"])
 def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, segs: int, gro: bool,
@@ -126,27 +153,17 @@ def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, s
     `late`: the stream starts that long after the probes, in a period counted whole while the host
     was quiet; the overrun check ends that period early (windows.overran)."""
     exe = build_c(UDP_STREAM, "udp_stream", [])
-    sink = subprocess.Popen([str(exe), "sink", *(["gro"] if gro else [])], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout is not None
-        port = int(sink.stdout.readline())
-        send = [str(exe), "send", str(port), "2", "1200", str(segs)]
-        if late:  # the same process (pid), execing the sender once the wait is over
-            send = ["sh", "-c", f'sleep {late}; exec "$@"', "sh", *send]
-        sender = StoppedProcess(send, stdout=subprocess.PIPE, text=True)
-        run = tmp_path / "run"
-        AttachSession(AttachOptions(pids=[sink.pid, sender.pid], out=run, frequency=99), on_ready=sender.release,
-                      stop_when=lambda: sink.poll() is not None and sender.poll() is not None).run()
-        tx = [int(x) for x in sender.stdout.read().split()]  # type: ignore[union-attr]
-        rx = [int(x) for x in sink.stdout.read().split()]
-    finally:
-        sink.kill()
-        sink.wait()
-    pio = report_json(run)["packet_io"]
+    for attempt in range(LATE_TRIES if late else 1):
+        run = tmp_path / f"run{attempt}"
+        tx, rx, sender_pid, sink_pid = _stream(exe, gro, segs, late + attempt * LATE_SHIFT_S if late else 0.0, run)
+        pio = report_json(run)["packet_io"]
+        if not late or pio["sampling"]["budget"]["overruns"] >= 1:
+            break
+        print(f"late stream {attempt + 1}: no overrun (it began at a period's end), starting it later")
     assert not pio["sampling"]["exact"], "a stream of ~10^5 datagrams a second is sampled, not counted whole"
     if late:
         assert pio["sampling"]["budget"]["overruns"] >= 1, "the stream began in a whole period: it ended early"
-    snd, rcv = pio["processes"][str(sender.pid)]["estimates"], pio["processes"][str(sink.pid)]["estimates"]
+    snd, rcv = pio["processes"][str(sender_pid)]["estimates"], pio["processes"][str(sink_pid)]["estimates"]
     # the end marker (one 1-byte datagram) is the workload's, not counted by it
     truth = [(snd, "tx.datagrams", tx[0] + 1), (snd, "tx.bytes", tx[1] + 1), (snd, "tx.messages", tx[2] + 1),
              (rcv, "rx.datagrams", rx[0] + 1), (rcv, "rx.bytes", rx[1] + 1), (rcv, "rx.messages", rx[2] + 1)]
