@@ -146,3 +146,14 @@ def test_any_split_adds_up_and_any_verdict_names_a_known_cause(threads: dict[tup
     cli = {(2, k[1]): v for k, v in threads.items() if k[0] == 2}
     v = verdict(srv, cli)
     assert set(v.cause.split("+")) <= set(CAUSES)
+
+
+def test_the_qlog_names_the_path_over_a_runtime_pool_waiting_on_itself() -> None:
+    """A Go pool whose waits are nearly all on its own threads reads as its own input, unless the stack's
+    qlog says its window was full most of the time: then the path holds it."""
+    own = {(1, 1): {"on_cpu": 0.02, "network": 0.03, "thread": 0.95}, (1, 3): {"on_cpu": 0.02, "thread": 0.98}}
+    srv = readings(1, 10, 0.04, 0.0, threads=2)
+    assert verdict(own, RECEIVER, srv=srv, comm="go").cause == "application"
+    cc = SenderRecord("s.sqlog", "server", 10.0, {"congestion_control": 9.4, "flow_control": 0.0, "application": 0.6},
+                      1000, 5, True, [50.0])
+    assert verdict(own, RECEIVER, srv=srv, comm="go", record=cc).cause == "path"
