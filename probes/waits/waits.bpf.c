@@ -122,6 +122,12 @@ struct {
 	__type(value, struct thread);
 } threads SEC(".maps");
 
+// A target thread's entry: the bit test first (every task of the host passes here), then the hash.
+static __always_inline struct thread *target(__u32 tid)
+{
+	return watched(tid) ? bpf_map_lookup_elem(&threads, &tid) : NULL;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, STACK_ENTRIES);
@@ -313,21 +319,15 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	     unsigned int prev_state)
 {
 	__u64 now = 0;
-	__u32 tid = prev->pid;
-	if (watched(tid)) {
-		struct thread *t = bpf_map_lookup_elem(&threads, &tid);
-		if (t) {
-			now = bpf_ktime_get_ns();
-			// preempted (or its block undone by a pending signal): still runnable
-			switch_out(ctx, t, prev, now, preempt || prev_state == 0);
-		}
+	struct thread *t = target(prev->pid);
+	if (t) {
+		now = bpf_ktime_get_ns();
+		// preempted (or its block undone by a pending signal): still runnable
+		switch_out(ctx, t, prev, now, preempt || prev_state == 0);
 	}
-	tid = next->pid;
-	if (watched(tid)) {
-		struct thread *t = bpf_map_lookup_elem(&threads, &tid);
-		if (t)
-			switch_in(t, now ? now : bpf_ktime_get_ns());
-	}
+	t = target(next->pid);
+	if (t)
+		switch_in(t, now ? now : bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -380,9 +380,7 @@ SEC("tp_btf/sched_waking")
 int BPF_PROG(on_waking, struct task_struct *p)
 {
 	__u32 tid = p->pid;
-	if (!watched(tid))
-		return 0;
-	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct thread *t = target(tid);
 	if (!t)
 		return 0;
 	__u32 phase = t->phase;
@@ -471,9 +469,7 @@ SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
 	__u32 tid = p->pid;
-	if (!watched(tid))
-		return 0;
-	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct thread *t = target(tid);
 	if (!t)
 		return 0;
 	__u32 phase = t->phase;
