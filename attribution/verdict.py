@@ -84,7 +84,6 @@ THRESHOLDS: dict[str, float] = {
     "scheduling_wait": 0.30,
 }
 WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window does the side's work
-EXTERNAL_WAITS = 0.10  # waits on anything but its own threads: this share of them names what it waited for
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
 CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "path", "flow-control",
           "path/flow-control", "application", "flow-control/application")
@@ -263,7 +262,7 @@ def _wall(ev: SideEvidence, wall: WallClock) -> None:
         return
     ev.wall_busiest = {k: th.split.share(k) for k in th.split.seconds}
     pool = wall.pool_of(th.tid)
-    ev.waited_for = _waited_for(pool.split if pool is not None and len(pool.threads) > 1 else th.split)
+    ev.waited_for = (pool.split if pool is not None and len(pool.threads) > 1 else th.split).waited_for
     if ev.busiest_pool is None and pool is not None:
         ev.busiest_pool = pool.name
     working = [t.split for t in wall.threads if t.split.share(ON_CPU) >= WORKING_ON_CPU]
@@ -272,21 +271,6 @@ def _wall(ev: SideEvidence, wall: WallClock) -> None:
         w = WallSplit.total(working)
         ev.wall_working = {k: w.share(k) for k in w.seconds}
         ev.scheduling_wait = w.share(RUNNABLE) + w.share("thread")
-
-
-def _waited_for(split: WallSplit) -> str | None:
-    """What a thread, or its pool together, waited for from outside: waits on another of its own threads
-    are a runtime's handoffs (Go's Ms park on a futex until the thread that polls the network wakes
-    them), so the longest of the other kinds names it, unless they are under EXTERNAL_WAITS of its waits
-    (then its own input: another thread)."""
-    waits = {k: split.seconds[k] for k in split.seconds if k not in (ON_CPU, RUNNABLE)}
-    total = sum(waits.values())
-    if total <= 0:
-        return None
-    outside = {k: v for k, v in waits.items() if k != "thread"}
-    if sum(outside.values()) >= EXTERNAL_WAITS * total:
-        return max(outside, key=lambda k: outside[k])
-    return "thread"
 
 
 def _binds(ev: SideEvidence, view: ThreadView | None) -> str:

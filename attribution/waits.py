@@ -37,6 +37,7 @@ LABELS = {ON_CPU: "on a CPU", RUNNABLE: "runnable (waiting for a CPU)", "network
 # The split of a thread must add up to its window within this share: what the probe dropped (a
 # thread's state unknown from its start) shows as a gap.
 CLOSURE = 0.02
+EXTERNAL_WAITS = 0.10  # waits on anything but its own threads: this share of them names what it waited for
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,19 @@ class WallSplit:
         return self.seconds.get(state, 0.0) / self.window_s if self.window_s > 0 else 0.0
 
     @property
-    def waiting_s(self) -> float:
-        return sum(self.seconds[k] for k in WAIT_KINDS)
-
-    @property
-    def dominant_wait(self) -> str | None:
-        """The kind it waited for longest; None when it never blocked."""
-        best = max(WAIT_KINDS, key=lambda k: self.seconds[k])
-        return best if self.seconds[best] > 0 else None
+    def waited_for(self) -> str | None:
+        """What it waited for from outside: waits on another of its own threads are a runtime's handoffs
+        (Go's Ms park on a futex until the thread that polls the network wakes them), so the longest of
+        the other kinds names it, unless they are under EXTERNAL_WAITS of its waits (then its own input:
+        another thread). None when it never blocked."""
+        waits = {k: self.seconds[k] for k in WAIT_KINDS}
+        total = sum(waits.values())
+        if total <= 0:
+            return None
+        outside = {k: v for k, v in waits.items() if k != "thread"}
+        if sum(outside.values()) >= EXTERNAL_WAITS * total:
+            return max(outside, key=lambda k: outside[k])
+        return "thread"
 
     @staticmethod
     def total(splits: list["WallSplit"]) -> "WallSplit":

@@ -141,7 +141,7 @@ def test_any_split_adds_up_and_any_verdict_names_a_known_cause(threads: dict[tup
         for t in w.threads:
             assert abs(sum(t.split.seconds.values()) - t.split.window_s) <= 1e-9 * max(1.0, t.split.window_s)
             assert all(0.0 <= t.split.share(k) <= 1.0 + 1e-9 for k in STATES)
-            assert t.split.dominant_wait is None or t.split.dominant_wait in WAIT_KINDS
+            assert t.split.waited_for is None or t.split.waited_for in WAIT_KINDS
     srv = {k: v for k, v in threads.items() if k[0] == 1}
     cli = {(2, k[1]): v for k, v in threads.items() if k[0] == 2}
     v = verdict(srv, cli)
