@@ -9,7 +9,8 @@ A run is a directory:
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
   probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
                    probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output;
-                   probe-waits.series.jsonl the waits group's wall clock per 100 ms
+                   probe-waits.series.jsonl the waits group's wall clock per 100 ms;
+                   probe-packetio.timing.jsonl the targets' messages per 0.13 ms bin
   tcp.json         the targets' TCP sockets and their kernel byte counters (collectors.traffic)
 Mappings are not applied here: reports apply them later, on any machine.
 """
@@ -30,6 +31,7 @@ from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.probes.mapsout import read_maps
+from qprof.probes.packetio.timing import TimingFile, file_name as timing_file
 from qprof.probes.waits.series import WaitSeries, file_name as wait_series_file
 
 META_SHAPE = schema.shape_of(Meta)
@@ -216,6 +218,12 @@ class Run:
         for a run without it (recorded before it existed, or without the waits group). Written line by
         line while the run goes on: a run cut short holds what was written until the cut."""
         return WaitSeries.read(self.path / wait_series_file())
+
+    def message_timing(self) -> TimingFile | None:
+        """The targets' messages sent and received per 0.13 ms bin (probe-packetio.timing.jsonl,
+        probes.packetio.timing); None for a run without it. Written line by line: a run cut short
+        holds what was written until the cut."""
+        return TimingFile.read(self.path / timing_file())
 
     def tcp(self) -> TcpRecord | None:
         """tcp.json (collectors.traffic), or None for a run without it."""

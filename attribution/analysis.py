@@ -9,6 +9,7 @@ from qprof.attribution.mapping import MappingSet
 from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
+from qprof.attribution.rtt import RoundTrip, round_trips
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer, transfer, working
@@ -32,6 +33,7 @@ class Analysis:
     threads: dict[int, ThreadView] = field(default_factory=dict)  # per target: pools, parallelism, handoffs
     transfers: dict[int, Transfer] = field(default_factory=dict)  # per process: its goodput, computed once
     wall: dict[int, WallClock] = field(default_factory=dict)  # per target: its threads' wall clock (waits probes)
+    round_trips: dict[int, RoundTrip] = field(default_factory=dict)  # per target: the path's RTT its datagrams echo
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -75,12 +77,15 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
                for t in info.targets}
     waits = probes.waits()
     wall = {t.pid: w for t in info.targets if (w := wall_clock(waits, t.pid, threads[t.pid])) is not None}
+    rtts = round_trips(run.message_timing(), pids)
     sides = [ev for t in info.targets if t.role in ("server", "client")
              for ev in [side_evidence(readings, t.pid, t.role, t.comm, host_cpus, pio, info.host.cpu_nodes,
                                       probes.queues, transfers[t.pid], threads[t.pid], wall.get(t.pid))]
              if ev is not None]
+    for ev in sides:
+        ev.round_trip_ms = rtts[ev.pid].ms if ev.pid in rtts else None
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads,
-                    transfers=transfers, wall=wall)
+                    transfers=transfers, wall=wall, round_trips=rtts)
 
 
 def _datagrams(pio: PacketIO | None, pid: int) -> float | None:

@@ -170,6 +170,7 @@ class SideEvidence:
     working_threads: int = 0  # threads on a CPU >= WORKING_ON_CPU of their window
     waited_for: str | None = None  # what its busiest thread (its pool, when several) waited for from outside
     scheduling_wait: float | None = None  # working threads' runnable + thread-wait share of their wall time
+    round_trip_ms: float | None = None  # the path's round trip its own datagrams' timing shows (attribution.rtt)
     cause: str | None = None  # what limits this side, or None
     cpu_limited: bool = False
     findings: list[Finding] = field(default_factory=list)
@@ -573,8 +574,10 @@ def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, 
                                       "data)",
                             "disk": "the disk: the application reading what it sends"}.get(kind, f"{kind} waits")}
     path = ""
+    if cause in ("path", "path/flow-control") and snd.round_trip_ms is not None:
+        path = f"; the path's round trip in the {snd.role}'s datagram timing: {snd.round_trip_ms:.1f} ms"
     if rec is not None and (rec.rtt_ms is not None or rec.packets_sent):
-        path = (f"; the stack's qlog: RTT {rec.rtt_ms:.1f} ms" if rec.rtt_ms is not None else "; the stack's qlog:") + (
+        path += (f"; the stack's qlog: RTT {rec.rtt_ms:.1f} ms" if rec.rtt_ms is not None else "; the stack's qlog:") + (
             f", {rec.packets_lost} of {rec.packets_sent} packets lost ({rec.packets_lost / rec.packets_sent:.2%})"
             if rec.packets_sent else "")
     return cause, f"{none}; {who}; {'its pool' if snd.busiest_pool and snd.threads > 1 else 'it'} waited longest for {what[cause]}{path}"

@@ -284,6 +284,7 @@ class RunResult:
     cause: str | None = None  # the verdict's overall cause
     has_verdict: bool = False
     stack_word: dict[str, Any] | None = None  # the stack's own record beside the verdict (qlog), if any
+    round_trip_ms: dict[str, float] = field(default_factory=dict)  # role -> RTT its datagrams' timing shows
     seconds: float | None = None  # client wall time, profiled
     goodput_mbit: float | None = None
     size: int = 0
@@ -446,6 +447,8 @@ def run_scenario(scenario: Scenario, stack: str, factory: TransferFactory, size:
         wall = meta.duration_s or None
         for p in report.get("processes", []):
             role = p.get("role")
+            if role in ROLES and isinstance(p.get("round_trip"), dict):
+                res.round_trip_ms[role] = float(p["round_trip"]["ms"])
             cores = (evidence.get(role) or {}).get("process_cpu_cores") if isinstance(evidence, dict) else None
             if cores is not None:
                 res.cpu[role] = float(cores)

@@ -103,3 +103,7 @@ def test_scenario_verdict(scenario_run: Any, name: str, stack: str) -> None:
         assert word["role"] == "server" and word["agrees"] is True, word
         if sc.delay_ms:  # the stack measured the path the lab made
             assert word["rtt_ms"] is not None and abs(word["rtt_ms"] - 2 * sc.delay_ms) <= 0.2 * 2 * sc.delay_ms
+            # and qprof read the same round trip in the sender's datagram timing, without the qlog
+            kernel = r.round_trip_ms.get("server")
+            print(f"round trip: qlog {word['rtt_ms']} ms, the server's datagram timing {kernel} ms")
+            assert kernel is not None and abs(kernel - word["rtt_ms"]) <= 0.2 * word["rtt_ms"], (kernel, word["rtt_ms"])

@@ -77,6 +77,8 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         d["transfer"] = None if moved is None else moved.to_json()
         wall = analysis.wall.get(p.pid)
         d["wall_clock"] = None if wall is None else wall.to_json()
+        rt = analysis.round_trips.get(p.pid)
+        d["round_trip"] = None if rt is None else rt.to_json()
         d["unnamed_share"] = _r(sum(p.unnamed.values()) / (p.breakdown.period or 1))
         d["symbols"] = [o.to_json() for o in naming(p.leaf_objects, p.unnamed, info.symbols)]
         procs.append(d)

@@ -409,6 +409,10 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
         if wall is not None:
             console.print(_wall_table(wall))
             _wall_notes(wall, say, profile)
+        rt = analysis.round_trips.get(p.pid)
+        if rt is not None:
+            say(f"  round trip {rt.ms:.2f} ms: what it received echoed what it sent that much later "
+                f"(its datagrams' timing over {rt.bins * rt.bin_s:.1f} s)")
         tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
         udp = pio.processes.get(p.pid) if pio is not None else None
         if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):

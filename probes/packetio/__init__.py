@@ -13,6 +13,7 @@ from typing import Any, Callable
 from qprof import runfiles
 from qprof.probes import btf, libbpf
 from qprof.probes.group import Context, Launch, Unavailable
+from qprof.probes.packetio import timing
 
 MAX_TARGETS = 16  # struct config's targets[] in packetio.bpf.c (the sampler checks it against the object)
 
@@ -50,12 +51,14 @@ class PacketioGroup:
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
-        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, config,
+        timing_file = ctx.out / timing.file_name()  # the messages' times per bin (timing.py), beside the stream
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, {**config, "timing": str(timing_file)},
                                     ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                     ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()
         return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
-                             "output": proc.output.name, "mechanism": "libbpf tp_btf, sampling windows"})
+                             "output": proc.output.name, "timing": timing_file.name,
+                             "mechanism": "libbpf tp_btf, sampling windows"})
 
     def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:

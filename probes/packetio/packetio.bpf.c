@@ -31,6 +31,8 @@
 #define ETH_P_IP_ 0x0800
 #define ETH_P_IPV6_ 0x86DD
 #define MSG_PEEK_ 2
+#define TIMING_SHIFT 17      // timing bins of 2^17 ns (0.13 ms) of CLOCK_MONOTONIC
+#define TIMING_BINS 8192     // a ring of 1.07 s: the loader drains it every period (<= 0.5 s)
 
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 #define CAST(ptr, type) ((type *)bpf_rdonly_cast((void *)(ptr), bpf_core_type_id_kernel(type)))
@@ -46,10 +48,26 @@ const volatile struct config cfg = {};
 // Written by the loader while the programs run (the .bss map is mmapped).
 struct control {
 	__u32 gate;                  // 1 while a sampling window is open
-	__u32 pad;
+	__u32 timing;                // 1 while the window is whole periods: the messages' times are binned
 	__u64 ports[PORT_WORDS];     // local ports of the targets' UDP sockets, for the drop programs
 };
 struct control ctl = {};
+
+// Messages sent and received per target and timing bin (index: the bin's number mod TIMING_BINS).
+// The round trip shows in them: what a side sends comes back acknowledged (or answered) one path
+// round trip later (attribution/rtt.py). Binned only in whole-period windows, where the hook rate is
+// within the budget: a clock read and an add per message.
+struct timing { __u32 n[MAX_TARGETS][2][TIMING_BINS]; };
+struct timing tim = {};
+const volatile struct timing_cfg { __u32 shift; } timing_cfg = { TIMING_SHIFT };
+
+static __always_inline void tick(int t, int dir)
+{
+	if (!ctl.timing || t < 0 || t >= MAX_TARGETS)
+		return;
+	__u32 b = (bpf_ktime_get_ns() >> TIMING_SHIFT) & (TIMING_BINS - 1);
+	__sync_fetch_and_add(&tim.n[t][dir][b], 1);
+}
 
 // Everything counted per thread. The loader reads the field names and offsets from this
 // object's BTF: this definition is the only one.
@@ -207,7 +225,8 @@ int BPF_PROG(send_length, struct sock *sk, int ret, int flags)
 		return 0;
 	ev->send++;
 	__u64 id = bpf_get_current_pid_tgid();
-	if (target_index(id) < 0 || sk->sk_protocol != IPPROTO_UDP_)
+	int t = target_index(id);
+	if (t < 0 || sk->sk_protocol != IPPROTO_UDP_)
 		return 0;
 	struct counts *c = mine(id);
 	if (!c)
@@ -218,6 +237,7 @@ int BPF_PROG(send_length, struct sock *sk, int ret, int flags)
 	}
 	c->tx_msgs++;
 	c->tx_bytes += ret;
+	tick(t, 0);
 	note_port(sk->__sk_common.skc_num, id >> 32);
 	if (CAST(sk, struct udp_sock)->gso_size > 0)
 		c->tx_gso_sockopt_msgs++;   // UDP_SEGMENT set on the socket
@@ -232,7 +252,8 @@ int BPF_PROG(recv_length, struct sock *sk, int ret, int flags)
 		return 0;
 	ev->recv++;
 	__u64 id = bpf_get_current_pid_tgid();
-	if (target_index(id) < 0 || (flags & MSG_PEEK_) || sk->sk_protocol != IPPROTO_UDP_)
+	int t = target_index(id);
+	if (t < 0 || (flags & MSG_PEEK_) || sk->sk_protocol != IPPROTO_UDP_)
 		return 0;
 	struct counts *c = mine(id);
 	if (!c)
@@ -243,6 +264,7 @@ int BPF_PROG(recv_length, struct sock *sk, int ret, int flags)
 	}
 	c->rx_msgs++;
 	c->rx_bytes += ret;
+	tick(t, 1);
 	note_port(sk->__sk_common.skc_num, id >> 32);
 	struct udp_sock *up = CAST(sk, struct udp_sock);
 	if (bpf_core_field_exists(up->udp_flags) && (up->udp_flags & (1UL << cfg.gro_bit)))

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
 from qprof.probes.libbpf import READY, Loaded, Stop, Unavailable, loader_main
-from qprof.probes.packetio import windows
+from qprof.probes.packetio import timing, windows
 from qprof.probes.sockets import snmp_table, udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
@@ -126,6 +126,23 @@ class Sampler:
         self._gate = ctypes.c_uint32.from_buffer(bss, base + control.field("gate").offset)
         ports = control.field("ports")
         self._ports = (ctypes.c_uint64 * ports.count).from_buffer(bss, base + ports.offset)
+        # the messages' timing (timing.py): the ring in .bss, counted while the flag is set
+        self._timing = ctypes.c_uint32.from_buffer(bss, base + control.field("timing").offset)
+        self.drainer: timing.Drainer | None = None
+        if config.get("timing"):
+            ring_var, ring = self.layout.variable("tim"), self.layout.struct("timing").field("n")
+            bins = ring.size // 8  # [targets][2][bins] of u32
+            words = (ctypes.c_uint32 * (ring.count * 2 * bins)).from_buffer(bss, ring_var.offset)
+
+            def take(t: int, d: int, i: int, j: int) -> list[int]:
+                """Bins i..j-1 of one row, zeroed as read (a message counted in between is lost: rare)."""
+                a = (t * 2 + d) * bins
+                out = words[a + i:a + j]
+                ctypes.memset(ctypes.addressof(words) + 4 * (a + i), 0, 4 * (j - i))
+                return out
+
+            shift = int(self.layout.initial("timing_cfg", "timing_cfg")["shift"])  # type: ignore[arg-type]
+            self.drainer = timing.Drainer(Path(config["timing"]), self.pids, shift, bins, take)
         self.netns: dict[str, NetnsCounters] = {}
         self.netns_of: dict[int, str] = {}
         self.netns_pids: dict[str, list[int]] = {}
@@ -158,6 +175,21 @@ class Sampler:
 
     def mibs(self) -> Mib:
         return {ns: c.read() for ns, c in self.netns.items()}
+
+    def set_timing(self, on: bool) -> None:
+        """Bin the messages' times (whole-period windows only: within the budget's hook rate) or stop."""
+        if self.drainer is None:
+            return
+        if on and not self._timing.value:
+            self._timing.value = 1
+            self.drainer.start(time.monotonic_ns())
+        elif not on and self._timing.value:
+            self._timing.value = 0
+            self.drainer.stop(time.monotonic_ns())
+
+    def drain_timing(self) -> None:
+        if self.drainer is not None and self._timing.value:
+            self.drainer.drain(time.monotonic_ns())
 
     def flip_gate(self, value: int) -> tuple[float, Mib]:
         """Open or close the window, and the namespaces' counters at that instant: read before and
@@ -325,6 +357,9 @@ class Sampler:
         prog.attach(n for n in prog.programs if n not in HOT)
         self.watch_ports()
         prog.attach(HOT)
+        if self.drainer is not None:
+            self.drainer.open()
+        self.set_timing(True)  # the first period is counted whole
         opened, mib_a = self.flip_gate(1)
         self.mib_start = mib_a
         self.out.write(READY + "\n")
@@ -342,6 +377,7 @@ class Sampler:
             mib_s = self.mibs()
             runs, early = 0, False
             if w >= P:  # the window is the whole period
+                self.set_timing(True)
                 if not counting:
                     prog.attach(HOT)
                     opened, mib_a = self.flip_gate(1)
@@ -352,6 +388,7 @@ class Sampler:
                 self._sleep_until(start + self.rng.uniform(0, P - w) - 0.0005, wake)  # attaching: ~0.3 ms
                 if self.stop:
                     break
+                self.set_timing(w >= timing.MIN_WINDOW_S)
                 prog.attach(HOT)
                 self._commit(start, mib_s)
                 opened, mib_a = self.flip_gate(1)
@@ -371,6 +408,7 @@ class Sampler:
             P_next, w_next = windows.next_window(runs, now - opened, now - t0, budget_events_s)
             if w < P or w_next < P_next or self.stop:
                 closed, mib_b = self.flip_gate(0)
+                self.set_timing(False)
                 counting = False
             else:
                 closed, mib_b = time.monotonic(), self.mibs()
@@ -379,6 +417,7 @@ class Sampler:
             opened, mib_a, w, P = closed, mib_b, w_next, P_next
             if not counting:
                 prog.detach(HOT)
+            self.drain_timing()
             if self.stop:
                 break
             self._sleep_until(nxt, wake)
@@ -393,9 +432,13 @@ class Sampler:
         # window leaves a whole-period window partial, never exact with datagrams it missed.
         if counting:
             closed, mib_b = self.flip_gate(0)
+            self.set_timing(False)
             self._commit(start, mib_a)
             self._pending = Window(start, True, closed - opened, self.window_deltas(), _aux_delta(mib_a, mib_b))
         self._gate.value = 0
+        self.set_timing(False)
+        if self.drainer is not None:
+            self.drainer.close()
         prog.detach(HOT)
         end_mib = self.mibs()
         self._commit(time.monotonic(), end_mib, uncounted_from=start)
