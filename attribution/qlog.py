@@ -1,29 +1,43 @@
 """What the QUIC stack itself recorded about why its sender waited (qlog), to set beside the verdict.
 
 The verdict decides from what the kernel measured; a stack that writes qlog
-(quic-go with QLOGDIR, ngtcp2 with --qlog-dir: `qprof report --qlog DIR`) says in its own words what
-held its sender back, and the report shows whether the two agree. From each
-connection's qlog (JSON-SEQ, one file per connection and vantage point):
-- `recovery:congestion_state_updated`: slow_start, congestion_avoidance and
-  recovery mean the sender filled its congestion window when an ACK came
-  (`congestion_control`); application_limited means it did not;
-- DATA_BLOCKED / STREAM_DATA_BLOCKED frames it sent, or stream data sent up
-  to within a packet of the peer's limit (its transport parameters, the
+(quic-go, quiche, tquic and quinn where the application turns it on, as the
+lab's endpoints do with QLOGDIR; ngtcp2 with --qlog-dir: `qprof report --qlog DIR`)
+says in its own words what held its sender back, and the report shows whether
+the two agree. From each connection's qlog (JSON-SEQ, one file per connection
+and vantage point; event names matched by their last part, whatever category
+qlog's drafts put them in: `recovery:`, `transport:`, `quic:`):
+- `congestion_state_updated`: slow_start (also quiche's conservative_slow_start),
+  congestion_avoidance and recovery mean the sender filled its congestion
+  window when an ACK came (`congestion_control`); application_limited means it
+  did not, and so does quiche's own app-limited flag (`cf_app_limited` in its
+  metrics: its last packet left the window open), whatever the state;
+- DATA_BLOCKED / STREAM_DATA_BLOCKED frames it sent once its stream data
+  reached the limit they name (tquic sends them as soon as its application
+  has written up to the limit, data it has yet to send), or stream data sent
+  up to within a packet of the peer's limit (its transport parameters, the
   MAX_DATA / MAX_STREAM_DATA frames it received: ngtcp2 sends no *_BLOCKED
   frame), until the MAX_DATA / MAX_STREAM_DATA it received next: blocked by
   the peer's flow control (`flow_control`);
 - `application`: not filling its window and not flow-control blocked (nothing
   to send: the application, or a sender too slow to produce packets);
-- `recovery:packet_lost`: packets it declared lost;
-- `recovery:metrics_updated`: its smoothed RTT; for a stack that logs no
-  congestion states (ngtcp2 with `--qlog-dir`), whether bytes in flight
-  filled its congestion window stands in for them.
+- `packet_lost`: packets it declared lost;
+- `metrics_updated`: its smoothed RTT; for a stack that logs no congestion
+  states (ngtcp2, tquic, quinn), whether bytes in flight filled its congestion
+  window stands in for them. Stacks log only the fields that changed, so the
+  last value of each holds until the next. RTTs are milliseconds, except
+  quinn-proto 0.11.19's (seconds; quinn-rs/quinn#2631 fixed it upstream),
+  told apart by the RTT it logs before any packet could have been
+  acknowledged: RFC 9002's initial RTT of 333 ms, which reads 0.333.
+The side is the trace's vantage point, or where that is "unknown" (quinn) the
+file's name (`server-*.sqlog`, `*_client.qlog`).
 Time is weighted between events, from the connection's first to last event.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +46,16 @@ from typing import Any, Iterator
 from qprof.errors import QprofError
 
 REASONS = ("congestion_control", "flow_control", "application")
-_CWND_STATES = {"slow_start", "congestion_avoidance", "recovery"}
+_CWND_STATES = {"slow_start", "conservative_slow_start", "congestion_avoidance", "recovery"}
 # bytes in flight this close to the congestion window count as a full window (less than one more packet fits)
 WINDOW_FULL_MARGIN = 1500
 _TIME = re.compile(rb'"time":\s*([0-9.eE+-]+)')
 # events parsed in full (the rest only give their time): state changes, losses, blocked and window frames
 _WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_data", b"max_stream_data",
            b"metrics_updated", b"parameters_set", b'"stream"')
+_RTT_FIELDS = ("smoothed_rtt", "min_rtt", "latest_rtt")
+INITIAL_RTT_S = 0.333  # RFC 9002's initial RTT in seconds, as a stack that logs seconds logs it before any ACK
+_ROLE_WORD = re.compile(r"(?:^|[^a-z])(server|client)(?:$|[^a-z])")
 
 
 @dataclass
@@ -96,7 +113,7 @@ class _Credit:
 
     def parameters(self, ev: dict[str, Any]) -> None:
         data = ev.get("data") or {}
-        if data.get("owner") == "remote":
+        if (data.get("owner") or data.get("initiator")) == "remote":  # "initiator" from qlog's draft 12 on
             self.connection = _number(data.get("initial_max_data")) or self.connection
 
     def received(self, ev: dict[str, Any]) -> None:
@@ -118,7 +135,7 @@ class _Credit:
         for f in (ev.get("data") or {}).get("frames") or []:
             if not isinstance(f, dict) or f.get("frame_type") != "stream":
                 continue
-            sid, end = f.get("stream_id"), (_number(f.get("offset")) or 0.0) + (_number(f.get("length")) or 0.0)
+            sid, end = f.get("stream_id"), (_number(f.get("offset")) or 0.0) + _length(f)
             self.offsets[sid] = max(end, self.offsets.get(sid, 0.0))
             limit = self.streams.get(sid)
             if limit is not None and self.offsets[sid] + WINDOW_FULL_MARGIN >= limit and "stream" not in blocked:
@@ -126,6 +143,19 @@ class _Credit:
         if self.connection is not None and sum(self.offsets.values()) + WINDOW_FULL_MARGIN >= self.connection:
             blocked.append("connection")
         return blocked
+
+    def reached(self, frame: dict[str, Any]) -> bool:
+        """Whether the stream data sent reaches the limit a DATA_BLOCKED / STREAM_DATA_BLOCKED frame names
+        (true where the frame names none): tquic sends one when its application's writes fill the credit,
+        long before its packets do."""
+        limit = _number(frame.get("limit"))
+        if limit is None:
+            return True
+        if frame.get("frame_type") == "data_blocked":
+            used = sum(self.offsets.values())
+        else:
+            used = self.offsets.get(frame.get("stream_id"), 0.0)
+        return used + WINDOW_FULL_MARGIN >= limit
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -137,6 +167,25 @@ def _records(path: Path) -> Iterator[bytes]:
                 yield line
 
 
+def _length(frame: dict[str, Any]) -> float:
+    """A frame's data length: `length`, or (qlog's draft 12 on: quiche) its raw payload length."""
+    n = _number(frame.get("length"))
+    if n is None:
+        raw = frame.get("raw")
+        n = _number(raw.get("payload_length")) if isinstance(raw, dict) else None
+    return n or 0.0
+
+
+def _role(head: dict[str, Any], name: str) -> str | None:
+    """The trace's vantage point; where it is missing or "unknown" (quinn), the file's name."""
+    vp = (head.get("trace") or {}).get("vantage_point") or {}
+    role = vp.get("type") if isinstance(vp, dict) else None
+    if role in ("server", "client"):
+        return str(role)
+    m = _ROLE_WORD.search(name.lower())
+    return m.group(1) if m else (str(role) if role else None)
+
+
 def _frames(ev: dict[str, Any]) -> list[str]:
     return [str(f.get("frame_type")) for f in (ev.get("data") or {}).get("frames") or [] if isinstance(f, dict)]
 
@@ -145,6 +194,11 @@ def read_qlog(path: Path) -> SenderRecord:
     """The sending-time split of one qlog file (malformed records are skipped, the file is not)."""
     rec = SenderRecord(path.name, None)
     state: str | None = None
+    app_limited = False  # the stack's own flag (quiche): its last packet left the window open
+    cwnd: float | None = None  # last values logged: stacks log the metrics that changed
+    flight: float | None = None
+    rtt_scale: float | None = None  # ms per unit of the RTT fields, from the first one
+    answerable = False  # a packet was received after one was sent: from here on an RTT may be a sample
     blocked_since: dict[str, float] = {}  # "connection"/"stream" -> ms when a *_BLOCKED frame went out
     first = last = None
     at = 0.0  # ms up to which time has been given a reason
@@ -153,9 +207,8 @@ def read_qlog(path: Path) -> SenderRecord:
     for raw in _records(path):
         if rec.role is None and b'"vantage_point"' in raw[:4096]:  # the file's header
             try:
-                head = json.loads(raw)
-                rec.role = (((head.get("trace") or {}).get("vantage_point")) or {}).get("type")
-            except ValueError:
+                rec.role = _role(json.loads(raw), path.name)
+            except (ValueError, AttributeError):
                 pass
             continue
         m = _TIME.search(raw[:64])
@@ -168,8 +221,10 @@ def read_qlog(path: Path) -> SenderRecord:
         if first is None:
             first = at = t
         last = t
-        if b'"transport:packet_sent"' in raw[:80] or b'"packet_sent"' in raw[:80]:
+        if b'packet_sent"' in raw[:80]:  # "transport:packet_sent", "quic:packet_sent", "packet_sent"
             rec.packets_sent += 1
+        elif rec.packets_sent and b'packet_received"' in raw[:80]:
+            answerable = True
         if not any(w in raw for w in _WANTED):
             continue
         try:
@@ -177,7 +232,7 @@ def read_qlog(path: Path) -> SenderRecord:
         except ValueError:
             continue
         name = str(ev.get("name", ""))
-        _account(rec, state, blocked_since, at, t)
+        _account(rec, state, app_limited, blocked_since, at, t)
         at = t
         if name.endswith("congestion_state_updated"):
             rec.states_seen = from_events = True
@@ -186,19 +241,30 @@ def read_qlog(path: Path) -> SenderRecord:
             rec.packets_lost += 1
         elif name.endswith("metrics_updated"):
             data = ev.get("data") or {}
-            rtt, cwnd, flight = (_number(data.get(k)) for k in ("smoothed_rtt", "congestion_window", "bytes_in_flight"))
+            rtts = [v for v in (_number(data.get(k)) for k in _RTT_FIELDS) if v is not None]
+            if rtt_scale is None and rtts:  # the initial RTT, where logged before any sample, gives the unit
+                rtt_scale = 1e3 if not answerable and math.isclose(rtts[0], INITIAL_RTT_S, rel_tol=1e-4) else 1.0
+            rtt = _number(data.get("smoothed_rtt"))
             if rtt is not None:
-                rec.rtts_ms.append(rtt)
+                rec.rtts_ms.append(rtt * (rtt_scale or 1.0))
+            cwnd = _number(data.get("congestion_window")) or cwnd
+            if "bytes_in_flight" in data:
+                flight = _number(data["bytes_in_flight"])
+            flag = data.get("cf_app_limited", data.get("app_limited"))
+            if isinstance(flag, bool):
+                app_limited = flag
             if not from_events and cwnd is not None and flight is not None:
-                # a stack that logs no congestion states (ngtcp2): its window full or not when the metrics change
+                # a stack that logs no congestion states (ngtcp2, tquic, quinn): its window full or not when
+                # the metrics change
                 rec.states_seen = True
                 state = "congestion_avoidance" if flight + WINDOW_FULL_MARGIN >= cwnd else "application_limited"
         elif name.endswith("packet_sent"):
-            for f in _frames(ev):
-                if f in ("data_blocked", "stream_data_blocked"):
-                    blocked_since.setdefault("connection" if f == "data_blocked" else "stream", t)
             for what in credit.sent(ev):  # a stack that sends no *_BLOCKED frame (ngtcp2): its credit used up
                 blocked_since.setdefault(what, t)
+            for f in (ev.get("data") or {}).get("frames") or []:
+                kind = f.get("frame_type") if isinstance(f, dict) else None
+                if kind in ("data_blocked", "stream_data_blocked") and credit.reached(f):
+                    blocked_since.setdefault("connection" if kind == "data_blocked" else "stream", t)
         elif name.endswith("packet_received"):
             for f in _frames(ev):
                 blocked_since.pop({"max_data": "connection", "max_stream_data": "stream"}.get(f, ""), None)
@@ -206,19 +272,21 @@ def read_qlog(path: Path) -> SenderRecord:
         elif name.endswith("parameters_set"):
             credit.parameters(ev)
     if first is not None and last is not None:
-        _account(rec, state, blocked_since, at, last)
+        _account(rec, state, app_limited, blocked_since, at, last)
         rec.span_s = (last - first) / 1e3
     return rec
 
 
-def _account(rec: SenderRecord, state: str | None, blocked: dict[str, float], start: float, end: float) -> None:
-    """Give the time from `start` to `end` (ms) to the reason that held then."""
+def _account(rec: SenderRecord, state: str | None, app_limited: bool, blocked: dict[str, float], start: float,
+             end: float) -> None:
+    """Give the time from `start` to `end` (ms) to the reason that held then (`app_limited`: the stack's
+    own word that its window was open, over a congestion state that says otherwise)."""
     if end <= start or state is None:
         return
     s = (end - start) / 1e3
     if blocked:
         rec.seconds["flow_control"] += s
-    elif state in _CWND_STATES:
+    elif state in _CWND_STATES and not app_limited:
         rec.seconds["congestion_control"] += s
     else:
         rec.seconds["application"] += s

@@ -14,6 +14,10 @@ copied into the endpoint's build directory.
 
 tquic is a crate here too, not `cargo install tquic_tools`: its tools speak
 HTTP/3 file serving and print their own statistics, not this contract.
+
+quinn, quiche and tquic are built with their `qlog` feature: with QLOGDIR=DIR
+(the `qlog_dir` option) both ends write each connection's qlog into DIR, as
+quic-go does; without it they open no file and log nothing.
 """
 
 from __future__ import annotations
@@ -111,16 +115,18 @@ def _rust_spec(name: str, binary: str, mapping: str, needs: tuple[tuple[str, str
 
 
 QUINN = _rust_spec("quinn", "quinn-bulk", "quinn", test_bytes=2 << 30,
-                   env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT"})
+                   env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT", "qlog_dir": "QLOGDIR"})
 S2NQUIC = _rust_spec("s2nquic", "s2n-quic-bulk", "s2n-quic", test_bytes=4 << 30)
 # the same crates on tokio's default multi-thread runtime (a worker per CPU and the blocking pool):
 # the runtime their users get from #[tokio::main]; one cargo build serves both variants
 QUINN_MT = _rust_spec("quinn-mt", "quinn-bulk", "quinn", test_bytes=2 << 30, sources="quinn",
-                      flags=("--multi-thread",), env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT"})
+                      flags=("--multi-thread",),
+                      env_options={"app_rate_mbit": "QPROF_BULK_RATE_MBIT", "qlog_dir": "QLOGDIR"})
 S2NQUIC_MT = _rust_spec("s2nquic-mt", "s2n-quic-bulk", "s2n-quic", test_bytes=4 << 30, sources="s2nquic",
                         flags=("--multi-thread",))
 # BoringSSL is built from boring-sys's bundled sources (cmake) and bound with bindgen (libclang)
 QUICHE = _rust_spec("quiche", "quiche-bulk", "quiche", needs=(("cmake", "cmake"), ("libclang", "libclang-dev")),
-                    test_bytes=512 << 20)
+                    test_bytes=512 << 20, env_options={"qlog_dir": "QLOGDIR"})
 # optional stack: BoringSSL from tquic's bundled sources (cmake)
-TQUIC = _rust_spec("tquic", "tquic-bulk", "tquic", needs=(("cmake", "cmake"),), test_bytes=512 << 20)
+TQUIC = _rust_spec("tquic", "tquic-bulk", "tquic", needs=(("cmake", "cmake"),), test_bytes=512 << 20,
+                   env_options={"qlog_dir": "QLOGDIR"})

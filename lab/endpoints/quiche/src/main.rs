@@ -10,10 +10,16 @@
 //! answers with that many bytes written from one reused buffer, then the
 //! stream's FIN. The client reads to the end, checks the count, prints
 //! `bytes=N seconds=S` and closes the connection.
+//!
+//! QLOGDIR=DIR makes both ends write each connection's qlog (quiche's own
+//! JSON-SEQ streamer) to DIR/server-ODCID.sqlog and DIR/client-ODCID.sqlog.
 
-use std::io::{ErrorKind, Read};
+use std::fs::File;
+use std::io::{BufWriter, ErrorKind, Read, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const ALPN: &[u8] = b"qprof-bulk";
@@ -67,6 +73,44 @@ fn socket(addr: SocketAddr) -> Res<UdpSocket> {
                          std::mem::size_of::<libc::c_int>() as libc::socklen_t);
     }
     Ok(s)
+}
+
+/// One connection's qlog file (QLOGDIR), shared between quiche, which writes it, and the loop, which
+/// flushes it before each wait: the file is whole whenever the endpoint is idle, also when it is
+/// killed then (the server runs until killed). Buffered: quiche writes each event in many pieces.
+#[derive(Clone)]
+struct QlogFile(Arc<Mutex<BufWriter<File>>>);
+
+impl QlogFile {
+    /// Attach a qlog file to `conn` when QLOGDIR is set; None (nothing opened, nothing logged) when not.
+    fn attach(conn: &mut quiche::Connection, role: &str, odcid: &[u8]) -> Option<QlogFile> {
+        let dir = std::env::var_os("QLOGDIR")?;
+        let cid: String = odcid.iter().map(|b| format!("{b:02x}")).collect();
+        let path = Path::new(&dir).join(format!("{role}-{cid}.sqlog"));
+        let file = std::fs::create_dir_all(&dir).and_then(|_| File::create(&path)).unwrap_or_else(|e| {
+            eprintln!("quiche-bulk: qlog {}: {e}", path.display());
+            std::process::exit(1)
+        });
+        let q = QlogFile(Arc::new(Mutex::new(BufWriter::with_capacity(1 << 20, file))));
+        conn.set_qlog(Box::new(q.clone()), format!("quiche-bulk {role}"), String::new());
+        Some(q)
+    }
+
+    fn flush_now(&self) {
+        if let Ok(mut w) = self.0.lock() {
+            let _ = w.flush();
+        }
+    }
+}
+
+impl Write for QlogFile {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.flush()
+    }
 }
 
 /// Wait until the socket is readable or `timeout` passes (None: forever).
@@ -128,8 +172,12 @@ fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
     let mut out = vec![0u8; MAX_DATAGRAM];
     let data = vec![0x5au8; CHUNK];
     let mut conn: Option<quiche::Connection> = None;
+    let mut qlog: Option<QlogFile> = None;
     let mut jobs: Vec<Job> = Vec::new();
     loop {
+        if let Some(q) = &qlog {
+            q.flush_now();
+        }
         wait_readable(&sock, conn.as_ref().and_then(|c| c.timeout()));
         let mut got_any = false;
         loop {
@@ -148,7 +196,9 @@ fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
                     continue;
                 }
                 let scid = random_cid()?;
-                conn = Some(quiche::accept(&quiche::ConnectionId::from_ref(&scid), None, local, from, &mut cfg)?);
+                let mut c = quiche::accept(&quiche::ConnectionId::from_ref(&scid), None, local, from, &mut cfg)?;
+                qlog = QlogFile::attach(&mut c, "server", &hdr.dcid);
+                conn = Some(c);
                 jobs.clear();
             }
             let c = conn.as_mut().expect("connection");
@@ -197,7 +247,8 @@ fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
         }
         flush(&sock, c, &mut out)?;
         if c.is_closed() {
-            conn = None;
+            conn = None; // its qlog file is flushed and closed with it
+            qlog = None;
             jobs.clear();
         }
     }
@@ -217,12 +268,17 @@ fn client(addr: &str, bytes: &str) -> Res<()> {
     let scid = random_cid()?;
     let start = Instant::now();
     let mut conn = quiche::connect(Some("localhost"), &quiche::ConnectionId::from_ref(&scid), local, peer, &mut cfg)?;
+    let odcid = conn.destination_id().to_vec(); // the server names its file by the same ID
+    let qlog = QlogFile::attach(&mut conn, "client", &odcid);
     flush(&sock, &mut conn, &mut out)?;
     let stream = 0u64;
     let mut requested = false;
     let mut got: u64 = 0;
     let mut done: Option<f64> = None;
     loop {
+        if let Some(q) = &qlog {
+            q.flush_now();
+        }
         wait_readable(&sock, conn.timeout());
         let mut got_any = false;
         loop {

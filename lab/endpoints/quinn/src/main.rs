@@ -8,14 +8,19 @@
 //! client reads to the end, checks the count and prints `bytes=N seconds=S`.
 //!
 //! QPROF_BULK_RATE_MBIT=R makes the server pace its own writes to R Mbit/s (an
-//! application-limited sender).
+//! application-limited sender). QLOGDIR=DIR makes both ends write each
+//! connection's qlog (quinn-proto's own streamer) to DIR/server-ODCID.sqlog and
+//! DIR/client-PID.sqlog.
 
+use std::fs::File;
+use std::io::{BufWriter, ErrorKind, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use quinn::{Endpoint, TransportConfig, VarInt};
+use quinn::{Endpoint, QlogConfig, TransportConfig, VarInt};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -28,13 +33,54 @@ const CONN_WINDOW: u32 = 128 << 20;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-fn transport() -> Arc<TransportConfig> {
+/// The transport settings; `qlog`: the one connection they serve writes its qlog there.
+fn transport(qlog: Option<&QlogFile>) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     t.stream_receive_window(VarInt::from_u32(STREAM_WINDOW));
     t.receive_window(VarInt::from_u32(CONN_WINDOW));
     t.send_window(CONN_WINDOW as u64);
     t.max_idle_timeout(Some(VarInt::from_u32(30_000).into()));
+    if let Some(q) = qlog {
+        let mut c = QlogConfig::default();
+        c.writer(Box::new(q.clone())).title(Some("quinn-bulk".into()));
+        t.qlog_stream(c.into_stream());
+    }
     Arc::new(t)
+}
+
+/// One connection's qlog file (QLOGDIR), shared between quinn, which writes it, and the connection's
+/// task, which flushes it once the connection is over: the file is whole then, also when the process
+/// is killed after (the server runs until killed). Buffered: quinn writes each event in many pieces.
+#[derive(Clone)]
+struct QlogFile(Arc<Mutex<BufWriter<File>>>);
+
+impl QlogFile {
+    /// DIR/ROLE-ID.sqlog when QLOGDIR=DIR is set; None (nothing opened, nothing logged) when not.
+    fn create(role: &str, id: impl FnOnce() -> String) -> Option<QlogFile> {
+        let dir = std::env::var_os("QLOGDIR")?;
+        let path = Path::new(&dir).join(format!("{role}-{}.sqlog", id()));
+        let file = std::fs::create_dir_all(&dir).and_then(|_| File::create(&path)).unwrap_or_else(|e| {
+            eprintln!("quinn-bulk: qlog {}: {e}", path.display());
+            std::process::exit(1)
+        });
+        Some(QlogFile(Arc::new(Mutex::new(BufWriter::with_capacity(1 << 20, file)))))
+    }
+
+    fn flush_now(&self) {
+        if let Ok(mut w) = self.0.lock() {
+            let _ = w.flush();
+        }
+    }
+}
+
+impl Write for QlogFile {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.flush()
+    }
 }
 
 /// The server's own sending rate in bytes/s from QPROF_BULK_RATE_MBIT (None: as fast as it can).
@@ -89,20 +135,33 @@ async fn server(addr: &str, cert: &str, key: &str) -> Res<()> {
         .with_single_cert(certs, key)?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls)?));
-    cfg.transport_config(transport());
-    let endpoint = Endpoint::server(cfg, addr)?;
+    cfg.transport_config(transport(None));
+    let endpoint = Endpoint::server(cfg.clone(), addr)?;
     while let Some(incoming) = endpoint.accept().await {
+        let qlog = QlogFile::create("server", || incoming.orig_dst_cid().iter().map(|b| format!("{b:02x}")).collect());
+        let connecting = match &qlog {
+            Some(q) => {
+                // the connection's own transport settings carry its qlog file
+                let mut own = cfg.clone();
+                own.transport_config(transport(Some(q)));
+                incoming.accept_with(Arc::new(own))
+            }
+            None => incoming.accept(),
+        };
         tokio::spawn(async move {
-            if let Err(e) = serve(incoming).await {
+            if let Err(e) = serve(connecting).await {
                 eprintln!("quinn-bulk server: connection: {e}");
+            }
+            if let Some(q) = qlog {
+                q.flush_now();
             }
         });
     }
     Ok(())
 }
 
-async fn serve(incoming: quinn::Incoming) -> Res<()> {
-    let conn = incoming.await?;
+async fn serve(connecting: Result<quinn::Connecting, quinn::ConnectionError>) -> Res<()> {
+    let conn = connecting?.await?;
     let buf = vec![0x5au8; CHUNK];
     loop {
         let (mut send, mut recv) = match conn.accept_bi().await {
@@ -142,7 +201,9 @@ async fn client(addr: &str, bytes: &str) -> Res<()> {
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut cfg = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
-    cfg.transport_config(transport());
+    // the ODCID is chosen inside quinn, after the settings are made: the file is named by the process
+    let qlog = QlogFile::create("client", || std::process::id().to_string());
+    cfg.transport_config(transport(qlog.as_ref()));
     let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse()?;
     let mut endpoint = Endpoint::client(bind)?;
     endpoint.set_default_client_config(cfg);
@@ -159,6 +220,9 @@ async fn client(addr: &str, bytes: &str) -> Res<()> {
     let secs = start.elapsed().as_secs_f64();
     conn.close(0u32.into(), b"done");
     endpoint.wait_idle().await;
+    if let Some(q) = qlog {
+        q.flush_now();
+    }
     if got != want {
         return Err(format!("received {got} bytes, expected {want}").into());
     }

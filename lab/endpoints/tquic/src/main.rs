@@ -18,14 +18,20 @@
 //! hashes each full block PASSES times (`checksum`), timing that with its
 //! thread's CPU clock, and adds `work_seconds=W cpu_seconds=T` (T: the
 //! process's CPU time) to its line.
+//!
+//! QLOGDIR=DIR makes both ends write each connection's qlog (tquic's own
+//! JSON-SEQ writer) to DIR/server-SCID.sqlog and DIR/client-SCID.sqlog.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::cell::Cell;
-use std::io::{self, ErrorKind};
+use std::fs::File;
+use std::io::{self, BufWriter, ErrorKind, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -88,6 +94,59 @@ fn setsockopt(s: &UdpSocket, opt: libc::c_int, value: libc::c_int) -> io::Result
                          std::mem::size_of::<libc::c_int>() as libc::socklen_t)
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// One connection's qlog file (QLOGDIR). tquic owns the writer; `run` flushes every open file before
+/// each wait, so the files are whole whenever the endpoint is idle, also when it is killed then (the
+/// server runs until killed). Buffered: tquic writes each event in many pieces.
+struct QlogFile(Arc<Mutex<BufWriter<File>>>);
+
+thread_local! {
+    // the open qlog files, for `flush_qlogs`; a file closes with its connection
+    static QLOGS: RefCell<Vec<Weak<Mutex<BufWriter<File>>>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl QlogFile {
+    /// Attach a qlog file to `conn` when QLOGDIR is set; without it nothing is opened or logged.
+    fn attach(conn: &mut Connection) {
+        let Some(dir) = std::env::var_os("QLOGDIR") else { return };
+        let role = if conn.is_server() { "server" } else { "client" };
+        // trace_id: "SERVER-<scid>" / "CLIENT-<scid>"
+        let scid = conn.trace_id().split_once('-').map_or(conn.trace_id(), |(_, id)| id).to_string();
+        let path = Path::new(&dir).join(format!("{role}-{scid}.sqlog"));
+        let file = std::fs::create_dir_all(&dir).and_then(|_| File::create(&path)).unwrap_or_else(|e| {
+            eprintln!("tquic-bulk: qlog {}: {e}", path.display());
+            std::process::exit(1)
+        });
+        let w = Arc::new(Mutex::new(BufWriter::with_capacity(1 << 20, file)));
+        QLOGS.with(|q| q.borrow_mut().push(Arc::downgrade(&w)));
+        conn.set_qlog(Box::new(QlogFile(w)), format!("tquic-bulk {role}"), String::new());
+    }
+}
+
+impl Write for QlogFile {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.write(b)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.lock().map_err(|_| ErrorKind::Other)?.flush()
+    }
+}
+
+/// Flush the open qlog files and forget the closed ones.
+fn flush_qlogs() {
+    QLOGS.with(|q| {
+        q.borrow_mut().retain(|w| match w.upgrade() {
+            Some(w) => {
+                if let Ok(mut f) = w.lock() {
+                    let _ = f.flush();
+                }
+                true
+            }
+            None => false,
+        })
+    });
 }
 
 /// Turns the kernel's receive stamps (CLOCK_REALTIME) into Instants, from one pair of
@@ -173,8 +232,12 @@ fn run(ep: &mut Endpoint, sock: &UdpSocket, stop: impl Fn() -> bool) -> Res<()> 
     let local = sock.local_addr()?;
     let clock = StampClock::new();
     let mut buf = vec![0u8; 65535];
+    let qlog = std::env::var_os("QLOGDIR").is_some();
     loop {
         ep.process_connections()?;
+        if qlog {
+            flush_qlogs();
+        }
         if stop() {
             return Ok(());
         }
@@ -241,7 +304,9 @@ impl ServerHandler {
 }
 
 impl TransportHandler for ServerHandler {
-    fn on_conn_created(&mut self, _conn: &mut Connection) {}
+    fn on_conn_created(&mut self, conn: &mut Connection) {
+        QlogFile::attach(conn);
+    }
     fn on_conn_established(&mut self, _conn: &mut Connection) {}
     fn on_conn_closed(&mut self, conn: &mut Connection) {
         let idx = conn.index().unwrap_or(0);
@@ -343,7 +408,9 @@ impl Work {
 }
 
 impl TransportHandler for ClientHandler {
-    fn on_conn_created(&mut self, _conn: &mut Connection) {}
+    fn on_conn_created(&mut self, conn: &mut Connection) {
+        QlogFile::attach(conn);
+    }
     fn on_conn_established(&mut self, conn: &mut Connection) {
         let want = self.state.borrow().want;
         let res = conn.stream_bidi_new(0, false)
