@@ -166,7 +166,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10, help="runs per scenario and stack (default 10)")
     ap.add_argument("--stacks", default="ngtcp2,quicgo", help="comma-separated: ngtcp2 and lab/endpoints stacks")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {', '.join(SCENARIOS)}")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help="comma-separated of " + ", ".join(SCENARIOS).replace("%", "%%"))
     ap.add_argument("--seconds", type=float, default=6.0, help="target length of a profiled transfer "
                     "(sizes assume profiling costs 30%% of the unprofiled goodput)")
     ap.add_argument("-o", "--out", type=Path, help="keep every run archive (and qlog) under this directory")

@@ -145,8 +145,9 @@ def _wall_table(wall: WallClock) -> Table:
     """Each pool's (and its threads') wall time: on a CPU, runnable, and waiting by kind, as shares of
     the threads' summed window (waits probes)."""
     t = Table(show_edge=False, pad_edge=False, title_justify="left",
-              title=f"wall clock by pool (share of each thread's window, summed over the pool; {wall.span_s:.2f} s "
-                    "traced at every context switch)")
+              title=f"wall clock by pool (share of each thread's window, summed over the pool; the whole attach, "
+                    f"{wall.span_s:.2f} s, traced at every context switch: the verdict's CPU shares cover the "
+                    "transfer alone)")
     t.add_column("pool / thread")
     t.add_column("threads", justify="right")
     t.add_column("window s", justify="right")

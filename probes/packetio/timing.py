@@ -25,13 +25,13 @@ skipping and counting damaged lines.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from qprof import runfiles
 from qprof.errors import QprofError
+from qprof.probes.lines import LineFile
 from qprof.readlimits import lines as read_lines, open_regular
 
 SUFFIX = "timing.jsonl"
@@ -76,25 +76,20 @@ class Drainer:
                  take: Callable[[int, int, int, int], list[int]]) -> None:
         self.path, self.pids, self.shift, self.bins = path, list(pids), shift, bins
         self._take = take
-        self._fd: int | None = None
+        self._file = LineFile(path)
         self.next_bin: int | None = None  # the first bin not drained yet while counting; None: not counting
-        self.write_errors = 0
         self.lost_bins = 0  # bins the ring overwrote before a drain (a loader held off the CPU > 1 s)
 
+    @property
+    def write_errors(self) -> int:
+        return self._file.write_errors
+
     def open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._file.open()
         self._write({"shift": self.shift, "pids": self.pids})
 
     def _write(self, obj: dict[str, Any]) -> None:
-        """One whole line in one write (O_APPEND): a kill leaves whole lines, at most one cut."""
-        if self._fd is None:
-            return
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(self._fd, data):]
-        except OSError:
-            self.write_errors += 1
+        self._file.write(obj)
 
     def start(self, now_ns: int) -> None:
         """Counting starts (the programs' flag was just set): bins from the current one on."""
@@ -130,9 +125,7 @@ class Drainer:
         self.next_bin = None
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._file.close()
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from qprof.probes.children import cpu_seconds
 from qprof.probes.group import Unavailable
 from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
 from qprof.probes.waits.maps import STATES
+from qprof.probes.lines import LineFile
 from qprof.probes.waits.series import Binner
 
 PRINT_S = 1.0
@@ -233,9 +234,8 @@ class Waits:
         series = config.get("series")
         self.series_path = Path(series) if series else None
         self.binner: Binner | None = None
-        self._series_fd: int | None = None
+        self._series = LineFile(self.series_path) if self.series_path is not None else None
         self._series_cpu_ns = 0
-        self._series_errors = 0
         self._series_late = 0
         t = self.thread
         self._fast = [(struct.Struct("<" + {4: "I", 8: "Q"}[f.size] * f.count), f.offset)
@@ -384,7 +384,7 @@ class Waits:
         if self.binner is not None:
             stats["series_cpu_s"] = self._series_cpu_ns / 1e9
             stats["series_late_cuts"] = float(self._series_late)  # lines over more than one bin
-            stats["series_write_errors"] = float(self._series_errors)
+            stats["series_write_errors"] = float(self._series.write_errors if self._series else 0)
         return {"@wait_ns": wait_ns, "@wait_n": wait_n, "@wait_unknown": unknown, "@wait_comm": comm,
                 "@wait_span": {"start_ns": self.start_ns, "end_ns": now},
                 "@wait_config": {"stack_interval_ms": self.interval_ms},
@@ -397,23 +397,16 @@ class Waits:
     # -- the series
 
     def _series_write(self, obj: dict[str, Any]) -> None:
-        """One whole line in one write (O_APPEND): a kill leaves whole lines, at most one cut."""
-        if self._series_fd is None:
-            return
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(self._series_fd, data):]
-        except OSError:
-            self._series_errors += 1
+        if self._series is not None:
+            self._series.write(obj)
 
     def series_open(self) -> None:
         """The series file, empty, with its header line (before the programs attach)."""
         if self.series_path is None:
             return
         self.binner = Binner(self.start_ns)
-        self._series_fd = os.open(self.series_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC,
-                                  0o600)
+        assert self._series is not None
+        self._series.open()
         self._series_write(self.binner.header())
 
     def series_cut(self, at_ns: int) -> None:
@@ -499,9 +492,8 @@ class Waits:
         prog.detach(list(prog.links))  # the last print sees no half-made transition
         self.series_cut(time.monotonic_ns())  # the last bin, to the stop
         self.print()
-        if self._series_fd is not None:
-            os.close(self._series_fd)
-            self._series_fd = None
+        if self._series is not None:
+            self._series.close()
 
 
 def main(argv: list[str]) -> int:
