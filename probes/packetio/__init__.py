@@ -7,6 +7,7 @@ process; record.py reads what it printed back as a typed record.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +17,14 @@ from qprof.probes.group import Context, Launch, Unavailable
 from qprof.probes.packetio import timing
 
 MAX_TARGETS = 16  # struct config's targets[] in packetio.bpf.c (the sampler checks it against the object)
+
+
+def _netns(pid: int) -> int | None:
+    """The inode number of a process's network namespace (None: gone, or not readable)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,8 @@ class PacketioGroup:
                               "run with --probes none")
         if len(pids) > MAX_TARGETS:
             raise Unavailable(f"the packetio probes follow at most {MAX_TARGETS} targets")
-        return {"pids": pids, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4}
+        return {"pids": pids, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4,
+                "netns": sorted({n for p in pids if (n := _netns(p)) is not None})}
 
     def start(self, ctx: Context) -> Launch:
         config = self.config(ctx.pids)

@@ -42,6 +42,8 @@ struct config {
 	__u32 targets[MAX_TARGETS];  // tgids
 	__u32 ntargets;
 	__u32 gro_bit;               // UDP_FLAGS_GRO_ENABLED in udp_sock.udp_flags (from BTF)
+	__u32 netns[MAX_TARGETS];    // the targets' network namespaces (inode numbers): drops elsewhere are not theirs
+	__u32 nnetns;
 };
 const volatile struct config cfg = {};
 
@@ -373,9 +375,25 @@ static __always_inline __u32 udp_dest_port(const struct sk_buff *skb)
 	return bpf_ntohs(CAST(th, struct udphdr)->dest);
 }
 
+// Whether a namespace is one of the targets' (0: not known, counted). A frame dropped in another
+// namespace at a port a target holds is someone else's: a bridge or a path namespace in between
+// drops every frame not addressed to it as OTHERHOST (the lab's path: one per datagram).
+static __always_inline int targets_netns(__u32 inum)
+{
+	if (!inum || !cfg.nnetns)
+		return 1;
+	for (int i = 0; i < MAX_TARGETS; i++) {
+		if (i >= cfg.nnetns)
+			return 0;
+		if (cfg.netns[i] == inum)
+			return 1;
+	}
+	return 0;
+}
+
 static __always_inline void drop(const struct sk_buff *skb, __u32 reason, struct sock *rx_sk)
 {
-	__u32 port;
+	__u32 port, inum = 0;
 	if (rx_sk) {
 		if (rx_sk->sk_protocol != IPPROTO_UDP_)
 			return;
@@ -383,7 +401,13 @@ static __always_inline void drop(const struct sk_buff *skb, __u32 reason, struct
 	} else {
 		port = udp_dest_port(skb);
 	}
-	if (port && port_watched(port))
+	if (!port || !port_watched(port))
+		return;
+	if (rx_sk)
+		inum = BPF_CORE_READ(rx_sk, __sk_common.skc_net.net, ns.inum);
+	else if (skb->dev)
+		inum = BPF_CORE_READ(skb, dev, nd_net.net, ns.inum);
+	if (targets_netns(inum))
 		count_pair(&udp_drops, reason, port);
 }
 

@@ -109,8 +109,10 @@ class Sampler:
         max_targets = self.layout.struct("config").field("targets").count
         if not 1 <= len(self.pids) <= max_targets:
             raise Unavailable(f"the packetio probes follow 1 to {max_targets} targets, not {len(self.pids)}")
+        netns = [int(n) for n in config.get("netns", [])][:max_targets]
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
-            "targets": self.pids, "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"])})
+            "targets": self.pids, "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"]),
+            "netns": netns, "nnetns": len(netns)})
         skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
         self.prog = Loaded(obj, rodata, skip)
         self.out = out
