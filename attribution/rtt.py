@@ -49,9 +49,14 @@ class RoundTrip:
     def ms(self) -> float:
         return self.seconds * 1e3
 
+    @property
+    def span_s(self) -> float:
+        """The time its bins cover."""
+        return self.bins * self.bin_s
+
     def to_json(self) -> dict[str, float | int]:
         return {"ms": round(self.ms, 3), "correlation": self.correlation, "noise": self.noise,
-                "seconds_of_bins": round(self.bins * self.bin_s, 3)}
+                "seconds_of_bins": round(self.span_s, 3)}
 
 
 def round_trips(timing: TimingFile | None, pids: Sequence[int]) -> dict[int, RoundTrip]:

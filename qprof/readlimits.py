@@ -84,6 +84,23 @@ def open_gzip_text(path: Path) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BufferedReader(capped), encoding="utf-8")
 
 
+def appended_lines(path: Path) -> list[str | bytes] | None:
+    """The lines of a JSON-lines file a loader appended while the run went on; None when there is none
+    (absent, or not a regular file). A line past MAX_LINE ends what is read as one damaged line (b"\\0"):
+    the lines before it are kept."""
+    try:
+        f = open_regular(path)
+    except (OSError, QprofError):
+        return None
+    out: list[str | bytes] = []
+    with f:
+        try:
+            out.extend(lines(f, path))
+        except QprofError:
+            out.append(b"\0")
+    return out
+
+
 def lines(f: io.TextIOBase | BinaryIO, path: Path) -> Iterator[str | bytes]:
     """A file's lines, each at most MAX_LINE long (a longer one stops with QprofError)."""
     while True:

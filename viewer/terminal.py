@@ -413,7 +413,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
         rt = analysis.round_trips.get(p.pid)
         if rt is not None:
             say(f"  round trip {rt.ms:.2f} ms: what it received echoed what it sent that much later "
-                f"(its datagrams' timing over {rt.bins * rt.bin_s:.1f} s)")
+                f"(its datagrams' timing over {rt.span_s:.1f} s)")
         tcp = analysis.tcp.processes.get(p.pid) if analysis.tcp is not None else None
         udp = pio.processes.get(p.pid) if pio is not None else None
         if udp is not None and (udp.tx.msgs or udp.rx.msgs or tcp is None or not tcp.moved):

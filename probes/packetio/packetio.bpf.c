@@ -50,15 +50,16 @@ const volatile struct config cfg = {};
 // Written by the loader while the programs run (the .bss map is mmapped).
 struct control {
 	__u32 gate;                  // 1 while a sampling window is open
-	__u32 timing;                // 1 while the window is whole periods: the messages' times are binned
+	__u32 timing;                // 1 while the window is long enough for a round trip: the messages' times are binned
 	__u64 ports[PORT_WORDS];     // local ports of the targets' UDP sockets, for the drop programs
 };
 struct control ctl = {};
 
 // Messages sent and received per target and timing bin (index: the bin's number mod TIMING_BINS).
 // The round trip shows in them: what a side sends comes back acknowledged (or answered) one path
-// round trip later (attribution/rtt.py). Binned only in whole-period windows, where the hook rate is
-// within the budget: a clock read and an add per message.
+// round trip later (attribution/rtt.py). Binned only in windows of 20 ms or more (the loader sets
+// the flag, probes/packetio/timing.py): a clock read and an add per message; a fast transfer's
+// short windows pay nothing.
 struct timing { __u32 n[MAX_TARGETS][2][TIMING_BINS]; };
 struct timing tim = {};
 const volatile struct timing_cfg { __u32 shift; } timing_cfg = { TIMING_SHIFT };

@@ -179,7 +179,7 @@ class Sampler:
         return {ns: c.read() for ns, c in self.netns.items()}
 
     def set_timing(self, on: bool) -> None:
-        """Bin the messages' times (whole-period windows only: within the budget's hook rate) or stop."""
+        """Bin the messages' times (windows of timing.MIN_WINDOW_S or more) or stop."""
         if self.drainer is None:
             return
         if on and not self._timing.value:
@@ -284,6 +284,8 @@ class Sampler:
                                                            frame_end.get(ns, zero))}}
                  for ns in self.netns}
         data = {**self.stats.to_json(), "netns": netns, "final": final,
+                **({"timing": {"lost_bins": self.drainer.lost_bins, "write_errors": self.drainer.write_errors}}
+                   if self.drainer is not None else {}),
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
                 "budget": {"cpu_share": windows.CPU_BUDGET, "event_cost_ns": windows.EVENT_COST_S * 1e9,
                            "period_s": windows.PERIOD_S, "overruns": self.overruns,

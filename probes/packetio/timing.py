@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from qprof import runfiles
-from qprof.errors import QprofError
 from qprof.probes.lines import LineFile
-from qprof.readlimits import lines as read_lines, open_regular
+from qprof.readlimits import appended_lines
 
 SUFFIX = "timing.jsonl"
 MIN_WINDOW_S = 0.02  # shorter windows hold no round trip worth the clock read per message
@@ -86,16 +85,13 @@ class Drainer:
 
     def open(self) -> None:
         self._file.open()
-        self._write({"shift": self.shift, "pids": self.pids})
-
-    def _write(self, obj: dict[str, Any]) -> None:
-        self._file.write(obj)
+        self._file.write({"shift": self.shift, "pids": self.pids})
 
     def start(self, now_ns: int) -> None:
         """Counting starts (the programs' flag was just set): bins from the current one on."""
         if self.next_bin is None:
             self.next_bin = now_ns >> self.shift
-            self._write({"on": self.next_bin})
+            self._file.write({"on": self.next_bin})
 
     def drain(self, now_ns: int, last: bool = False) -> None:
         """Write and zero the bins the clock has left (`last`: the current one too, counting stopped)."""
@@ -113,7 +109,7 @@ class Drainer:
             rows = [self._take(t, d, i, j) if i < j else self._take(t, d, i, self.bins) + self._take(t, d, 0, j)
                     for d in (0, 1)]
             if any(rows[0]) or any(rows[1]):
-                self._write({"pid": pid, "t": first, "n": upto - first, "s": _pairs(rows[0]), "r": _pairs(rows[1])})
+                self._file.write({"pid": pid, "t": first, "n": upto - first, "s": _pairs(rows[0]), "r": _pairs(rows[1])})
         self.next_bin = upto
 
     def stop(self, now_ns: int) -> None:
@@ -121,7 +117,7 @@ class Drainer:
         if self.next_bin is None:
             return
         self.drain(now_ns, last=True)
-        self._write({"off": self.next_bin})
+        self._file.write({"off": self.next_bin})
         self.next_bin = None
 
     def close(self) -> None:
@@ -153,16 +149,9 @@ class TimingFile:
     @classmethod
     def read(cls, path: Path) -> TimingFile | None:
         """None when the run has no timing file (older runs, `--probes none`) or no usable header."""
-        try:
-            f = open_regular(path)
-        except (OSError, QprofError):  # absent, or not a regular file: no timing to read
+        lines = appended_lines(path)
+        if lines is None:
             return None
-        with f:
-            lines: list[str | bytes] = []
-            try:
-                lines.extend(read_lines(f, path))
-            except QprofError:  # a line past readlimits' bound: damaged, and the end of what is read
-                lines.append(b"\0")
         try:
             head: Any = json.loads(lines[0]) if lines else {}
             shift, pids = int(head["shift"]), [int(p) for p in head["pids"]]

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from qprof import runfiles
-from qprof.errors import QprofError
 from qprof.probes.waits.maps import STATES, count
-from qprof.readlimits import lines, open_regular
+from qprof.readlimits import appended_lines
 
 # The bin: the timeline's (archive.stacks.BIN_S, 100 ms), which the probes layer may not import;
 # attribution.timeline checks the two agree.
@@ -228,19 +227,8 @@ class WaitSeries:
     @staticmethod
     def read(path: Path) -> "WaitSeries | None":
         """The series in `path`; None when the run has none (an older qprof, or no waits group)."""
-        try:
-            f = open_regular(path)
-        except (OSError, QprofError):  # absent; or not a regular file: no series to read
-            return None
-
-        def text() -> Iterable[str | bytes]:
-            try:
-                yield from lines(f, path)
-            except QprofError:  # a line past readlimits' bound: damaged, and the end of what is read
-                yield b"\0"
-
-        with f:
-            return WaitSeries.parse(text())
+        text = appended_lines(path)
+        return None if text is None else WaitSeries.parse(text)
 
 
 def _bin_line(obj: Any) -> tuple[int, int, dict[tuple[int, str], int]] | None:
