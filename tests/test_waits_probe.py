@@ -256,10 +256,14 @@ def test_each_thread_is_accounted_exactly_and_by_what_it_waited_for(waiters: Wai
         return t.ns[kind] / t.blocked_ns
 
     # each of the sleeper's blocks is one 10 ms nanosleep: its blocked time per block is that, however long
-    # a loaded host makes it wait for a CPU after each (runnable, not blocked)
+    # a loaded host makes it wait for a CPU after each (runnable, not blocked). The span's start and stop
+    # cut up to two of them (the one it was in when tracing began, the one it was in at the stop): those
+    # two are whole or less (a clean clone read 9.96 ms a block over 150 blocks, one of them cut)
     slept = rec.threads[w.sleeper]
-    per_block_ms = slept.ns["timer"] / slept.counts["timer"] / 1e6
-    assert SLEEP_MS <= per_block_ms <= SLEEP_MS + SLEEP_SLACK_MS, (per_block_ms, shares["sleeper"])
+    blocks = slept.counts["timer"]
+    per_block_ms = slept.ns["timer"] / blocks / 1e6
+    assert SLEEP_MS * (blocks - 2) / blocks <= per_block_ms <= SLEEP_MS + SLEEP_SLACK_MS, (per_block_ms, blocks,
+                                                                                          shares["sleeper"])
     assert kind_share("sleeper", "timer") >= KIND_SHARE
     assert kind_share("signaller", "timer") >= KIND_SHARE
     assert kind_share("receiver", "network") >= KIND_SHARE
