@@ -319,6 +319,7 @@ EXPECTED_REASONS = {
     "path/flow-control": ("congestion_control", "flow_control"),
     "application": ("application",),
     "scheduling": ("application",),  # its threads cannot fill the window
+    "handoffs": ("application",),
 }
 
 

@@ -27,9 +27,12 @@ Per side, over its own window (two archives from two hosts need no clock sync):
 - When nothing above is found, what the threads did off the CPU (the `waits`
   probes, attribution.waits) names what binds:
   `scheduling`: a multi-threaded side's working threads spent a large share
-  of their wall time runnable after a wakeup or waiting for each other (a
-  runtime handing work between its threads; binding them to fewer CPUs
-  changes it, for better or worse: docs/measurements.md);
+  of their wall time runnable after a wakeup or waiting for each other while
+  the CPUs they may use were busy: they queue for CPUs (a runtime's threads
+  and the other endpoint's); binding each endpoint to CPUs of its own raises
+  goodput. `handoffs`: the same waits while those CPUs sat idle a good part
+  of the time: the threads wait to be woken by one another, and binding them
+  to fewer CPUs serialises the handoffs (docs/measurements.md);
   `path/flow-control`: the sender's busiest thread (its pool) waited mostly for the
   network, for its peer's packets (acknowledgements or credit): the path's
   round-trip time and loss through congestion control, or the receiver's
@@ -82,10 +85,16 @@ THRESHOLDS: dict[str, float] = {
     "queue_share": 0.01,  # link: (overlimits + drops + requeues) / packets on its namespace's qdiscs
     # scheduling: its working threads' wall time runnable or waiting for another of its threads (waits probes)
     "scheduling_wait": 0.30,
+    # handoffs, not scheduling: the CPUs it may use sat idle this share of the time while its threads waited:
+    # they waited to be woken by one another, not for a CPU (binding each process to CPUs of its own lowered
+    # goodput), where busy CPUs mean its threads and the host's other work queue for them (binding raised it).
+    # Measured 2026-11-27 on the uncapped multi-threaded runs, 10 each, against the same runs pinned: idle
+    # quic-go 12-15% (pinning +52%), quinn-mt 8-10% (+21%), s2nquic-mt 20-25% (-21%); midway
+    "handoffs_cpus_idle": 0.17,
 }
 WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window does the side's work
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
-CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "path", "flow-control",
+CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "handoffs", "path", "flow-control",
           "path/flow-control", "application", "flow-control/application")
 # what the sender's busiest thread waiting mostly on each kind says binds, when no CPU, buffer or queue does
 UNBOUND_BY_WAIT = {"network": "path/flow-control", "timer": "application", "thread": "application",
@@ -490,9 +499,15 @@ def _judge(ev: SideEvidence) -> None:
             f"{ev.receive_drops} datagrams dropped at its sockets for lack of buffer, "
             f"{ev.receive_drop_share:.2%} of {(ev.received_datagrams or 0) + ev.receive_drops:.0f}")
     if ev.scheduling_wait is not None and ev.working_threads > 1 and ev.wall_working is not None:
-        add("scheduling", "scheduling_wait", ev.scheduling_wait,
-            f"its {ev.working_threads} working threads runnable {ev.wall_working[RUNNABLE]:.0%} and waiting for "
-            f"one another {ev.wall_working['thread']:.0%} of their wall time = {ev.scheduling_wait:.0%}")
+        waiting = add("scheduling", "scheduling_wait", ev.scheduling_wait,
+                      f"its {ev.working_threads} working threads runnable {ev.wall_working[RUNNABLE]:.0%} and "
+                      f"waiting for one another {ev.wall_working['thread']:.0%} of their wall time = "
+                      f"{ev.scheduling_wait:.0%}")
+        if waiting and ev.cpus_busy is not None:  # busy CPUs: they queue for them; idle: for each other's wakeups
+            idle = 1.0 - ev.cpus_busy
+            if add("handoffs", "handoffs_cpus_idle", idle,
+                   f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) idle {idle:.0%} of the time"):
+                ev.findings[-2].cause = "handoffs"  # the threads' waits, then, are for one another's wakeups
     if ev.queue_share is not None:
         add("link", "queue_share", ev.queue_share,
             f"queues in its namespace held back or dropped {ev.queue_events} of {ev.queue_packets} packets "
@@ -504,6 +519,20 @@ def _judge(ev: SideEvidence) -> None:
     ev.cpu_limited = ev.cause is not None
     if ev.cause is None and any(f.met and f.cause == "receive-buffer" for f in ev.findings):
         ev.cause = "receive-buffer"
+
+
+def _remedy(ev: SideEvidence) -> str | None:
+    """What binding a side's threads to fewer CPUs is expected to change, for the causes that turn on it."""
+    if ev.cause == "scheduling" and len(ev.usable_cpus) > 1:
+        return (f"{ev.role}: its threads queue for CPUs other work also holds; binding each endpoint to CPUs of "
+                "its own (taskset; Go and tokio size their thread pools by it) is expected to raise goodput")
+    if ev.cause == "scheduling":
+        return f"{ev.role}: its threads queue for the one CPU it may use: fewer threads, or more CPUs"
+    if ev.cause == "handoffs":
+        return (f"{ev.role}: its threads wait to be woken by one another while CPUs sit idle; binding it to "
+                "fewer CPUs would run those handoffs one after another (expected to lower goodput); fewer "
+                "handoffs per packet (a connection's work on one thread) is the lever")
+    return None
 
 
 def _describe(ev: SideEvidence) -> str:
@@ -609,9 +638,11 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     starved_sender = any(s.cause == "cpu-starved" and any(b.role != s.role for b in bursts) for s in cpu)
     culprits = [] if queued else cpu if starved_sender else buffer or cpu
     if not culprits and not queued:  # no CPU, buffer or queue binds: a runtime whose threads wait for each other?
-        culprits = [s for s in sides if any(f.met and f.cause == "scheduling" for f in s.findings)]
-        for s in culprits:
-            s.cause = "scheduling"
+        for s in sides:
+            waited = next((f for f in s.findings if f.threshold == "scheduling_wait" and f.met), None)
+            if waited is not None:
+                s.cause = waited.cause  # `scheduling`, or `handoffs` where the CPUs sat idle
+        culprits = [s for s in sides if s.cause in ("scheduling", "handoffs")]
     for s in sides:
         if s.cause is not None and s not in culprits:
             why = ("packets queued on the way out: the sender outpaced the link" if queued else
@@ -631,6 +662,7 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
         summary = "the link limits: " + "; ".join(f.text for f in queued)
     else:
         cause, summary = _unbound(sides, sender(records or []))
+    notes += [r for r in map(_remedy, culprits) if r]
     notes += [_describe(s) for s in sides]
     v = Verdict(limited, cause, summary, sides, dict(THRESHOLDS), notes)
     rec = sender(records or [])

@@ -11,7 +11,10 @@ to one CPU beside a busy process (contention); a side in a one-CPU cpuset
 shared with a busy process; the client's socket held at a tiny SO_RCVBUF; the
 link shaped with tbf; the server pacing its own writes (application, test
 endpoints with that option only); and uncapped runs, reported as measured
-with no expected answer. The `-shared` scenarios and `busy-host` start the
+with no expected answer, except that `scheduling` (multi-threaded runtimes
+uncapped) is checked against `pinned` (the same transfer, each side bound to
+a CPU of its own): a `scheduling` verdict must see pinning raise goodput, a
+`handoffs` verdict see it lower goodput (paired by run, median ratio). The `-shared` scenarios and `busy-host` start the
 sides where a shell leaves them, no cgroup made for them (the contention,
 cpuset and quota cases with the busy process in the same cgroup, and both
 sides free with a busy process bound to each CPU): the cells the
@@ -53,8 +56,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the lab package
 
-from lab.scenarios import (SCENARIOS, RunResult, Scenario, measure_goodput, run_scenario,  # noqa: E402
-                           size_for, transfer_factory, unsupported)
+from lab.scenarios import (PINNING_PREDICTS, SCENARIOS, RunResult, Scenario, measure_goodput,  # noqa: E402
+                           run_scenario, size_for, transfer_factory, unsupported)
+from qprof.attribution.stats import median_ci  # noqa: E402
 from qprof.netlab import cleanup  # noqa: E402
 
 GOAL_OVERALL, GOAL_CELL = 0.95, 0.9
@@ -137,12 +141,39 @@ def table(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]
                 rate = f"{k}/{len(cell)}"
                 goal &= len(cell) > 0 and k / len(cell) >= GOAL_CELL
             lines.append(f"{sc.name:18s} {st:7s} {expect:32s} {rate:>6s}  {marks}  | {seen(cell)}")
+    pin_lines, pin_right, pin_made = pinning(results, stacks)
+    lines += pin_lines
+    total, hits = total + pin_made, hits + pin_right
     overall = hits / total if total else 0.0
     goal &= total > 0 and overall >= GOAL_OVERALL
     lines.append(f"overall: {hits}/{total} = {overall:.0%} "
                  f"(goal: >= {GOAL_OVERALL:.0%} overall and >= {GOAL_CELL * 10:.0f}/10 per cell, "
                  f">= 10 runs each: {'MET' if goal and runs >= 10 else 'not met'})")
     return "\n".join(lines), goal
+
+
+def pinning(results: list[RunResult], stacks: list[str]) -> tuple[list[str], int, int]:
+    """The check of the uncapped runs' `scheduling` and `handoffs` verdicts: the same transfer pinned
+    (the `pinned` scenario, run i against uncapped run i: interleaved, so paired) must move more after
+    `scheduling` and less after `handoffs`. Returns the lines, predictions right and predictions made."""
+    lines, right, made = [], 0, 0
+    for st in stacks:
+        free = [r for r in results if r.scenario == "scheduling" and r.stack == st]
+        bound = [r for r in results if r.scenario == "pinned" and r.stack == st]
+        ratios = [b.goodput_mbit / f.goodput_mbit for f, b in zip(free, bound) if f.goodput_mbit and b.goodput_mbit]
+        if not ratios:
+            continue
+        ci = median_ci(ratios)
+        assert ci.median is not None
+        span = f"[{ci.low:.2f}, {ci.high:.2f}]" if ci.available else f"(no interval: {ci.note})"
+        said = Counter(PINNING_PREDICTS[c] for r in free for c in str(r.cause).split("+") if c in PINNING_PREDICTS)
+        moved = "raise" if ci.median > 1 else "lower"
+        k = said.get(moved, 0)
+        right, made = right + k, made + sum(said.values())
+        verdicts = ", ".join(f"{n} predict {w}" for w, n in sorted(said.items())) or "no verdict predicts it"
+        lines.append(f"pinning {st:10s} pinned/uncapped goodput x{ci.median:.2f} {span}, {len(ratios)} pairs: "
+                     f"{moved}s it; {verdicts}: {k}/{sum(said.values())} right")
+    return lines, right, made
 
 
 def markdown(results: list[RunResult], scenarios: list[Scenario], stacks: list[str]) -> str:

@@ -232,6 +232,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("busy-host", "both", "cpu-starved", hogs=tuple(Hog(cpus=(c,)) for c in range(2)), own_cgroups=False,
              about="both free, a busy process bound to each of the host's 2 CPUs; all in the shell's cgroup"),
 )}
+# what the uncapped (`scheduling` scenario) run's cause predicts pinning (the `pinned` scenario) does to goodput
+PINNING_PREDICTS = {"scheduling": "raise", "handoffs": "lower"}
 # Cells with the sides where a shell leaves them: what multi-threaded endpoints are judged on
 SHARED = tuple(name for name, sc in SCENARIOS.items() if not sc.own_cgroups)
 

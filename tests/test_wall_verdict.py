@@ -88,6 +88,24 @@ def test_threads_waiting_for_each_other_name_scheduling_on_their_side() -> None:
     assert f"2 working threads runnable 20% and waiting for one another {0.275:.0%} of their wall time = 48%" in v.summary
 
 
+def test_busy_cpus_say_scheduling_and_idle_ones_handoffs() -> None:
+    """The same waits: with the CPUs it may use busy 88% its threads queue for them (`scheduling`, pinning
+    helps); with them idle 25% of the time they wait for one another's wakeups (`handoffs`, pinning hurts)."""
+    go = {(1, 1): {"on_cpu": 0.4, "runnable": 0.2, "thread": 0.25, "network": 0.15},
+          (1, 3): {"on_cpu": 0.35, "runnable": 0.2, "thread": 0.3, "network": 0.15}}
+    for idle, cause in ((0.12, "scheduling"), (0.25, "handoffs")):
+        srv = readings(1, 10, 0.75, 0.4, threads=2, psi_full=0.05, cpu_idle=(idle, idle))
+        v = verdict(go, RECEIVER, srv=srv)
+        assert (v.limited_by, v.cause) == ("server-limited", cause)
+        found = {f.threshold: f for f in v.sides[0].findings}
+        assert found["handoffs_cpus_idle"].met == (cause == "handoffs")
+        assert found["handoffs_cpus_idle"].value == idle
+        assert found["scheduling_wait"].cause == cause and found["scheduling_wait"].met
+        assert v.sides[0].reasons[0].startswith("its 2 working threads runnable 20%")
+        want = "expected to raise goodput" if cause == "scheduling" else "expected to lower goodput"
+        assert any(n.startswith("server: ") and want in n for n in v.notes)
+
+
 def test_a_runtime_pool_waits_for_what_wakes_its_threads() -> None:
     """Go's threads park on a futex until the one polling the network wakes them: the pool's waits other
     than on its own threads name what it waited for; only waits on its own threads are its own input."""
