@@ -26,7 +26,7 @@ from typing import Any, Iterator
 from qprof.archive import procfs, schema
 from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading)
-from qprof.archive.stacks import StackRecord, read_header, read_stacks
+from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
@@ -143,14 +143,28 @@ class Run:
         """(status, reason why it is not complete)."""
         return self.meta.status, self.meta.incomplete_reason
 
+    def raw_chunks(self) -> list[str]:
+        """The raw perf data files in the run, in time order (chunks not yet folded, or kept with --keep-raw)."""
+        return [p.name for g in self.meta.sampling.groups
+                for p in chunk_files(self.path, g.perf_data, include_current=True)]
+
+    def _damaged(self, e: DamagedStacks) -> QprofError:
+        """A damaged stacks file, with what can re-create it: a fold of the raw data, when all of it is here."""
+        if foldable_again(self.stacks_path, set(self.raw_chunks())):
+            return QprofError(f"{e}; re-create it with `qprof report --refold {self.path}` on the host that "
+                              "recorded the run (its raw perf data is here)")
+        return QprofError(f"{e}; {NO_RAW}")
+
     def unfolded_chunks(self) -> list[str]:
         """Raw perf data chunks the stacks file does not hold (a run cut short)."""
-        head = read_header(self.stacks_path)
+        try:
+            head = read_header(self.stacks_path)
+        except DamagedStacks as e:
+            raise self._damaged(e) from None
         if head is None and self.stacks_path.is_file():  # folded in one piece from all its raw data
             return []
         folded = set((head or {}).get("folded", []))
-        return [p.name for g in self.meta.sampling.groups
-                for p in chunk_files(self.path, g.perf_data, include_current=True) if p.name not in folded]
+        return [name for name in self.raw_chunks() if name not in folded]
 
     @property
     def stacks_path(self) -> Path:
@@ -185,7 +199,10 @@ class Run:
                              f"); run `qprof report --refold {self.path}` on the host that recorded it")
 
     def stacks(self) -> Iterator[StackRecord]:
-        return read_stacks(self.stacks_path)
+        try:
+            yield from read_stacks(self.stacks_path)
+        except DamagedStacks as e:
+            raise self._damaged(e) from None
 
     def _record(self, name: str, what: str, shape: schema.Of) -> dict[str, Any] | None:
         """One JSON document of the archive, checked against its shape; None when the run has none."""
@@ -231,16 +248,35 @@ class Run:
         return None if data is None else schema.decode(TcpRecord, data)
 
     def proc_readings(self) -> Iterator[ProcReading]:
-        """Per-thread /proc readings in time order; a line cut by a kill, or not shaped like a
-        reading, is skipped."""
+        """Per-thread /proc readings in time order. The last line may be cut by a kill (skipped); any
+        other line that is not a reading means the file was changed after it was written, and every
+        figure from it could be off: one error naming the line."""
         p = self.path / PROC
         if not p.exists():
             return
         with open_regular(p) as f:
-            for line in lines(f, p):
+            held: tuple[int, str | bytes] | None = None
+            for n, line in enumerate(lines(f, p), 1):
+                if held is not None:
+                    yield self._reading(p, *held)
+                held = (n, line)
+            if held is not None:
                 try:
-                    obj = schema.loads(line)
-                except (ValueError, RecursionError):
-                    continue
-                if schema.conforms(obj, schema.PROC_READING):
-                    yield ProcReading.from_json(obj)
+                    yield self._reading(p, *held)
+                except QprofError:
+                    last = held[1]
+                    whole = last.endswith(b"\n") if isinstance(last, bytes) else last.endswith("\n")
+                    if whole:  # written whole: not cut by a kill
+                        raise
+
+    @staticmethod
+    def _reading(p: Path, n: int, line: str | bytes) -> ProcReading:
+        try:
+            obj = schema.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise QprofError(f"{p}:{n}: not a /proc reading ({str(e)[:80]}); the file was changed after qprof "
+                             f"wrote it: restore it, or drop the line (sed -i {n}d {p}) to report without it") from None
+        if not schema.conforms(obj, schema.PROC_READING):
+            raise QprofError(f"{p}:{n}: not a /proc reading (not shaped as qprof writes one); restore the file, "
+                             f"or drop the line (sed -i {n}d {p}) to report without it")
+        return ProcReading.from_json(obj)

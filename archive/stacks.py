@@ -148,6 +148,10 @@ def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[s
     return n
 
 
+class DamagedStacks(QprofError):
+    """The stacks file does not read back: the reader that knows the run says what can re-create it."""
+
+
 def read_header(path: Path) -> dict[str, Any] | None:
     """The header of a stacks file, or None (no file, no header: a run folded in one go)."""
     try:
@@ -156,14 +160,27 @@ def read_header(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
-                         "on the host that recorded the run") from None
+        raise DamagedStacks(f"{path}: damaged stacks file ({e})") from None
     if isinstance(obj, dict) and HEADER_KEY in obj:
         header = obj[HEADER_KEY]
         if not isinstance(header, dict):
-            raise QprofError(f"{path}:1: damaged stacks header")
+            raise DamagedStacks(f"{path}:1: damaged stacks header")
         return header
     return None
+
+
+NO_RAW = ("its raw perf data was removed once folded (`attach --keep-raw` keeps it), so it cannot be folded "
+          "again: record the run again")
+
+
+def foldable_again(path: Path, raw: set[str]) -> bool:
+    """Whether folding the raw chunks `raw` from scratch re-creates the stacks file whole: every chunk its
+    header lists as folded is still here (a damaged header lists none: any raw data, then)."""
+    try:
+        head = read_header(path)
+    except DamagedStacks:
+        head = None
+    return bool(raw) and all(str(n) in raw for n in (head or {}).get("folded", []))
 
 
 def read_stacks(path: Path) -> Iterator[StackRecord]:
@@ -178,8 +195,7 @@ def read_stacks(path: Path) -> Iterator[StackRecord]:
                     continue
                 yield _record(obj, path, lineno)
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise QprofError(f"{path}: damaged stacks file ({e}); re-create it with `qprof report --refold` "
-                         "on the host that recorded the run") from None
+        raise DamagedStacks(f"{path}: damaged stacks file ({e})") from None
 
 
 def _record(obj: object, path: Path, lineno: int) -> StackRecord:
@@ -192,9 +208,9 @@ def _record(obj: object, path: Path, lineno: int) -> StackRecord:
         rec = StackRecord(int(obj["pid"]), int(obj["tid"]), str(obj["comm"]),
                           int(obj["samples"]), int(obj["period"]), frames, bins, span)
     except (AssertionError, KeyError, TypeError, ValueError, IndexError, OverflowError):
-        raise QprofError(f"{path}:{lineno}: not a stack record") from None
+        raise DamagedStacks(f"{path}:{lineno}: not a stack record") from None
     if rec.samples < 0 or rec.period < 0 or any(p < 0 for _, p in rec.bins):
-        raise QprofError(f"{path}:{lineno}: negative sample count or period")
+        raise DamagedStacks(f"{path}:{lineno}: negative sample count or period")
     if rec.span_ns is not None and rec.span_ns[0] > rec.span_ns[1]:
-        raise QprofError(f"{path}:{lineno}: a record's first sample comes after its last")
+        raise DamagedStacks(f"{path}:{lineno}: a record's first sample comes after its last")
     return rec

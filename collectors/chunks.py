@@ -32,7 +32,8 @@ from qprof import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup
-from qprof.archive.stacks import Frame, StackKey, add_counts, read_header, read_stacks, records, write_stacks
+from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, StackKey, add_counts, foldable_again, read_header,
+                                  read_stacks, records, write_stacks)
 from qprof import runfiles
 from qprof.errors import QprofError
 from qprof.probes.children import BACKGROUND_NICE
@@ -270,11 +271,11 @@ def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[st
     disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
     adding only the chunks it does not hold (a run cut short). Raw data is kept."""
     stacks = out / runfiles.STACKS
-    head = read_header(stacks) or {}
-    folded = [str(x) for x in head.get("folded", [])]
     raw = {p.name for g in groups for p in runfiles.chunk_files(out, g.perf_data, include_current=True)}
-    fresh = all(name in raw for name in folded)
-    state = FoldState() if fresh else FoldState.load(stacks)
+    try:  # from scratch when that re-creates the file whole: it replaces a damaged one too
+        state = FoldState() if foldable_again(stacks, raw) else FoldState.load(stacks)
+    except DamagedStacks as e:
+        raise QprofError(f"{e}; {NO_RAW}") from None
     folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)
     archive.release_space(out)  # left by a run that was killed
     return folder.finish()

@@ -293,8 +293,9 @@ class AttachSession:
         meta.start_time = _now()
         archive.write_meta(out, meta)
         self.probes.wait_ready(should_stop=lambda: self._stop_reason is not None)
-        self.status(f"sampling at {opts.frequency} Hz" + (f" for {opts.duration:g} s" if opts.duration
-                                                          else " until every target exits; Ctrl-C stops"))
+        until = (f" for {opts.duration:g} s" if opts.duration else "") + (
+            f" until the targets' work ends (idle {opts.until_idle:g} s)" if opts.until_idle is not None else "")
+        self.status(f"sampling at {opts.frequency} Hz{until or ' until every target exits'}; Ctrl-C stops")
         if self.on_ready is not None:
             self.on_ready()
         self._poll(out, start)

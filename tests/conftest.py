@@ -54,6 +54,13 @@ def _binomial_sd(p: float, samples: int) -> float:
     return math.sqrt(p * (1 - p) / max(samples, 1))
 
 
+def shell_mode() -> int:
+    """The mode a new file of the user's shell gets (0666 less the umask): what qprof's outputs take."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def qprof(*args: str, check: bool = True, env: dict[str, str] | None = None,
           timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the real `qprof` command line."""

@@ -278,11 +278,20 @@ def test_typed_records_of_an_archive_with_only_required_fields() -> None:
     assert probes.programs["packetio"].cpu_s is None and probes.packetio().windows is None
 
 
-def test_proc_readings_skip_cut_lines(tmp_path: Path) -> None:
+def test_proc_readings_skip_a_cut_last_line_and_name_any_other_bad_one(tmp_path: Path) -> None:
+    """A kill cuts the last line only: that one is left out; a bad line before it means the file was
+    changed, and every figure from the readings could be off."""
     archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
     whole = {"t": 1, "mono": 1, "threads": {}}
-    (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n[1]\n{"t": 1}\n{"t": 2, "mono": 2, "thr')
+    (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n{"t": 2, "mono": 2, "thr')
     assert list(Run.open(tmp_path).proc_readings()) == [ProcReading.from_json(whole)]
+    for bad in ("[1]", '{"t": 1}', "\x00garbage"):
+        (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + f"\n{bad}\n" + json.dumps(whole) + "\n")
+        with pytest.raises(QprofError, match=r"proc.jsonl:2: not a /proc reading .*sed -i 2d"):
+            list(Run.open(tmp_path).proc_readings())
+    (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n{"t": 1}\n')  # a whole last line, not cut
+    with pytest.raises(QprofError, match="proc.jsonl:2"):
+        list(Run.open(tmp_path).proc_readings())
 
 
 def test_create_run_dir(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples, qprof
+from qprof.archive import Run
 from qprof.cli import print_report
 from qprof.errors import QprofError
 
@@ -95,9 +96,11 @@ def test_wrong_types_or_missing_fields_anywhere(capture: Path, tmp_path: Path, d
 
 @settings(max_examples=examples(60), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(["meta.json", "probes.json", "proc.jsonl", "probe-packetio.jsonl", "stacks.jsonl.gz"]),
+@given(name=st.sampled_from(["meta.json", "probes.json", "proc.jsonl", "probe-packetio.jsonl", "stacks.jsonl.gz",
+                             "probe-waits.series.jsonl", "probe-waits.jsonl", "tcp.json"]),
        cut=st.floats(0.0, 1.0), flip=st.booleans())
 def test_cut_or_corrupted_files(capture: Path, tmp_path: Path, name: str, cut: float, flip: bool) -> None:
+    assert (capture / name).is_file(), f"the capture has no {name}"
     run = tmp_path / "r"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(capture, run)
@@ -148,7 +151,22 @@ def test_cli_one_line_for_each_damage(capture: Path, tmp_path: Path) -> None:
     r = fresh("stacks-cut")
     whole = (capture / "stacks.jsonl.gz").read_bytes()
     (r / "stacks.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    one_line(qprof("report", str(r), check=False), "stacks.jsonl.gz", "damaged stacks file")
+    assert not Run.open(r).raw_chunks(), "attach removes each chunk of raw data once folded"
+    one_line(qprof("report", str(r), check=False), "stacks.jsonl.gz", "damaged stacks file", "record the run again")
+    one_line(qprof("report", "--refold", str(r), check=False), "damaged stacks file", "cannot be folded again")
+    # 200 bytes of garbage inside a reading in the middle: every figure from the readings could be off
+    r = fresh("proc-garbage")
+    text = (capture / "proc.jsonl").read_bytes()
+    at = text.index(b"\n", len(text) // 2) - 40
+    (r / "proc.jsonl").write_bytes(text[:at] + b"\x00garbage" * 25 + text[at:])
+    line = text[:at].count(b"\n") + 1
+    one_line(qprof("report", str(r), check=False), f"proc.jsonl:{line}: not a /proc reading", f"sed -i {line}d")
+    subprocess.run(["sed", "-i", f"{line}d", str(r / "proc.jsonl")], check=True)  # what the advice says
+    assert qprof("report", str(r), check=False).returncode == 0
+    # a last line cut by a kill is no damage: the readings before it are the run's
+    r = fresh("proc-cut")
+    (r / "proc.jsonl").write_bytes(text[:-100])
+    assert qprof("report", str(r), check=False).returncode == 0
 
 
 def test_bpftrace_output_cut_mid_line_keeps_the_last_whole_snapshot(capture: Path, tmp_path: Path) -> None:

@@ -101,6 +101,18 @@ def test_refold_from_scratch_matches(capture: Path, tmp_path: Path) -> None:
     assert totals(run) == totals(capture)
 
 
+def test_a_damaged_stacks_file_says_refold_and_refold_re_creates_it(capture: Path, tmp_path: Path) -> None:
+    """The raw data kept (--keep-raw): the error names `report --refold`, which then folds it all again."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    whole = (capture / "stacks.jsonl.gz").read_bytes()
+    (run / "stacks.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    r = qprof("report", str(run), "--format", "json", check=False)
+    assert r.returncode == 2 and f"qprof report --refold {run}" in r.stderr, r.stderr
+    qprof("report", "--refold", str(run), "--format", "json")
+    assert totals(run) == totals(capture)
+
+
 def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Path) -> None:
     """As if qprof was killed after folding two chunks (deleted once folded): report reads those
     two and warns; --refold adds the others; nothing is counted twice."""

@@ -42,8 +42,20 @@ def output_format(path: Path, formats: Mapping[str, str]) -> str:
     return formats[suffix]
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (Linux >= 4.7), else the common 022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write `text` (UTF-8 if a str) to `path`: readers see the old file or the whole new one, mode 0600."""
+    """Write `text` (UTF-8 if a str) to `path`: readers see the old file or the whole new one, with the
+    mode the user's shell would give a new file (a report or chart is made to be shared)."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -53,6 +65,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
