@@ -208,9 +208,10 @@ class _Otlp(_Pprof):
         from qprof.viewer.otlp import otlp_request
 
         req = otlp_request(result.analyses[0], self.seen)
-        samples = sum(len(p.samples) for rp in req.resource_profiles for sp in rp.scope_profiles for p in sp.profiles)
+        # an OTLP sample is one stack of one thread, valued in CPU ns: counted as stacks, as pprof's are
+        stacks = sum(len(p.samples) for rp in req.resource_profiles for sp in rp.scope_profiles for p in sp.profiles)
         return Rendered(req.SerializeToString(), f"profiles of {len(req.resource_profiles)} processes, "
-                                                 f"{samples:,} samples")
+                                                 f"{stacks:,} stacks")
 
 
 def _svg(request: Request) -> Renderer:
