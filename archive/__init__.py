@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from qprof.archive import procfs, schema
 from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
-                                     ProcReading)
+                                     ProcReading, SampleGroup)
 from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
@@ -102,6 +102,11 @@ def effective_status(meta: Meta) -> tuple[str, str | None]:
     return meta.status, meta.incomplete_reason
 
 
+def raw_chunks(path: Path, groups: list[SampleGroup]) -> list[str]:
+    """The raw perf data files in a run, in time order (chunks not yet folded, or kept with --keep-raw)."""
+    return [p.name for g in groups for p in chunk_files(path, g.perf_data, include_current=True)]
+
+
 @dataclass
 class Run:
     """A run archive opened for reading: `meta` is its meta.json as the typed record."""
@@ -144,9 +149,7 @@ class Run:
         return self.meta.status, self.meta.incomplete_reason
 
     def raw_chunks(self) -> list[str]:
-        """The raw perf data files in the run, in time order (chunks not yet folded, or kept with --keep-raw)."""
-        return [p.name for g in self.meta.sampling.groups
-                for p in chunk_files(self.path, g.perf_data, include_current=True)]
+        return raw_chunks(self.path, self.meta.sampling.groups)
 
     def _damaged(self, e: DamagedStacks) -> QprofError:
         """A damaged stacks file, with what can re-create it: a fold of the raw data, when all of it is here."""
@@ -273,10 +276,10 @@ class Run:
     def _reading(p: Path, n: int, line: str | bytes) -> ProcReading:
         try:
             obj = schema.loads(line)
+            why = None if schema.conforms(obj, schema.PROC_READING) else "not shaped as qprof writes one"
         except (ValueError, RecursionError) as e:
-            raise QprofError(f"{p}:{n}: not a /proc reading ({str(e)[:80]}); the file was changed after qprof "
-                             f"wrote it: restore it, or drop the line (sed -i {n}d {p}) to report without it") from None
-        if not schema.conforms(obj, schema.PROC_READING):
-            raise QprofError(f"{p}:{n}: not a /proc reading (not shaped as qprof writes one); restore the file, "
-                             f"or drop the line (sed -i {n}d {p}) to report without it")
+            why = str(e)[:80]
+        if why is not None:
+            raise QprofError(f"{p}:{n}: not a /proc reading ({why}); the file was changed after qprof wrote it: "
+                             f"restore it, or drop the line (sed -i {n}d {p}) to report without it")
         return ProcReading.from_json(obj)

@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the lab package
 
-from lab.scenarios import (PINNING_PREDICTS, SCENARIOS, RunResult, Scenario, measure_goodput,  # noqa: E402
+from lab.scenarios import (SCENARIOS, RunResult, Scenario, measure_goodput, pinning_predictions,  # noqa: E402
                            run_scenario, size_for, transfer_factory, unsupported)
 from qprof.attribution.stats import median_ci  # noqa: E402
 from qprof.netlab import cleanup  # noqa: E402
@@ -166,7 +166,7 @@ def pinning(results: list[RunResult], stacks: list[str]) -> tuple[list[str], int
         ci = median_ci(ratios)
         assert ci.median is not None
         span = f"[{ci.low:.2f}, {ci.high:.2f}]" if ci.available else f"(no interval: {ci.note})"
-        said = Counter(PINNING_PREDICTS[c] for r in free for c in str(r.cause).split("+") if c in PINNING_PREDICTS)
+        said = Counter(w for r in free for w in pinning_predictions(r.cause))
         moved = "raise" if ci.median > 1 else "lower"
         k = said.get(moved, 0)
         right, made = right + k, made + sum(said.values())

@@ -271,7 +271,7 @@ def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[st
     disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
     adding only the chunks it does not hold (a run cut short). Raw data is kept."""
     stacks = out / runfiles.STACKS
-    raw = {p.name for g in groups for p in runfiles.chunk_files(out, g.perf_data, include_current=True)}
+    raw = set(archive.raw_chunks(out, groups))
     try:  # from scratch when that re-creates the file whole: it replaces a damaged one too
         state = FoldState() if foldable_again(stacks, raw) else FoldState.load(stacks)
     except DamagedStacks as e:

@@ -234,6 +234,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 # what the uncapped (`scheduling` scenario) run's cause predicts pinning (the `pinned` scenario) does to goodput
 PINNING_PREDICTS = {"scheduling": "raise", "handoffs": "lower"}
+
+
+def pinning_predictions(cause: str | None) -> list[str]:
+    """What a verdict's cause (two joined by "+" when the sides differ) predicts of pinning, per part."""
+    return [PINNING_PREDICTS[c] for c in str(cause).split("+") if c in PINNING_PREDICTS]
+
+
 # Cells with the sides where a shell leaves them: what multi-threaded endpoints are judged on
 SHARED = tuple(name for name, sc in SCENARIOS.items() if not sc.own_cgroups)
 

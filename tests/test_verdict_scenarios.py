@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from lab.scenarios import (PINNING_PREDICTS, SCENARIOS, RunResult, measure_goodput, run_scenario, size_for,
+from lab.scenarios import (SCENARIOS, RunResult, measure_goodput, pinning_predictions, run_scenario, size_for,
                            transfer_factory, unsupported)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -129,7 +129,7 @@ def test_pinning_does_what_the_uncapped_verdict_predicts(scenario_run: Any, stac
     print("\n" + describe(free) + "\n" + describe(bound))
     for r in (free, bound):
         assert r.error is None and r.has_verdict and r.goodput_mbit, describe(r)
-    said = {PINNING_PREDICTS[c] for c in str(free.cause).split("+") if c in PINNING_PREDICTS}
+    said = set(pinning_predictions(free.cause))
     assert len(said) == 1, f"the uncapped verdict predicts nothing of pinning: {describe(free)}"
     predicted, ratio = said.pop(), bound.goodput_mbit / free.goodput_mbit
     print(f"pinned/uncapped goodput x{ratio:.2f}; the verdict predicted it would {predicted}")
