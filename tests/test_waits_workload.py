@@ -83,6 +83,8 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
         assert t["tid"] > 0
         assert SECONDS * 0.95 <= window <= SECONDS * 1.2, window
         assert cpu > 0.01 and abs(t["schedstat_on_cpu_s"] - cpu) <= CONSISTENCY * window
+        # the task-clock stops at the switches, the CPU clock at the scheduler's last clock read
+        assert abs(t["task_clock_s"] - cpu) <= CONSISTENCY * window, (name, t["task_clock_s"], cpu)
         for kind, wall in t["in_call_s"].items():
             assert wall > 0, (name, kind)
             assert t["off_cpu_s"][kind] >= -0.001, (name, kind)
