@@ -119,6 +119,74 @@ class ProcessDiff:
                 "symbols": [s.to_json() for s in self.symbols]}
 
 
+@dataclass(frozen=True)
+class MethodDifference:
+    """A way the two runs were measured differently: the figures it moves changed with the method,
+    not (only) with the system, so a reader must not read them as the system's change."""
+
+    what: str  # unwinding, mapping files, sampling rate, sampling event, probes
+    key: str | None  # the process pair it concerns; None: the whole run
+    a: str
+    b: str
+    affects: str
+
+    def line(self) -> str:
+        who = f" for {self.key}" if self.key else ""
+        return f"{self.what} differs{who} (A: {self.a}; B: {self.b}): {self.affects}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "key": self.key, "a": self.a, "b": self.b, "affects": self.affects}
+
+
+_AFFECTS = {
+    "unwinding": "callers differ, so the categories a caller decides (`within` rules) and Uncategorized "
+                 "move; compare leaf symbols' self time, or record both runs with the same --unwind",
+    "mapping files": "the categories of the symbols those files place move; compare symbols, or give both "
+                     "runs the same --mapping files",
+    "sampling rate": "sample counts and every share's noise differ; shares and CPU seconds still compare",
+    "sampling event": "samples count different things: shares and CPU seconds do not compare",
+    "probes": "the probes' own CPU is in one run's samples only, and what only probes measure (the wall "
+              "clock split, bytes and CPU per GB, the round trip) exists for one run only",
+}
+
+
+def method_differences(a: Analysis, b: Analysis, pairs: list["ProcessDiff"]) -> list[MethodDifference]:
+    """What the two runs measured differently: the run's sampling and probes, each pair's unwinding
+    and mapping files (a wrapper that hid the program once gave one run DWARF and no Go mappings)."""
+    ma, mb = a.profile.run.meta, b.profile.run.meta
+    out: list[MethodDifference] = []
+
+    def differ(what: str, key: str | None, va: str, vb: str) -> None:
+        if va != vb:
+            out.append(MethodDifference(what, key, va, vb, _AFFECTS[what]))
+
+    differ("sampling event", None, ma.sampling.event, mb.sampling.event)
+    differ("sampling rate", None, f"{ma.sampling.frequency} Hz", f"{mb.sampling.frequency} Hz")
+    differ("probes", None, ", ".join(sorted(ma.probes)) or "none", ", ".join(sorted(mb.probes)) or "none")
+    ta, tb = {t.pid: t for t in ma.targets}, {t.pid: t for t in mb.targets}
+    procs_a = {p.pid: p for p in a.profile.processes}
+    procs_b = {p.pid: p for p in b.profile.processes}
+    for pair in pairs:
+        xa, xb = ta.get(pair.a.pid), tb.get(pair.b.pid)
+        if xa is not None and xb is not None:
+            differ("unwinding", pair.key, _unwinding(xa), _unwinding(xb))
+        files = [_files(procs[pid]) for procs, pid in ((procs_a, pair.a.pid), (procs_b, pair.b.pid))]
+        only_a, only_b = sorted(set(files[0]) - set(files[1])), sorted(set(files[1]) - set(files[0]))
+        if only_a or only_b:
+            differ("mapping files", pair.key, ", ".join(only_a) or "no other", ", ".join(only_b) or "no other")
+    return out
+
+
+def _unwinding(t: Any) -> str:
+    """A target's unwinding modes in the order it ran them (a target that exec'd may have two)."""
+    modes = list(dict.fromkeys(i.unwind for i in t.images if i.unwind)) or [t.unwind or "?"]
+    return " then ".join(modes)
+
+
+def _files(p: ProcessProfile) -> list[str]:
+    return [f"{m['name']} {m.get('version', '')}".strip() for m in p.mappings]
+
+
 @dataclass
 class RunDiff:
     path_a: str
@@ -128,11 +196,13 @@ class RunDiff:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    method: list[MethodDifference] = field(default_factory=list)  # how the runs were measured differently
 
     def to_json(self) -> dict[str, Any]:
         return {"runs": {"a": self.path_a, "b": self.path_b}, "match_by": self.match_by,
                 "categories": list(CATEGORIES), "pairs": [p.to_json() for p in self.pairs],
-                "unmatched": {"a": self.only_a, "b": self.only_b}, "notes": self.notes}
+                "unmatched": {"a": self.only_a, "b": self.only_b}, "notes": self.notes,
+                "method_differences": [m.to_json() for m in self.method]}
 
 
 def keyed(profile: Profile, match_by: str) -> dict[str, ProcessProfile]:
@@ -223,7 +293,7 @@ def diff_runs(a: Analysis, b: Analysis, top: int = 10, pairs: list[tuple[int, in
 def _diffed(a: Analysis, b: Analysis, top: int, match_by: str, pairs: list[ProcessDiff], only_a: list[str],
             only_b: list[str]) -> RunDiff:
     path_a, path_b = str(a.profile.run.path), str(b.profile.run.path)
-    d = RunDiff(path_a, path_b, match_by, pairs, only_a, only_b)
+    d = RunDiff(path_a, path_b, match_by, pairs, only_a, only_b, method=method_differences(a, b, pairs))
     for run, side in ((path_a, "a"), (path_b, "b")):
         unknown = [p.key for p in pairs if getattr(p, side).bytes is None]
         if unknown:

@@ -11,6 +11,7 @@ A file is a `[mapping]` header and an ordered list of `[[rule]]` tables:
     [mapping.detect]           # library/stack files load only for processes that match
     dso = ['libngtcp2\\.so']
     symbol = []
+    go = false                 # true: every process that runs a Go binary (whatever its stacks show)
 
     [[rule]]
     symbol = '^ngtcp2_conn_'   # regex, searched in the frame's symbol
@@ -60,7 +61,7 @@ KINDS = ("common", "library", "stack", "user")
 _KIND_ORDER = {"user": 0, "stack": 1, "library": 2, "common": 3}
 _RULE_KEYS = {"symbol", "dso", "kernel", "within", "leaf", "category", "subcategory", "transparent", "note"}
 _HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
-_DETECT_KEYS = {"dso", "symbol"}
+_DETECT_KEYS = {"dso", "symbol", "go"}
 _POOL_KEYS = {"name", "symbol", "note"}
 MAX_PATTERN = 2000
 MAX_FILE_BYTES = 4 << 20  # the shipped files are tens of KiB
@@ -105,13 +106,18 @@ class MappingFile:
     verified: bool
     detect_dso: list[BoundedPattern] = field(default_factory=list)
     detect_symbol: list[BoundedPattern] = field(default_factory=list)
+    detect_go: bool = False  # loads for any process running a Go binary: its frames may not show it
     rules: list[Rule] = field(default_factory=list)
     pools: list["Pool"] = field(default_factory=list)
 
-    def evidence(self, dsos: Iterable[str], symbols: Iterable[str]) -> str | None:
-        """Why this file applies to a process: the first object or symbol its detect patterns match."""
+    def evidence(self, dsos: Iterable[str], symbols: Iterable[str], go_binary: str | None = None) -> str | None:
+        """Why this file applies to a process: the Go binary it runs (`go = true`: the runtime's root
+        frames, which its symbols would show, are lost wherever unwinding stops early), or the first
+        object or symbol its detect patterns match."""
         if self.kind in ("common", "user"):
             return self.kind
+        if self.detect_go and go_binary is not None:
+            return f"Go binary {go_binary}"
         for d in dsos:
             if any(p.search(d) for p in self.detect_dso):
                 return f"object {d}"
@@ -201,13 +207,17 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
                      head.get("verified", False))
     detect = head.get("detect", {})
     if not isinstance(detect, dict) or set(detect) - _DETECT_KEYS:
-        raise MappingError(f"{path}:{hl}: [mapping.detect] takes lists `dso` and `symbol` of regexes")
+        raise MappingError(f"{path}:{hl}: [mapping.detect] takes lists `dso` and `symbol` of regexes "
+                           "and `go` (true or false)")
+    if not isinstance(detect.get("go", False), bool):
+        raise MappingError(f"{path}:{hl}: [mapping.detect] `go` must be true or false")
+    mf.detect_go = detect.get("go", False)
     for key, dest in (("dso", mf.detect_dso), ("symbol", mf.detect_symbol)):
         vals = detect.get(key, [])
         if not isinstance(vals, list):
             raise MappingError(f"{path}:{hl}: [mapping.detect] `{key}` must be a list of regexes")
         dest.extend(_regex(v, f"{path}:{hl}", f"detect.{key}") for v in vals)
-    if kind in ("library", "stack") and not (mf.detect_dso or mf.detect_symbol):
+    if kind in ("library", "stack") and not (mf.detect_dso or mf.detect_symbol or mf.detect_go):
         raise MappingError(f"{path}:{hl}: a {kind} mapping needs [mapping.detect] patterns so it loads "
                            "only for matching processes")
     rules = doc.get("rule", [])
@@ -337,10 +347,11 @@ class MappingSet:
         return sorted(f.name for f in self.files if f.kind == kind)
 
     def for_process(self, dsos: Iterable[str], symbols: Iterable[str],
-                    stack: str | None = None) -> list[tuple[MappingFile, str]]:
+                    stack: str | None = None, go_binary: str | None = None) -> list[tuple[MappingFile, str]]:
         """The files that apply, highest precedence first, each with the evidence that chose it.
 
-        `stack` forces one stack file (and no other) whatever the detection says.
+        `stack` forces one stack file (and no other) whatever the detection says. `go_binary`: the
+        Go binary the process runs, if any.
         """
         if stack is not None and stack not in self.names("stack"):
             raise QprofError(f"unknown stack {stack!r} for --stack: choose one of {', '.join(self.names('stack'))}")
@@ -350,7 +361,7 @@ class MappingSet:
             if f.kind == "stack" and stack is not None:
                 why = "--stack" if f.name == stack else None
             else:
-                why = f.evidence(dsos, symbols)
+                why = f.evidence(dsos, symbols, go_binary)
             if why is not None:
                 chosen.append((f, why))
         # stable: user files keep their command-line order

@@ -217,9 +217,10 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     per_pid_classifier: dict[int, Classifier] = {}
     per_pid_pools: dict[int, PoolMatcher] = {}
     for pid in sorted(set(dsos) | set(targets)):
-        chosen = mappings.for_process(dsos[pid], syms[pid], stack)
-        files = [f for f, _ in chosen]
         target = targets.get(pid)
+        go_binary = next((o.path for o in (target.objects if target else ()) if o.go), None)
+        chosen = mappings.for_process(dsos[pid], syms[pid], stack, go_binary)
+        files = [f for f, _ in chosen]
         app = application_rule(target, (f.name for f in files), syms[pid])
         key = (*(f.path for f in files), app.source if app else "")
         clf = classifiers.get(key) or classifiers.setdefault(key, Classifier(files, [app] if app else []))

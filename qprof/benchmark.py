@@ -147,7 +147,8 @@ class _Process:
 
     @property
     def pid(self) -> int:
-        return int(self.proc.pid)
+        """The program's pid (a shell's child when `sh -c` started it in one)."""
+        return int(self.proc.held_pid)
 
     def release(self) -> None:
         self.released_at = time.monotonic()

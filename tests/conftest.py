@@ -137,6 +137,19 @@ def build_c(source: Path, name: str, libs: list[str]) -> Path:
     return out
 
 
+def build_go(source: Path, name: str) -> Path:
+    """Build a Go test workload (a directory) once; rebuilt only when a file of it changes."""
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if go is None:
+        pytest.skip("no Go toolchain (make test installs golang-go)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    out = CACHE / name
+    if not out.exists() or out.stat().st_mtime < max(f.stat().st_mtime for f in source.iterdir()):
+        subprocess.run([go, "build", "-o", str(out), "."], cwd=source, check=True,
+                       env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"})
+    return out
+
+
 @pytest.fixture(scope="session")
 def endpoint_build():
     """Build a lab/endpoints stack by name, once per session (cached across runs); skip without its toolchain."""

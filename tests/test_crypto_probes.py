@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import CACHE, ROOT, attach_held, build_c, qprof
+from conftest import ROOT, attach_held, build_c, build_go, qprof
 from qprof.attribution.cryptocalls import KINDS
 from qprof.probes.crypto import symbols as cryptosyms
 from qprof.collectors.session import AttachOptions, AttachSession
@@ -127,14 +125,7 @@ def test_openssl_calls_and_bytes_match_the_workload(probes_available: None, tmp_
 @pytest.mark.slow
 def test_go_gcm_seal_open_and_block_encrypt_counted(probes_available: None, tmp_path: Path) -> None:
     """Go: uprobes (never uretprobes) on the ABI0 assembly read lengths from the stack exactly."""
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if go is None:
-        pytest.skip("no Go toolchain")
-    src, binary = WORKLOAD / "gcm_go", CACHE / "gcm_go"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    if not binary.exists() or binary.stat().st_mtime < max(f.stat().st_mtime for f in src.iterdir()):
-        subprocess.run([go, "build", "-o", str(binary), "."], cwd=src, check=True,
-                       env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"})
+    binary = build_go(WORKLOAD / "gcm_go", "gcm_go")
     obj = cryptosyms.object_crypto(str(binary))
     if not any("gcmAesEnc" in p.symbol for p in obj.probes):
         pytest.skip("this Go toolchain has no gcmAesEnc assembly on this architecture")

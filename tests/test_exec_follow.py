@@ -1,4 +1,5 @@
-"""A target that execs after qprof attached (a wrapper becoming the real program) is followed.
+"""A target that execs after qprof attached (a wrapper becoming the real program) is followed, and
+one that `qprof record` starts through wrappers is the program from its first sample.
 
 A shell (dynamic, no frame pointers: DWARF unwinding) sleeps, then execs a static
 program built with frame pointers. qprof must notice the exec, describe the target
@@ -9,12 +10,13 @@ from then on, and count every sample once (sampled CPU against /proc's).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attach_held, build_c, qprof
+from conftest import ROOT, attach_held, build_c, build_go, qprof
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -47,3 +49,52 @@ def test_exec_after_attach_takes_the_new_image(kernel_facing: None, tmp_path: Pa
     sampled, proc_cpu = p["cpu_seconds"], p["proc_cpu_seconds"]
     print(f"sampled {sampled:.3f} s, /proc {proc_cpu:.3f} s")
     assert 0.9 * proc_cpu <= sampled <= 1.1 * proc_cpu + 0.3
+
+
+GCM_ROUNDS = "3000000"  # ~1.5 s of AES-GCM seal/open: ~700 samples
+
+
+def _recorded(run: Path, argv: list[str], *options: str) -> tuple[dict, dict]:
+    qprof("record", "-o", str(run), *options, "--", *argv)
+    meta = json.loads((run / "meta.json").read_text())
+    (p,) = json.loads(qprof("report", str(run), "--format", "json").stdout)["processes"]
+    return meta, p
+
+
+def test_a_program_started_through_wrappers_is_attributed_as_started_directly(kernel_facing: None,
+                                                                               tmp_path: Path) -> None:
+    """`sh -c 'taskset ... env ... prog'` (dash forks the command, taskset and env exec it) is held at
+    the Go program's exec: the same unwinding, mapping files and categories as the program started
+    directly; and under DWARF unwinding, which loses a Go stack's root frames, the Go mappings still
+    load (the binary is Go) and a leaf in Go's AES-GCM is still Crypto."""
+    binary = build_go(ROOT / "tests" / "workloads" / "gcm_go", "gcm_go")
+    out = str(tmp_path / "out.json")
+    direct = _recorded(tmp_path / "direct", [str(binary), GCM_ROUNDS, out])
+    wrapped = _recorded(tmp_path / "wrapped",
+                        ["sh", "-c", f"taskset -c 0 env QPROF_TEST=1 {binary} {GCM_ROUNDS} {out}"])
+    dwarf = _recorded(tmp_path / "dwarf", [str(binary), GCM_ROUNDS, out], "--unwind", "dwarf")
+    (t,) = wrapped[0]["targets"]
+    assert t["exe"] == str(binary) and t["comm"] == "gcm_go" and not t["images"], t
+    assert t["unwind"] == "fp" == direct[0]["targets"][0]["unwind"]
+    names = lambda p: [m["name"] for m in p["mappings"]]  # noqa: E731
+    assert names(wrapped[1]) == names(direct[1]) and "go-runtime" in names(direct[1])
+    assert "go-runtime" in names(dwarf[1])
+    assert next(m for m in dwarf[1]["mappings"] if m["name"] == "go-runtime")["detected_by"].startswith("Go binary")
+    crypto = {k: (p["categories"]["Crypto"], p["samples"]) for k, (_, p) in
+              (("direct", direct), ("wrapped", wrapped), ("dwarf", dwarf))}
+    print("\nCrypto share, samples:", crypto)
+    base, n0 = crypto["direct"]
+    assert base > 0.5, "the workload is mostly AES-GCM"
+    for k in ("wrapped", "dwarf"):
+        share, n = crypto[k]
+        # two binomial shares: 4 standard deviations of their difference
+        sd = math.sqrt(base * (1 - base) * (1 / n0 + 1 / n))
+        assert abs(share - base) <= 4 * sd + 0.005, (k, share, base)
+    # diff says when two runs were unwound differently, and only then
+    same = qprof("diff", str(tmp_path / "direct"), str(tmp_path / "wrapped"), "--pair",
+                 f"{direct[1]['pid']}:{wrapped[1]['pid']}").stdout
+    assert "warning:" not in same
+    other = json.loads(qprof("diff", str(tmp_path / "direct"), str(tmp_path / "dwarf"), "--pair",
+                             f"{direct[1]['pid']}:{dwarf[1]['pid']}", "--format", "json").stdout)
+    (m,) = other["method_differences"]
+    assert (m["what"], m["a"], m["b"]) == ("unwinding", "fp", "dwarf"), m

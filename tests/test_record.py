@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import qprof
-from qprof.endpoints import make_certificate, make_payload
+from qprof.endpoints import launches, make_certificate, make_payload
 from qprof.errors import QprofError
 from qprof.ready import Ready, ReadyCheck, parse_ready, port_bound, serving
 from qprof.benchmark import Command, RecordOptions, commands_of, parse_command
@@ -202,3 +202,20 @@ def test_a_later_failure_keeps_the_archives_before_it(kernel_facing: None, tmp_p
     assert meta["status"] == "complete" and meta["record"]["exit"]["client"] == 0
     assert not (out / "rep-02").exists()
     qprof("report", str(out / "rep-01"))
+
+
+@pytest.mark.parametrize("argv, how", [
+    (["taskset", "-c", "0", "prog", "-p", "443"], "exec"),  # the program's own -p is not taskset's
+    (["taskset", "-p", "123"], None), (["taskset", "-ap", "1", "123"], None),
+    (["env", "A=1", "prog"], "exec"), (["env", "A=1"], None), (["env", "-i", "-u", "X", "prog"], "exec"),
+    (["ip", "netns", "exec", "ns1", "prog"], "exec"), (["ip", "netns", "list"], None),
+    (["nice", "-n", "5", "prog"], "exec"), (["numactl", "--physcpubind=0", "prog"], "exec"),
+    (["numactl", "--show"], None),
+    (["bash", "-c", "prog a b"], "exec"), (["dash", "-c", "prog a b"], "child"),
+    (["dash", "-c", "exec prog a"], "exec"), (["bash", "-c", "a; b"], None), (["dash", "-c", "a | b"], None),
+    (["gtlsserver", "-q"], None),
+])
+def test_wrappers_are_told_from_programs(argv: list[str], how: str | None) -> None:
+    """What `record` follows to the program's exec: wrappers that exec their command, a shell that runs
+    one command in a child; never a wrapper acting on another pid or printing, nor a real script."""
+    assert launches(f"/usr/bin/{argv[0]}", argv) == how
