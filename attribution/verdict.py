@@ -93,9 +93,43 @@ THRESHOLDS: dict[str, float] = {
     "handoffs_cpus_idle": 0.17,
 }
 WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window does the side's work
+
+
+@dataclass(frozen=True)
+class CheckGroup:
+    """Checks that name a cause together, as _judge combines them: `any` one met, or `all` of them."""
+
+    cause: str
+    combine: str  # "any" or "all"
+    thresholds: tuple[str, ...]
+
+
+# How a side's findings combine into its cause (the report shows them grouped so). A finding belongs to
+# the group of its own cause that lists its threshold: demand_of_capacity counts for cpu-starved when the
+# side stalled more than it ran, else for cpu-busy.
+CHECK_GROUPS = (
+    CheckGroup("cpu-busy", "any", ("thread_on_cpu", "on_cpu_of_capacity", "demand_of_capacity")),
+    CheckGroup("cpu-starved", "all", ("stalled", "stall_ratio", "cpus_busy")),
+    CheckGroup("cpu-starved", "any", ("throttled_periods", "demand_of_capacity")),
+    CheckGroup("receive-buffer", "any", ("receive_drop_share",)),
+    CheckGroup("link", "any", ("queue_share",)),
+    CheckGroup("scheduling", "all", ("scheduling_wait",)),
+    CheckGroup("handoffs", "all", ("scheduling_wait", "handoffs_cpus_idle")),
+)
+# Why a met group is not the side's cause when judge() set nothing aside (the order _judge and judge decide in)
+SECOND_TO = {"cpu-busy": "cpu-starved decides over it: the CPU it got was bounded by other work",
+             "cpu-starved": "cpu-busy decides over it",
+             "receive-buffer": "a CPU-limited side's own drops follow from its CPU",
+             "link": "a queue that held packets back is the link's limit, the verdict's, not a side's",
+             "scheduling": "threads waiting for one another count only when no CPU, buffer or queue binds",
+             "handoffs": "threads waiting for one another count only when no CPU, buffer or queue binds"}
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
 CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "handoffs", "path", "flow-control",
-          "path/flow-control", "application", "flow-control/application")
+          "path/flow-control", "application", "flow-control/application", "no-traffic")
+# A side that moved less than this (UDP or TCP payload, the larger direction) over its window is not
+# judged: what limits a transfer cannot be read off a process that made none (a busy `yes` is not a
+# CPU-limited server). The lab's slowest paced run moves ~6 MB in 5 s.
+MIN_TRAFFIC_BYTES = 1_000_000
 # what the sender's busiest thread waiting mostly on each kind says binds, when no CPU, buffer or queue does
 UNBOUND_BY_WAIT = {"network": "path/flow-control", "timer": "application", "thread": "application",
                    "disk": "application", "other": "application"}
@@ -180,6 +214,8 @@ class SideEvidence:
     waited_for: str | None = None  # what its busiest thread (its pool, when several) waited for from outside
     scheduling_wait: float | None = None  # working threads' runnable + thread-wait share of their wall time
     round_trip_ms: float | None = None  # the path's round trip its own datagrams' timing shows (attribution.rtt)
+    no_traffic: str | None = None  # what it lacked when it moved too little to be judged (then never limiting)
+    set_aside: str | None = None  # why a cause its checks met is not the verdict's (another limit binds)
     cause: str | None = None  # what limits this side, or None
     cpu_limited: bool = False
     findings: list[Finding] = field(default_factory=list)
@@ -189,6 +225,29 @@ class SideEvidence:
         """The findings that decided its cause."""
         return [f.text for f in self.findings if f.met and f.cause == self.cause]
 
+    def groups(self) -> list[tuple[CheckGroup, list[Finding], bool]]:
+        """Its findings as the checks combine: each group tested, its findings and whether it was met."""
+        out = []
+        for g in CHECK_GROUPS:
+            fs = [f for f in self.findings if f.threshold in g.thresholds and
+                  (f.cause == g.cause or g.cause == "handoffs" and f.threshold == "scheduling_wait"
+                   and f.cause in ("scheduling", "handoffs"))]
+            if g.cause == "scheduling" and any(f.threshold == "handoffs_cpus_idle" and f.met for f in self.findings):
+                continue  # the waits were for one another's wakeups: the handoffs group says so
+            if g.cause == "handoffs" and not any(f.threshold == "handoffs_cpus_idle" for f in fs):
+                continue  # idle CPUs not measured, or the waits too short to ask
+            if fs:
+                met = any(f.met for f in fs) if g.combine == "any" else all(f.met for f in fs)
+                out.append((g, fs, met))
+        return out
+
+    def not_its_cause(self, group: CheckGroup) -> str | None:
+        """Why a group its checks met is not its cause (None when it is): a ticked group under a side
+        judged otherwise always says why."""
+        if group.cause == self.cause:
+            return None
+        return self.set_aside or SECOND_TO[group.cause]
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for k, v in d.items():
@@ -197,6 +256,8 @@ class SideEvidence:
         d["blocked_in"] = {k: round(v, 3) for k, v in self.blocked_in.items()}
         d["findings"] = [f.to_json() for f in self.findings]
         d["reasons"] = self.reasons
+        d["groups"] = [{"cause": g.cause, "combine": g.combine, "thresholds": [f.threshold for f in fs], "met": met,
+                        "not_its_cause": self.not_its_cause(g) if met else None} for g, fs, met in self.groups()]
         return d
 
 
@@ -243,6 +304,13 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
     if moved is not None:
         ev.goodput_gbps = moved.gbps
         ev.sends = None if moved.direction is None else moved.direction == "sent"
+    if pio is not None and moved is not None:  # UDP counted (TCP always is): too little is known, not guessed
+        n = moved.bytes or 0
+        if n < MIN_TRAFFIC_BYTES:
+            ev.no_traffic = ("sent and received no UDP datagram and no TCP payload" if not n else
+                             f"moved {n / 1e3:,.1f} kB of {moved.protocol} payload, under the "
+                             f"{MIN_TRAFFIC_BYTES / 1e6:g} MB a verdict needs")
+            return ev  # described, not judged
     if threads is not None:
         _threads(ev, threads)
     if clock is not None:
@@ -481,16 +549,16 @@ def _judge(ev: SideEvidence) -> None:
                  f"wanting a CPU: on one or stalled {on + stalled:.2f} of {cap:.2f} cores, busiest thread "
                  f"runnable {t_on + t_rq:.0%} = {full:.0%}")
     starved = False
-    if ev.stalled is not None and ev.stall_ratio is not None:
+    if ev.stalled is not None and ev.stall_ratio is not None:  # all three tested: the report shows each
         starved = add("cpu-starved", "stalled", ev.stalled,
-                      f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})") and add(
-            "cpu-starved", "stall_ratio", ev.stall_ratio,
-            f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} stalled, "
-            f"{on:.2f} cores on a CPU)")
-        if starved and ev.cpus_busy is not None:  # readings before qprof recorded idle time: not known
-            starved = add("cpu-starved", "cpus_busy", ev.cpus_busy,
-                          f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) busy {ev.cpus_busy:.0%} "
-                          "of the time")
+                      f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})")
+        starved &= add("cpu-starved", "stall_ratio", ev.stall_ratio,
+                       f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} "
+                       f"stalled, {on:.2f} cores on a CPU)")
+        if ev.cpus_busy is not None:  # readings before qprof recorded idle time: not known
+            starved &= add("cpu-starved", "cpus_busy", ev.cpus_busy,
+                           f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) busy "
+                           f"{ev.cpus_busy:.0%} of the time")
     if ev.throttled_periods is not None:
         starved |= add("cpu-starved", "throttled_periods", ev.throttled_periods,
                        f"cgroup throttled in {ev.throttled_periods:.0%} of CPU periods ({ev.throttled_s or 0:.2f} s)")
@@ -503,11 +571,12 @@ def _judge(ev: SideEvidence) -> None:
                       f"its {ev.working_threads} working threads runnable {ev.wall_working[RUNNABLE]:.0%} and "
                       f"waiting for one another {ev.wall_working['thread']:.0%} of their wall time = "
                       f"{ev.scheduling_wait:.0%}")
+        waits = ev.findings[-1]
         if waiting and ev.cpus_busy is not None:  # busy CPUs: they queue for them; idle: for each other's wakeups
             idle = 1.0 - ev.cpus_busy
             if add("handoffs", "handoffs_cpus_idle", idle,
                    f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) idle {idle:.0%} of the time"):
-                ev.findings[-2].cause = "handoffs"  # the threads' waits, then, are for one another's wakeups
+                waits.cause = "handoffs"  # the threads' waits, then, are for one another's wakeups
     if ev.queue_share is not None:
         add("link", "queue_share", ev.queue_share,
             f"queues in its namespace held back or dropped {ev.queue_events} of {ev.queue_packets} packets "
@@ -616,7 +685,11 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     """Combine the sides' evidence into one of the four verdicts with its cause."""
     sides = list(sides)
     by_role = {s.role: s for s in sides}
-    notes = []
+    notes = [f"{s.role} {s.comm} ({s.pid}) {s.no_traffic}: not judged" for s in sides if s.no_traffic]
+    if sides and all(s.no_traffic for s in sides):
+        idle = "; ".join(f"{s.role} {s.comm} ({s.pid}) {s.no_traffic}" for s in sides)
+        return Verdict("neither", "no-traffic", f"no transfer to judge: {idle}", sides, dict(THRESHOLDS),
+                       notes + [_describe(s) for s in sides])
     for s in sides:
         if s.window_s < MIN_WINDOW_S:
             notes.append(f"{s.role}: window {s.window_s:.2f} s is too short to judge")
@@ -650,6 +723,7 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
                    "bursts when it gets a CPU, which the receiver's buffer dropped" if starved_sender else
                    f"{' and '.join(c.role for c in culprits)} lost datagrams for lack of buffer")
             notes.append(f"{s.role} was {s.cause} too ({'; '.join(s.reasons)}), but {why}")
+            s.set_aside = why
             s.cause, s.cpu_limited, s.binds = None, False, None
     limiting = {s.role for s in culprits}
     limited = {frozenset({"server"}): "server-limited", frozenset({"client"}): "client-limited",

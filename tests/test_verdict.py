@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.sampling import Estimate
+from qprof.attribution.transfer import Transfer
 from qprof.attribution.verdict import CAUSES, THRESHOLDS, judge, side_evidence
 from qprof.archive.model import NamespaceQueues, ProcReading
 from conftest import examples
@@ -266,6 +267,12 @@ def test_verdict_follows_the_findings(on1: float, rq1: float, on2: float, rq2: f
     doc = v.to_json()
     assert doc["limited_by"] == v.limited_by
     assert set(v.cause.split("+")) <= set(CAUSES)
+    for side in v.sides:  # every finding shown in a group; a met group not its cause says why
+        grouped = [f for _, fs, _ in side.groups() for f in fs]
+        assert all(f in grouped for f in side.findings), (side.findings, side.groups())
+        for g, fs, met in side.groups():
+            assert met == (any if g.combine == "any" else all)(f.met for f in fs)
+            assert not met or g.cause == side.cause or side.not_its_cause(g)
     limited = {}
     for role in ("server", "client"):
         findings = doc["evidence"][role]["findings"]
@@ -343,3 +350,27 @@ def test_busiest_is_the_thread_most_on_a_cpu_and_binds() -> None:
     assert ev["busiest_tid"] == 100 and ev["busiest_on_cpu"] == 0.95
     assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
     assert ev["binds"].startswith("thread w0 (100)") and "95%" in ev["binds"]
+
+
+def _moved(pid: int, nbytes: int | None) -> Transfer:
+    return Transfer(pid, nbytes, "sent" if nbytes else None, "UDP" if nbytes else None, "exact" if nbytes else "",
+                    0.0, 10.0, "samples")
+
+
+def test_a_side_that_moved_nothing_is_named_and_never_judged() -> None:
+    """A busy `yes` attached as the server and a `sleep` as the client: no verdict on CPU, the sides
+    named with what they lacked; a side that moved too little beside one that worked: that one judged."""
+    rs = typed(merge(readings(1, 10, 0.99, 0.0), readings(2, 10, 0.0, 0.0)))
+    pio = PacketIO({1: ProcessPacketIO(1), 2: ProcessPacketIO(2)}, {}, {}, {}, None, [])
+    sides = [side_evidence(rs, 1, "server", "yes", 2, pio, moved=_moved(1, None)),
+             side_evidence(rs, 2, "client", "sleep", 2, pio, moved=_moved(2, None))]
+    v = judge([s for s in sides if s is not None])
+    assert (v.limited_by, v.cause) == ("neither", "no-traffic")
+    assert "server yes (1) sent and received no UDP datagram and no TCP payload" in v.summary
+    assert all(s.findings == [] and s.cause is None for s in v.sides)
+    rs = typed(merge(readings(1, 10, 0.99, 0.0), readings(2, 10, 0.3, 0.0)))
+    sides = [side_evidence(rs, 1, "server", "srv", 2, pio, moved=_moved(1, 2_000_000_000)),
+             side_evidence(rs, 2, "client", "cli", 2, pio, moved=_moved(2, 40_000))]
+    v = judge([s for s in sides if s is not None])
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
+    assert any("client cli (2) moved 40.0 kB of UDP payload, under the 1 MB" in n for n in v.notes)

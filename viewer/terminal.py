@@ -447,11 +447,18 @@ def render_verdict(v: Verdict, console: Console) -> None:
     console.print(Text(f"verdict: {v.limited_by} (cause: {v.cause})", style=f"bold {colour}"))
     console.print(Text(f"  {v.summary}"))
     for s in v.sides:
-        console.print(Text(f"  {s.role} {s.comm} ({s.pid}): " + (s.cause or "not limiting")
+        state = s.cause or ("not judged: " + s.no_traffic if s.no_traffic else "not limiting")
+        console.print(Text(f"  {s.role} {s.comm} ({s.pid}): {state}"
                            + (f"; binds: {s.binds}" if s.binds else ""), style="bold"))
-        for f in s.findings:
-            console.print(Text(f"    [{'x' if f.met else ' '}] {f.cause:15s} {f.text}",
-                               style="" if f.met else "dim"))
+        for group, findings, met in s.groups():
+            verdict = "met" if met else "not met"
+            why = s.not_its_cause(group) if met else None
+            if why:  # a ticked group under another cause says why it is not it
+                verdict += f"; not its cause: {why}"
+            console.print(Text(f"    {group.cause}, when {group.combine} of these hold: {verdict}",
+                               style="" if met else "dim"))
+            for f in findings:
+                console.print(Text(f"      [{'x' if f.met else ' '}] {f.text}", style="" if f.met else "dim"))
     rec = v.stack_record
     if rec is not None:
         split = ", ".join(f"{r} {x:.0%}" for r, x in sorted(rec["shares"].items(), key=lambda kv: -kv[1]))
