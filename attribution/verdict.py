@@ -128,8 +128,8 @@ CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "ha
           "path/flow-control", "application", "flow-control/application", "no-traffic")
 # A side that moved less than this (UDP or TCP payload, the larger direction) over its window is not
 # judged: what limits a transfer cannot be read off a process that made none (a busy `yes` is not a
-# CPU-limited server). The lab's slowest paced run moves ~6 MB in 5 s.
-MIN_TRAFFIC_BYTES = 1_000_000
+# CPU-limited server). ~200 full datagrams; the lab's smallest transfer (a lossy 50 ms path) is 1 MiB.
+MIN_TRAFFIC_BYTES = 256_000
 # what the sender's busiest thread waiting mostly on each kind says binds, when no CPU, buffer or queue does
 UNBOUND_BY_WAIT = {"network": "path/flow-control", "timer": "application", "thread": "application",
                    "disk": "application", "other": "application"}
@@ -309,7 +309,7 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
         if n < MIN_TRAFFIC_BYTES:
             ev.no_traffic = ("sent and received no UDP datagram and no TCP payload" if not n else
                              f"moved {n / 1e3:,.1f} kB of {moved.protocol} payload, under the "
-                             f"{MIN_TRAFFIC_BYTES / 1e6:g} MB a verdict needs")
+                             f"{MIN_TRAFFIC_BYTES / 1e3:g} kB a verdict needs")
             return ev  # described, not judged
     if threads is not None:
         _threads(ev, threads)

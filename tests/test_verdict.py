@@ -373,4 +373,4 @@ def test_a_side_that_moved_nothing_is_named_and_never_judged() -> None:
              side_evidence(rs, 2, "client", "cli", 2, pio, moved=_moved(2, 40_000))]
     v = judge([s for s in sides if s is not None])
     assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
-    assert any("client cli (2) moved 40.0 kB of UDP payload, under the 1 MB" in n for n in v.notes)
+    assert any("client cli (2) moved 40.0 kB of UDP payload, under the 256 kB" in n for n in v.notes)
