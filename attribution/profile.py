@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from qprof.attribution import handoff, symbols
@@ -48,8 +49,11 @@ class Breakdown:
     # sample counts beside the periods: how much evidence a share rests on
     category_samples: Counter[str] = field(default_factory=Counter)
     symbol_samples: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    # period per (leaf symbol key, the rule that placed it: "mapping file:line"), where the caller says
+    placed_by: Counter[tuple[tuple[str, str, str], str]] = field(default_factory=Counter)
 
-    def add(self, category: str, sub: str | None, leaf: tuple[str, str], samples: int, period: int) -> None:
+    def add(self, category: str, sub: str | None, leaf: tuple[str, str], samples: int, period: int,
+            placed: str | None = None) -> None:
         self.period += period
         self.samples += samples
         self.categories[category] += period
@@ -58,6 +62,8 @@ class Breakdown:
             self.subcategories[(category, sub)] += period
         self.symbols[(category, leaf[0], leaf[1])] += period
         self.symbol_samples[(category, leaf[0], leaf[1])] += samples
+        if placed is not None:
+            self.placed_by[((category, leaf[0], leaf[1]), placed)] += period
 
     def merge(self, other: "Breakdown") -> None:
         """Add another breakdown's counts (a pool's threads into the pool)."""
@@ -68,6 +74,14 @@ class Breakdown:
         self.symbols.update(other.symbols)
         self.category_samples.update(other.category_samples)
         self.symbol_samples.update(other.symbol_samples)
+        self.placed_by.update(other.placed_by)
+
+    def placed(self, key: tuple[str, str, str]) -> list[tuple[str, float]]:
+        """What placed a leaf symbol's time in its category, most first: each rule (mapping file:line)
+        with its share of that symbol's time (a caller's `within` rule can place one leaf two ways)."""
+        rules = [(rule, per) for (k, rule), per in self.placed_by.items() if k == key]
+        total = sum(per for _, per in rules) or 1
+        return [(rule, round(per / total, 4)) for rule, per in sorted(rules, key=lambda rp: (-rp[1], rp[0]))]
 
     def shares(self) -> dict[str, float]:
         if self.period == 0:
@@ -193,6 +207,13 @@ def _proc_cpu(readings: list[ProcReading], pid: int) -> tuple[float | None, floa
     return sum(last[t] - first[t] for t in last), seen[-1] - seen[0]
 
 
+def _placed(d: Decision) -> str:
+    """The rule that decided, as its mapping file's name and line; no rule: Uncategorized by default."""
+    if d.rule is None:
+        return "no rule (uncategorized)"
+    return Path(d.rule.source).name
+
+
 def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
               readings: list[ProcReading] | None = None, visit: Visitor | None = None) -> Profile:
     """Classify every folded stack of the run and aggregate per process and thread.
@@ -240,7 +261,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         if visit is not None:
             visit(rec, d)
         leaf = rec.frames[0] if rec.frames else ("[no stack]", "[unknown]")
-        proc.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)
+        proc.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period, _placed(d))
         th = proc.threads.get(rec.tid) or proc.threads.setdefault(rec.tid, ThreadProfile(rec.tid, rec.comm))
         th.comm = rec.comm
         th.breakdown.add(d.category, d.subcategory, leaf, rec.samples, rec.period)

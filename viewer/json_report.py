@@ -31,7 +31,8 @@ def breakdown_dict(b: Breakdown, profile: Profile, top: int) -> dict[str, Any]:
         if len(symbols[cat]) < top:
             symbols[cat].append({"symbol": sym, "dso": dso, "share": _r(per / total),
                                  "cpu_seconds": _r(profile.cpu_seconds(per)),
-                                 "samples": b.symbol_samples[(cat, sym, dso)]})
+                                 "samples": b.symbol_samples[(cat, sym, dso)],
+                                 "placed_by": [{"rule": r, "share": x} for r, x in b.placed((cat, sym, dso))]})
     return {
         "cpu_seconds": _r(profile.cpu_seconds(b.period)),
         "samples": b.samples,

@@ -64,7 +64,8 @@ def _process_table(p: ProcessProfile, profile: Profile) -> Table:
     return t
 
 
-def _symbols_table(p: ProcessProfile, top: int) -> Table:
+def _symbols_table(p: ProcessProfile, top: int, verbose: bool = False) -> Table:
+    """Top leaf symbols per category; verbose: the mapping rule (file:line) that placed each."""
     b = p.breakdown
     total = b.period or 1
     t = Table(title="top symbols per category (self time)", title_justify="left", show_edge=False,
@@ -73,11 +74,15 @@ def _symbols_table(p: ProcessProfile, top: int) -> Table:
     t.add_column("share", justify="right")
     t.add_column("symbol", overflow="fold")
     t.add_column("object", overflow="fold")
+    if verbose:
+        t.add_column("placed by", overflow="fold")
     for cat in CATEGORIES:
         rows = [(sym, dso, per) for (c, sym, dso), per in b.symbols.most_common() if c == cat][:top]
         for i, (sym, dso, per) in enumerate(rows):
+            placed = [Text(", ".join(f"{r}" + (f" {x:.0%}" if x < 1 else "") for r, x in b.placed((cat, sym, dso))),
+                           style="dim")] if verbose else []
             t.add_row(Text(cat if i == 0 else "", style=COLOURS[cat]), f"{per / total:.1%}",
-                      Text(sym), Text(_short_dso(dso), style="dim"))
+                      Text(sym), Text(_short_dso(dso), style="dim"), *placed)
     return t
 
 
@@ -401,7 +406,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
             say("  mappings: " + ", ".join(m["name"] for m in p.mappings) + " (files and versions: --verbose)", "dim")
         _symbols_line(p, info.symbols, say, verbose)
         _skid_note(p, say, verbose)
-        console.print(_symbols_table(p, top))
+        console.print(_symbols_table(p, top, verbose))
         view = analysis.threads.get(p.pid)
         if view is not None and len(view.threads) > 1:
             console.print(_threads_table(view, p, profile))
