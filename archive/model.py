@@ -155,6 +155,7 @@ class ProcReading:
     tcp: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> bytes (sent, received) so far
     udp: dict[int, tuple[float, float]] = field(default_factory=dict)
     cpu_idle: dict[int, float] = field(default_factory=dict)  # CPU -> idle + iowait seconds since boot
+    udp_through: float | None = None  # CLOCK_MONOTONIC time the udp totals count up to (None: `mono`)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ProcReading":
@@ -168,7 +169,7 @@ class ProcReading:
                    {pid: CgroupReading.from_json(c) for pid, c in _pid_keyed(d.get("cgroups")).items() if c},
                    {pid: Limits.from_json(lim) for pid, lim in _pid_keyed(d.get("limits")).items()},
                    Pressure.from_json(d.get("pressure")), moved(d.get("tcp")), moved(d.get("udp")),
-                   {cpu: float(v) for cpu, v in _pid_keyed(d.get("cpu_idle")).items()})
+                   {cpu: float(v) for cpu, v in _pid_keyed(d.get("cpu_idle")).items()}, _num(d.get("udp_through")))
 
 
 # ---- meta.json: what was profiled, how, on what host ----------------------------------------------

@@ -294,7 +294,7 @@ _TRAFFIC = MapOf([NUM], numbered=True)
 _THREAD = ("tid", "comm", "utime_s", "stime_s")
 _CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
 PROC_READING = Obj({
-    "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC,
+    "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC, "udp_through": NUM,
     "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
                            "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT,
                            "voluntary": OPT_INT, "involuntary": OPT_INT},

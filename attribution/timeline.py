@@ -50,7 +50,7 @@ if round(BIN_S * 1e9) != SERIES_BIN_NS:
 # an interval of bytes cut to the transfer's span shorter than this joins its neighbour (_within)
 FRAGMENT_S = 0.25
 # the probes' running UDP totals change once a second: their rates are averages between two prints
-UDP_LABEL = "UDP (probes' estimate; averages between their prints, about 1 s, within its transfer)"
+UDP_LABEL = "UDP (probes' estimate; averages over their sampling periods, about 1 s, within its transfer)"
 
 
 class TimelineBuilder:
@@ -150,8 +150,12 @@ def _rates(readings: list[ProcReading], pid: int, origin: float, span_s: tuple[f
                 sent, received, seen = sent + v[0], received + v[1], True
                 if v[0] or v[1]:
                     kinds.add(kind)
+        # UDP totals count up to the probes' last whole period, up to ~1.5 s before the reading: their
+        # bytes are placed there (a rate between readings would put a second's bytes in the interval
+        # after, and the one cut at the transfer's end would read three times too fast)
+        at = r.udp_through if r.udp_through is not None and pid in r.udp and not r.tcp.get(pid) else r.mono
         if seen or not points:  # the totals count from the run's start: nothing moved before the first
-            points.append((r.mono - origin, sent, received))
+            points.append((at - origin, sent, received))
     moved: list[list[float]] = []  # [start, end, bytes sent, bytes received] between changes of a total
     prev = points[0] if points else None
     for p in points[1:]:

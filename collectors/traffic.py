@@ -13,9 +13,11 @@ sampling windows estimate each process's bytes (probes/packetio/windows.py);
 their running totals, as the probes last printed them, are sampled at each
 poll, so the time series costs nothing more.
 
-Each poll returns {"tcp": {pid: [sent, received]}, "udp": {pid: [sent, received]}}
-(cumulative bytes since the start), which the session writes into that
-moment's /proc reading: one time series, one clock (CLOCK_MONOTONIC).
+Each poll returns {"tcp": {pid: [sent, received]}, "udp": {pid: [sent, received]},
+"udp_through": mono} (cumulative bytes since the start; the UDP totals count up to
+`udp_through`, the end of the probes' last whole sampling period, up to ~1.5 s
+before the reading), which the session writes into that moment's /proc
+reading: one time series, one clock (CLOCK_MONOTONIC).
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def _counters(s: TcpSocket) -> dict[str, int] | None:
     return {k: int(v or 0) for k, v in vals.items()}
 
 
-def udp_totals(maps: dict[str, Any]) -> dict[int, list[float]]:
-    """Per process, the packetio windows' running estimates of UDP bytes sent and received."""
+def udp_totals(maps: dict[str, Any]) -> tuple[dict[int, list[float]], float | None]:
+    """Per process, the packetio windows' running estimates of UDP bytes sent and received, and the
+    CLOCK_MONOTONIC time they count up to (None from a loader that did not say)."""
     w = Windows.from_json(maps.get("@windows"))
     if w is None or "tx_bytes" not in w.series or "rx_bytes" not in w.series:
-        return {}
+        return {}, None
     tx, rx = w.series.index("tx_bytes"), w.series.index("rx_bytes")
-    return {int(k): [round(g.sum[tx]), round(g.sum[rx])] for k, g in w.groups.items() if k.isdigit()}
+    return ({int(k): [round(g.sum[tx]), round(g.sum[rx])] for k, g in w.groups.items() if k.isdigit()},
+            w.through_mono)
 
 
 @dataclass
@@ -158,8 +162,9 @@ class TrafficRecorder:
             acc = tcp.setdefault(str(t.pid), [0, 0])
             acc[0] += moved[0]
             acc[1] += moved[1]
-        udp = {str(p): v for p, v in udp_totals(udp_maps).items() if p in self.pids}
-        return {k: v for k, v in (("tcp", tcp), ("udp", udp)) if v}
+        totals, through = udp_totals(udp_maps)
+        udp = {str(p): v for p, v in totals.items() if p in self.pids}
+        return {k: v for k, v in (("tcp", tcp), ("udp", udp), ("udp_through", through if udp else None)) if v}
 
     def record(self) -> dict[str, Any]:
         lost = sum(d.lost_events for d in self.diags.values())

@@ -80,14 +80,36 @@ def test_totals_start_at_zero_before_their_first_reading(run: Path) -> None:
     assert t["goodput_gbps"] == [[0.0, 0.25, 4.0]]
 
 
+def test_udp_totals_are_placed_where_they_count_up_to(run: Path) -> None:
+    """The probes' UDP totals count up to their last whole sampling period, up to ~1.5 s before the
+    reading that sees them: their bytes belong there, not to the interval up to the reading."""
+    lines = [_reading(0.0, 0), _reading(0.5, 125_000_000), _reading(0.75, 125_000_000)]
+    for r in lines:
+        r["udp"], r["udp_through"] = r.pop("tcp"), r["mono"] - 0.25
+    lines[0].pop("udp_through")  # nothing printed yet: the run's first reading
+    (run / runfiles.PROC).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (t,) = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]["targets"]
+    assert t["goodput_gbps"] == [[0.0, 0.25, 4.0]]  # 125 MB through 0.25 s, not over the 0.5 s to the reading
+
+
 @pytest.mark.root
 @pytest.mark.slow
 def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None:
-    """The run's last /proc reading is taken after the probes' last print (the final UDP totals)."""
+    """The run's last /proc reading is taken after the probes' last print (the final UDP totals), and
+    the timeline's last goodput interval reads like the others: its bytes are those counted through
+    the transfer's end, not a second's squeezed into the part of an interval before it."""
     run = ngtcp2_capture("gso")
-    final = udp_totals(json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"])
+    final, through = udp_totals(json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"])
     last = json.loads((run / runfiles.PROC).read_text().splitlines()[-1])
     assert final and {int(p): v for p, v in last["udp"].items()} == final
+    assert through is not None and last["udp_through"] == through <= last["mono"]
+    targets = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]["targets"]
+    for t in targets:
+        spans = t["goodput_gbps"]
+        overall = sum(g * (b - a) for a, b, g in spans) / sum(b - a for a, b, _ in spans)
+        print(f"pid {t['pid']}: {len(spans)} intervals, the last {spans[-1][2]:.2f} Gbit/s of {overall:.2f} overall")
+        # a steady transfer's one-second rates vary ~15% here; the squeezed last interval read ~3x
+        assert len(spans) >= 2 and spans[-1][2] <= 1.5 * overall, spans
 
 
 def test_report_timeline_text(run: Path) -> None:

@@ -84,6 +84,7 @@ class Windows:
     mib_totals: dict[str, dict[str, float]]  # netns -> {kernel counter (windows.AUX): its total}
     events: dict[str, int]  # hook runs counted in the windows, any task
     budget: dict[str, float]
+    through_mono: float | None = None  # CLOCK_MONOTONIC end of the periods the sums cover (older: None)
 
     @property
     def exact(self) -> bool:
@@ -125,7 +126,7 @@ class Windows:
             return None
         return Windows(tuple(series), periods, full, float(_num(obj.get("span_s")) or 0.0),
                        float(_num(obj.get("counted_s")) or 0.0), float(_num(obj.get("expansion")) or 0.0),
-                       groups, mib, events, budget)
+                       groups, mib, events, budget, _num(obj.get("through_mono")))
 
 
 @dataclass

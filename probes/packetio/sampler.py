@@ -168,6 +168,7 @@ class Sampler:
         self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
         self.overruns = 0  # whole-period windows whose hooks passed windows.overran (ended at that check)
         self._pending: Window | None = None  # the last window, until its period is known to be over
+        self.through: float | None = None  # CLOCK_MONOTONIC end of the last committed period: what the sums cover
 
     @property
     def stop(self) -> bool:
@@ -284,6 +285,7 @@ class Sampler:
                                                            frame_end.get(ns, zero))}}
                  for ns in self.netns}
         data = {**self.stats.to_json(), "netns": netns, "final": final,
+                **({"through_mono": round(self.through, 6)} if self.through is not None else {}),
                 **({"timing": {"lost_bins": self.drainer.lost_bins, "write_errors": self.drainer.write_errors}}
                    if self.drainer is not None else {}),
                 "events": dict(zip(self.events_struct.fields, self._events_seen)),
@@ -353,6 +355,7 @@ class Sampler:
             self.stats.add_window(period, counted, pending.groups, pending.aux)
             self.mib_frame_end = end_mib
             self._pending = None
+            self.through = end
 
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
