@@ -217,7 +217,8 @@ class Loaded:
     def update(self, name: str, key: bytes, value: bytes) -> None:
         m = self.maps[name]
         k, v = ctypes.create_string_buffer(key, m.key_size), ctypes.create_string_buffer(value, m.value_size)
-        self.lib.bpf_map_update_elem(m.fd, k, v, 0)
+        if self.lib.bpf_map_update_elem(m.fd, k, v, 0) != 0:
+            raise Unavailable(f"could not set an entry of map {name}: {os.strerror(ctypes.get_errno() or 1)}")
 
     def summed_u64s(self, name: str, key: int = 0) -> list[int]:
         """Entry `key` of a per-CPU array whose value is u64 fields, summed over the CPUs: one

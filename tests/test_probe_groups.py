@@ -52,7 +52,7 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     assert set(counts.fields) == set(packetio_analysis._COUNTERS)
     assert all(f.size == 8 and f.count == 1 for f in counts.fields.values())
     cfg = lay.struct("config")
-    assert cfg.field("targets").count == MAX_TARGETS and cfg.field("ntargets").size == 4
+    assert lay.initial("limits", "limits")["targets"] == MAX_TARGETS and cfg.field("ntargets").size == 4
     assert lay.variable("cfg").section == ".rodata" and lay.variable("ctl").section == ".bss"
     control = lay.struct("control")
     assert control.field("gate").size == 4 and control.field("ports").count * 64 == 65536
@@ -62,9 +62,11 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     rec = PacketioMaps.from_maps({f"@{name}": {"1": [{"min": 0, "max": 3, "count": 2}]} for name in steps})
     assert set(rec.hists) == {f"@{name}" for name in steps}
     # the configuration the sampler loads with lands where the C reads it
-    rodata = lay.section_with(".rodata", "cfg", "config", {"targets": [7, 9], "ntargets": 2, "gro_bit": 3})
+    rodata = lay.section_with(".rodata", "cfg", "config", {"ntargets": 2, "gro_bit": 3, "nnetns": 1})
     back = cfg.decode(rodata, lay.variable("cfg").offset)
-    assert back["targets"][:3] == [7, 9, 0] and back["ntargets"] == 2 and back["gro_bit"] == 3
+    assert back["ntargets"] == 2 and back["gro_bit"] == 3 and back["nnetns"] == 1
+    # the targets' bits, where the sampler sets them
+    assert lay.variable("watch").section == ".bss" and lay.struct("watch").field("tgids").count * 64 == 1 << 22
     assert lay.initial("steps", "hist_steps") == steps, "setting the config keeps the other read-only data"
 
 

@@ -172,3 +172,54 @@ def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, s
     for est, name, want in truth:
         print(f"{name}: truth {want}, {est[name]}")
         assert agrees(est[name], want), (name, want, est[name])
+
+
+PAIRS = 32  # streams: 64 targets, four times what the probes once followed
+RATE = 400  # datagrams a second each: 12,800 a second in all, within the probes' budget (counted whole)
+
+
+def test_64_targets_each_counted(probes_available: None, tmp_path: Path) -> None:
+    """A worker per core on a large host: 32 paced UDP streams, 64 target processes, every one's
+    datagrams and bytes as it counted them itself (the end marker included) within 3 times its 95%
+    half-width, and each stream's messages timed for the first targets only (the ring's rows).
+    Paced: 32 unpaced streams on 2 CPUs run in scheduler slices, bursts the sampling windows'
+    intervals did not always cover."""
+    exe = build_c(UDP_STREAM, "udp_stream", [])
+    sinks = [subprocess.Popen([str(exe), "sink"], stdout=subprocess.PIPE, text=True) for _ in range(PAIRS)]
+    senders: list[StoppedProcess] = []
+    try:
+        ports = [int(s.stdout.readline()) for s in sinks]  # type: ignore[union-attr]
+        senders = [StoppedProcess([str(exe), "send", str(p), "2", "1200", "1", str(RATE)], stdout=subprocess.PIPE,
+                                  text=True) for p in ports]
+        run = tmp_path / "run"
+
+        def release() -> None:
+            for s in senders:
+                s.release()
+
+        pids = [s.pid for s in sinks] + [s.pid for s in senders]
+        AttachSession(AttachOptions(pids=pids, out=run, frequency=99), on_ready=release,
+                      stop_when=lambda: all(p.poll() is not None for p in [*sinks, *senders])).run()
+        truth = {s.pid: [int(x) for x in s.communicate(timeout=30)[0].split()] for s in [*sinks, *senders]}
+    finally:
+        for s in [*sinks, *senders]:
+            if s.poll() is None:
+                s.kill()
+                s.wait()
+    pio = report_json(run)["packet_io"]
+    assert "unavailable" not in json.dumps(json.loads((run / "probes.json").read_text()).get("unavailable", []))
+    bad, worst = [], 0.0
+    for pid, (dgrams, nbytes, _calls) in truth.items():
+        kind = "rx" if pid in {s.pid for s in sinks} else "tx"
+        est = pio["processes"][str(pid)]["estimates"]
+        for name, want in ((f"{kind}.datagrams", dgrams + 1), (f"{kind}.bytes", nbytes + 1)):
+            if not agrees(est[name], want, widen=3.0):  # of 128 ratios the largest is ~1.4 when the intervals hold
+                bad.append(f"pid {pid} {name}: truth {want}, {est[name]}")
+            lo, hi = est[name]["interval"] or (est[name]["value"], est[name]["value"])
+            half = max(hi - est[name]["value"], est[name]["value"] - lo, 1.0)
+            worst = max(worst, abs(est[name]["value"] - want) / half)
+    print(f"\n{len(truth)} targets, {sum(t[0] for t in truth.values()):,} datagrams; farthest estimate "
+          f"{worst:.2f} half-widths from the truth; disagreeing: {bad}")
+    assert not bad
+    timed = json.loads((run / "probe-packetio.timing.jsonl").read_text().splitlines()[0])["pids"]
+    assert timed == pids[:16], "the ring's rows hold the first targets"

@@ -16,7 +16,7 @@ from qprof.probes import btf, libbpf
 from qprof.probes.group import Context, Launch, Unavailable
 from qprof.probes.packetio import timing
 
-MAX_TARGETS = 16  # struct config's targets[] in packetio.bpf.c (the sampler checks it against the object)
+MAX_TARGETS = 4096  # packetio.bpf.c's limits.targets (the sampler checks it against the object)
 
 
 def _netns(pid: int) -> int | None:

@@ -24,7 +24,11 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
-#define MAX_TARGETS 16
+#define MAX_TARGETS 4096     // target processes: a worker per core on the largest hosts, with room
+#define TIMED_TARGETS 16     // the first targets get their messages' times binned (the ring: 64 KiB each)
+#define HIST_TARGETS 64      // ... and GSO/GRO histograms (per CPU: 1 KiB each); every target is counted
+#define MAX_NETNS 256
+#define TGID_WORDS 65536     // 2^22 tgids as bits: PID_MAX_LIMIT on 64-bit
 #define PORT_WORDS 1024      // 65536 ports as bits
 #define HIST_BUCKETS 40      // buckets before the overflow bucket
 #define IPPROTO_UDP_ 17
@@ -39,13 +43,35 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 // Set by the loader before load: the verifier sees constants.
 struct config {
-	__u32 targets[MAX_TARGETS];  // tgids
 	__u32 ntargets;
 	__u32 gro_bit;               // UDP_FLAGS_GRO_ENABLED in udp_sock.udp_flags (from BTF)
-	__u32 netns[MAX_TARGETS];    // the targets' network namespaces (inode numbers): drops elsewhere are not theirs
-	__u32 nnetns;
+	__u32 nnetns;                // the targets' network namespaces, in target_netns (0: not known, all counted)
 };
 const volatile struct config cfg = {};
+// What this object holds (the loader reads them from .rodata)
+const volatile struct limits { __u32 targets, timed, hists, netns; } limits = {
+	MAX_TARGETS, TIMED_TARGETS, HIST_TARGETS, MAX_NETNS };
+
+// The targets' tgids as bits (.bss, set by the loader before it attaches): the test every event
+// starts with, two loads (the host's other tasks stop here); a target's index is then looked up.
+struct watch { __u64 tgids[TGID_WORDS]; };
+struct watch watch = {};
+
+// tgid -> its index among the targets (the loader's order)
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_TARGETS);
+	__type(key, __u32);
+	__type(value, __u32);
+} target_slot SEC(".maps");
+
+// the targets' network namespaces (inode numbers): drops elsewhere are not theirs
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NETNS);
+	__type(key, __u32);
+	__type(value, __u32);
+} target_netns SEC(".maps");
 
 // Written by the loader while the programs run (the .bss map is mmapped).
 struct control {
@@ -60,13 +86,13 @@ struct control ctl = {};
 // round trip later (attribution/rtt.py). Binned only in windows of 20 ms or more (the loader sets
 // the flag, probes/packetio/timing.py): a clock read and an add per message; a fast transfer's
 // short windows pay nothing.
-struct timing { __u32 n[MAX_TARGETS][2][TIMING_BINS]; };
+struct timing { __u32 n[TIMED_TARGETS][2][TIMING_BINS]; };
 struct timing tim = {};
 const volatile struct timing_cfg { __u32 shift; } timing_cfg = { TIMING_SHIFT };
 
 static __always_inline void tick(int t, int dir)
 {
-	if (!ctl.timing || t < 0 || t >= MAX_TARGETS)
+	if (!ctl.timing || t < 0 || t >= TIMED_TARGETS)
 		return;
 	__u32 b = (bpf_ktime_get_ns() >> TIMING_SHIFT) & (TIMING_BINS - 1);
 	__sync_fetch_and_add(&tim.n[t][dir][b], 1);
@@ -112,7 +138,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_TARGETS);
+	__uint(max_entries, HIST_TARGETS);
 	__type(key, __u32);
 	__type(value, struct hists);
 } hists SEC(".maps");
@@ -143,13 +169,10 @@ struct {
 static __always_inline int target_index(__u64 pid_tgid)
 {
 	__u32 tgid = pid_tgid >> 32;
-	for (int i = 0; i < MAX_TARGETS; i++) {
-		if (i >= cfg.ntargets)
-			return -1;
-		if (cfg.targets[i] == tgid)
-			return i;
-	}
-	return -1;
+	if (!((watch.tgids[(tgid >> 6) & (TGID_WORDS - 1)] >> (tgid & 63)) & 1))
+		return -1;
+	__u32 *i = bpf_map_lookup_elem(&target_slot, &tgid);
+	return i ? (int)*i : -1;
 }
 
 static __always_inline struct events *open_window(void)
@@ -383,13 +406,7 @@ static __always_inline int targets_netns(__u32 inum)
 {
 	if (!inum || !cfg.nnetns)
 		return 1;
-	for (int i = 0; i < MAX_TARGETS; i++) {
-		if (i >= cfg.nnetns)
-			return 0;
-		if (cfg.netns[i] == inum)
-			return 1;
-	}
-	return 0;
+	return bpf_map_lookup_elem(&target_netns, &inum) != 0;
 }
 
 static __always_inline void drop(const struct sk_buff *skb, __u32 reason, struct sock *rx_sk)

@@ -106,15 +106,26 @@ class Sampler:
         self._stop = stop
         self.pids = [int(p) for p in config["pids"]]
         self.layout = layouts.read(obj)
-        max_targets = self.layout.struct("config").field("targets").count
-        if not 1 <= len(self.pids) <= max_targets:
-            raise Unavailable(f"the packetio probes follow 1 to {max_targets} targets, not {len(self.pids)}")
-        netns = [int(n) for n in config.get("netns", [])][:max_targets]
+        limits = {k: int(v) for k, v in self.layout.initial("limits", "limits").items()}  # type: ignore[arg-type]
+        if not 1 <= len(self.pids) <= limits["targets"]:
+            raise Unavailable(f"the packetio probes follow 1 to {limits['targets']} targets, not {len(self.pids)}")
+        netns = sorted({int(n) for n in config.get("netns", [])})
+        if len(netns) > limits["netns"]:
+            netns = []  # more namespaces than the map holds: drops counted in every namespace
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
-            "targets": self.pids, "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"]),
-            "netns": netns, "nnetns": len(netns)})
+            "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"]), "nnetns": len(netns)})
         skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
         self.prog = Loaded(obj, rodata, skip)
+        # the targets, before anything is attached: their bits, their indexes, their namespaces
+        bss = self.prog.global_data(".bss")
+        watch = self.layout.variable("watch")
+        words = self.layout.struct("watch").field("tgids")
+        bits = (ctypes.c_uint64 * words.count).from_buffer(bss, watch.offset + words.offset)
+        for i, pid in enumerate(self.pids):
+            bits[(pid >> 6) % words.count] |= 1 << (pid & 63)
+            self.prog.update("target_slot", struct.pack("<I", pid), struct.pack("<I", i))
+        for n in netns:
+            self.prog.update("target_netns", struct.pack("<I", n), struct.pack("<I", 1))
         self.out = out
         self.counts = self.layout.struct("counts")
         self.slot = self.layout.struct("slot")
@@ -144,7 +155,8 @@ class Sampler:
                 return out
 
             shift = int(self.layout.initial("timing_cfg", "timing_cfg")["shift"])  # type: ignore[arg-type]
-            self.drainer = timing.Drainer(Path(config["timing"]), self.pids, shift, bins, take)
+            # the ring's rows: the first targets' (limits.timed); the others' messages are counted, not timed
+            self.drainer = timing.Drainer(Path(config["timing"]), self.pids[:ring.count], shift, bins, take)
         self.netns: dict[str, NetnsCounters] = {}
         self.netns_of: dict[int, str] = {}
         self.netns_pids: dict[str, list[int]] = {}
@@ -219,7 +231,10 @@ class Sampler:
             for port in set(udp_ports(pid).values()) - self.known_ports:
                 self.known_ports.add(port)
                 self._ports[port >> 6] |= 1 << (port & 63)
-                self.prog.update("port_owner", struct.pack("<I", port), struct.pack("<I", pid))
+                try:
+                    self.prog.update("port_owner", struct.pack("<I", port), struct.pack("<I", pid))
+                except Unavailable:
+                    pass  # the map is full: the port's drops are counted, its owner is not named
 
     def _read_counts(self) -> dict[tuple[int, int], list[int]]:
         """Every thread's cumulative counts: the hash plus what CPUs' slots still hold."""

@@ -3,8 +3,9 @@
 //   udp_stream sink [gro]                 bind 127.0.0.1:0 (4 MiB SO_RCVBUF, UDP_GRO if asked), print
 //                                         the port, receive with one recvmsg per call until the
 //                                         1-byte end marker, print "datagrams bytes calls"
-//   udp_stream send PORT SECONDS SIZE SEGS   send SIZE-byte datagrams for SECONDS, SEGS per sendmsg
-//                                         (UDP_SEGMENT when SEGS > 1), then the end marker; print
+//   udp_stream send PORT SECONDS SIZE SEGS [RATE]   send SIZE-byte datagrams for SECONDS, SEGS per
+//                                         sendmsg (UDP_SEGMENT when SEGS > 1), as fast as it can or
+//                                         RATE sends a second, then the end marker; print
 //                                         "datagrams bytes calls" (the marker not counted)
 // Both print their own counts: what the kernel was asked to move, datagram by datagram.
 #include <errno.h>
@@ -70,7 +71,7 @@ static int sink(int gro)
 	return 0;
 }
 
-static int send_stream(int port, double seconds, int size, int segs)
+static int send_stream(int port, double seconds, int size, int segs, double rate)
 {
 	int s = socket(AF_INET, SOCK_DGRAM, 0);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
@@ -81,9 +82,14 @@ static int send_stream(int port, double seconds, int size, int segs)
 		return perror("UDP_SEGMENT"), 1;
 	char *buf = calloc(segs, size);
 	unsigned long long dgrams = 0, bytes = 0, calls = 0;
-	double end = now() + seconds;
+	double start = now(), end = start + seconds;
 	while (now() < end) {
-		for (int i = 0; i < 64; i++) {
+		if (rate > 0) {  // paced: one send at its time
+			double due = start + calls / rate, t = now();
+			if (due > t)
+				usleep((useconds_t)((due - t) * 1e6));
+		}
+		for (int i = 0; i < (rate > 0 ? 1 : 64); i++) {
 			ssize_t n = send(s, buf, (size_t)size * segs, 0);
 			if (n < 0) {
 				if (errno == ENOBUFS || errno == EAGAIN || errno == ECONNREFUSED)
@@ -108,8 +114,9 @@ int main(int argc, char **argv)
 {
 	if (argc >= 2 && !strcmp(argv[1], "sink"))
 		return sink(argc > 2 && !strcmp(argv[2], "gro"));
-	if (argc == 6 && !strcmp(argv[1], "send"))
-		return send_stream(atoi(argv[2]), atof(argv[3]), atoi(argv[4]), atoi(argv[5]));
-	fprintf(stderr, "usage: udp_stream sink [gro] | udp_stream send PORT SECONDS SIZE SEGS\n");
+	if ((argc == 6 || argc == 7) && !strcmp(argv[1], "send"))
+		return send_stream(atoi(argv[2]), atof(argv[3]), atoi(argv[4]), atoi(argv[5]),
+				   argc == 7 ? atof(argv[6]) : 0.0);
+	fprintf(stderr, "usage: udp_stream sink [gro] | udp_stream send PORT SECONDS SIZE SEGS [RATE]\n");
 	return 2;
 }
