@@ -329,6 +329,31 @@ class RecordEntry:
     failures: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Configuration:
+    """What a run was made to measure, written when `qprof record` or `qprof study` makes it, so that
+    tables pool a run only with the repetitions of the same configuration, wherever its directory
+    is later moved. A study's run: its stack's and setting's names, the commands with `{port}` left a
+    placeholder (each run has its own port) and the environment the stack and setting set. A `record`
+    run: its series' name (the -o directory's) and its commands as run; the environment qprof itself
+    was started with is not recorded (it may hold secrets), so a series is named after what differs."""
+
+    setting: str  # the setting's name (a study's), or the `record` series' name
+    stack: str | None = None  # the study's name for the stack; None for `record`
+    commands: dict[str, list[str]] = field(default_factory=dict)  # role -> argv
+    env: dict[str, str] = field(default_factory=dict)  # set on top of qprof's own environment
+
+    @property
+    def name(self) -> str:
+        """What tables call it: STACK/SETTING for a study's run, the series' name for `record`'s."""
+        return f"{self.stack}/{self.setting}" if self.stack else self.setting
+
+    def key(self) -> tuple[Any, ...]:
+        """Equal for runs of one configuration, and only for them."""
+        return (self.setting, self.stack, tuple((r, tuple(a)) for r, a in sorted(self.commands.items())),
+                tuple(sorted(self.env.items())))
+
+
 FORMAT = "qprof-run"
 VERSION = 1
 STATUS_COLLECTING = "collecting"
@@ -365,6 +390,7 @@ class Meta:
     parse: ParseSummary | None = None
     chunks: ChunkSummary | None = None
     record: RecordEntry | None = None
+    configuration: Configuration | None = None  # None: made by `attach`, or by a qprof before it was recorded
 
     def target(self, pid: int) -> Target | None:
         return next((t for t in self.targets if t.pid == pid), None)

@@ -26,6 +26,7 @@ from typing import Any
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.method import MethodDifference
 from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.transfer import Transfer
 from qprof.errors import QprofError
@@ -119,37 +120,6 @@ class ProcessDiff:
                 "symbols": [s.to_json() for s in self.symbols]}
 
 
-@dataclass(frozen=True)
-class MethodDifference:
-    """A way the two runs were measured differently: the figures it moves changed with the method,
-    not (only) with the system, so a reader must not read them as the system's change."""
-
-    what: str  # unwinding, mapping files, sampling rate, sampling event, probes
-    key: str | None  # the process pair it concerns; None: the whole run
-    a: str
-    b: str
-    affects: str
-
-    def line(self) -> str:
-        who = f" for {self.key}" if self.key else ""
-        return f"{self.what} differs{who} (A: {self.a}; B: {self.b}): {self.affects}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"what": self.what, "key": self.key, "a": self.a, "b": self.b, "affects": self.affects}
-
-
-_AFFECTS = {
-    "unwinding": "callers differ, so the categories a caller decides (`within` rules) and Uncategorized "
-                 "move; compare leaf symbols' self time, or record both runs with the same --unwind",
-    "mapping files": "the categories of the symbols those files place move; compare symbols, or give both "
-                     "runs the same --mapping files",
-    "sampling rate": "sample counts and every share's noise differ; shares and CPU seconds still compare",
-    "sampling event": "samples count different things: shares and CPU seconds do not compare",
-    "probes": "the probes' own CPU is in one run's samples only, and what only probes measure (the wall "
-              "clock split, bytes and CPU per GB, the round trip) exists for one run only",
-}
-
-
 def method_differences(a: Analysis, b: Analysis, pairs: list["ProcessDiff"]) -> list[MethodDifference]:
     """What the two runs measured differently: the run's sampling and probes, each pair's unwinding
     and mapping files (a wrapper that hid the program once gave one run DWARF and no Go mappings)."""
@@ -158,7 +128,7 @@ def method_differences(a: Analysis, b: Analysis, pairs: list["ProcessDiff"]) -> 
 
     def differ(what: str, key: str | None, va: str, vb: str) -> None:
         if va != vb:
-            out.append(MethodDifference(what, key, va, vb, _AFFECTS[what]))
+            out.append(MethodDifference.of(what, () if key is None else (key,), (va, vb)))
 
     differ("sampling event", None, ma.sampling.event, mb.sampling.event)
     differ("sampling rate", None, f"{ma.sampling.frequency} Hz", f"{mb.sampling.frequency} Hz")

@@ -11,8 +11,9 @@ fails (non-zero exit) is one line naming it, its exit status and its last
 output lines; the series stops there and the archives written before stay as
 they are. A repetition that failed before its client ran measured nothing:
 its directory is removed. Each archive holds the commands' output
-(`output-<role>.log`) and a `record` entry in meta.json: the repetition, the
-commands, their exit statuses, the ready condition and when it was met.
+(`output-<role>.log`), a `record` entry in meta.json (the repetition, the
+commands, their exit statuses, the ready condition and when it was met) and
+its `configuration` (archive.model.Configuration): what tables pool it by.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Callable
 
 from qprof import runfiles
 from qprof import archive
-from qprof.archive.model import LiveData, RecordEntry
+from qprof.archive.model import Configuration, LiveData, RecordEntry
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.endpoints import Placement, StoppedProcess
 from qprof.errors import QprofError
@@ -88,6 +89,11 @@ class RecordOptions:
     ready: Ready = field(default_factory=Ready)
     attach: AttachOptions = field(default_factory=lambda: AttachOptions(pids=[], out=Path()))  # a template
     role: str | None = None  # the one command's role in the archive (`--role`), so diff pairs it by role
+    # what every repetition measures, recorded in its meta.json; default: the series named after -o's
+    # directory, its commands and the environment they set
+    configuration: Configuration | None = None
+    # (repetition, of how many) when the caller runs its series one record at a time (a study)
+    series: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         roles = [c.role for c in self.commands]
@@ -97,6 +103,10 @@ class RecordOptions:
             raise QprofError("--role is for one command after `--`; --server and --client name their roles")
         if not 1 <= self.repeat <= 10_000:
             raise QprofError(f"--repeat {self.repeat} is out of range: give 1 to 10000")
+        if self.configuration is None:
+            self.configuration = Configuration(Path(os.path.abspath(self.out)).name,
+                                               commands={c.label: list(c.argv) for c in self.commands},
+                                               env={k: v for c in self.commands for k, v in c.env})
 
     def run_dir(self, index: int) -> Path:
         """The archive of repetition `index` (1-based): DIR itself for one repetition, DIR/rep-NN for many."""
@@ -302,9 +312,11 @@ def _describe(path: Path, opts: RecordOptions, index: int, procs: list[_Process]
             shutil.copyfile(p.log, path / p.log.name)
             (path / p.log.name).chmod(0o600)
     run = archive.Run.open(path)
-    run.meta.record = RecordEntry(index, opts.repeat, {p.cmd.label: list(p.cmd.argv) for p in procs}, exits,
+    repetition, repetitions = opts.series or (index, opts.repeat)
+    run.meta.record = RecordEntry(repetition, repetitions, {p.cmd.label: list(p.cmd.argv) for p in procs}, exits,
                                   conductor.ready.describe() if conductor.server else None,
                                   conductor.ready_after_s, conductor.client_s, list(conductor.failures))
+    run.meta.configuration = opts.configuration
     run.save_meta()
 
 

@@ -458,26 +458,32 @@ def _refold(run: "Run") -> None:
 @click.option("--parquet", "parquet_out", type=click.Path(path_type=Path), default=None,
               help="Write the table as parquet here instead of printing it.")
 @click.option("--summary-csv", "summary_csv", type=click.Path(path_type=Path), default=None,
-              help="Also write the summary (per stack, role, category) as CSV here.")
+              help="Also write the summary (per configuration, side and category, with each configuration's "
+                   "goodput and verdicts) as CSV here.")
 @click.option("--summary-parquet", "summary_parquet", type=click.Path(path_type=Path), default=None,
               help="Also write the summary as parquet here.")
 @click.option("--chart", "chart_out", type=click.Path(path_type=Path), default=None,
               help="Also draw the comparison chart here (.svg, a figure as is; .html, figures on hover): a bar "
-                   "per configuration (a run's directory; DIR for DIR/rep-NN) and side, stacked by category, "
-                   "the median over repetitions with 95% whiskers, and a panel in CPU seconds per GB.")
+                   "per configuration (as each run's meta.json records it) and side, stacked by category, "
+                   "the median over repetitions with 95% whiskers, a panel in CPU seconds per GB and one of "
+                   "each configuration's goodput.")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), taking precedence over shipped ones; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file instead of auto-detection.")
 @_guard
 def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None, summary_csv: Path | None,
           summary_parquet: Path | None, chart_out: Path | None, mappings: tuple[str, ...], stack: str | None) -> None:
-    """Many runs in one table: one row per run x process x category with the run's metadata
-    (start, duration, host, frequency, unwinding, probes, stack, bytes, goodput, verdict).
+    """Many runs in one table: one row per run x process x category with the run's configuration,
+    setting and repetition and its metadata (start, duration, host, frequency, unwinding, probes,
+    stack, bytes, goodput, verdict).
 
     \b
-    Then a summary per (stack, role, category) over the runs (repetitions): the
-    median share and CPU seconds with a 95% distribution-free confidence
-    interval (order statistics; none below 6 runs, and it says so).
+    Then a summary over the runs, per configuration (each run's meta.json says
+    which it repeats; runs of two configurations never pool): its goodput and
+    the verdicts seen, and per side and category the median share and CPU
+    seconds, each median with a 95% distribution-free confidence interval
+    (order statistics; below 6 runs none, and it says how many it needs).
+    A warning names what pooled runs did not share in method.
     """
     from qprof.attribution.mapping import MappingSet
 
@@ -495,27 +501,33 @@ def table(runs: tuple[Path, ...], csv_out: Path | None, parquet_out: Path | None
 
 def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
                  table_out: tuple[Path, str] | None = None, summary_out: tuple[Path, str] | None = None,
-                 chart_out: Path | None = None, verdicts: bool = False, by_configuration: bool = False) -> None:
-    """The table of runs (to a file or printed), its summary over them (to a file, or printed when
-    there are several runs) and the chart, from one attribution pass (viewer.outputs)."""
+                 chart_out: Path | None = None, show_summary: bool = False) -> None:
+    """The table of runs (to a file or printed), its summary over them (to a file, and printed when it
+    is not written or `show_summary`, with several runs) and the chart, from one attribution pass
+    (viewer.outputs). What the summary warns of goes to stderr when no printed summary said it."""
     from qprof.viewer.outputs import Request, by_suffix, choose, of_kind, render
 
     kinds = of_kind("table")
     colour = sys.stdout.isatty()
     asked: list[tuple[tuple[Path | None, Output], Request]] = []
-    for target, summary in ((table_out, False), (summary_out, True)):
-        if target is None and summary and len(runs) < 2:
-            continue  # one run has nothing to summarize over
+    targets: list[tuple[tuple[Path, str] | None, bool]] = [(table_out, False)]
+    if len(runs) > 1:  # one run has nothing to summarize over
+        targets += [(summary_out, True)] if summary_out is not None else []
+        targets += [(None, True)] if summary_out is None or show_summary else []
+    for target, summary in targets:
         path, fmt = target or (None, "text")
-        asked.append(((path, choose(fmt, path, kinds)),
-                      Request(summary=summary, colour=colour, by_configuration=by_configuration)))
+        asked.append(((path, choose(fmt, path, kinds)), Request(summary=summary, colour=colour)))
     if chart_out is not None:
         asked.append(((chart_out, by_suffix(chart_out, tuple(o for o in kinds if o.chart))), Request()))
-    if verdicts:
-        asked.append(((None, choose("verdicts", None, kinds)), Request(colour=colour)))
     rendered = render([(o, req) for (_, o), req in asked], runs, mappings, stack)
+    said = {n for ((path, _), _), r in zip(asked, rendered) if path is None for n in r.notices}
     for ((path, o), _), r in zip(asked, rendered):
         _emit(o.name, r, path, path_on_stdout=False)
+        for n in r.notices if path is not None else ():
+            if n not in said:
+                said.add(n)
+                _stderr.print(f"qprof: {'warning' if n.warning else 'note'}: {n.text}", markup=False,
+                              highlight=False, style="bold yellow" if n.warning else None)
 
 
 def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, parquet_opt: str
@@ -536,7 +548,8 @@ def _one_output(csv_path: Path | None, parquet_path: Path | None, csv_opt: str, 
 @_guard
 def study(study_file: Path, out: Path, dry_run: bool, quiet: bool) -> None:
     """Run a study: every stack x setting x repetition of STUDY.toml as a `record` run, in an order
-    shuffled by its seed; then the table, the chart (DIR/chart.svg) and the verdicts per cell.
+    shuffled by its seed; then DIR/table.csv, DIR/summary.csv, DIR/chart.svg and the summary per
+    configuration (goodput, verdicts seen) and per side and category.
 
     \b
     Resumable: run the same command again after Ctrl-C or a crash; finished
@@ -563,7 +576,7 @@ def study(study_file: Path, out: Path, dry_run: bool, quiet: bool) -> None:
     from qprof.attribution.mapping import MappingSet
 
     _write_table([_open_run(d) for d in progress.done], MappingSet.load([]), None, (out / "table.csv", "csv"),
-                 None, out / "chart.svg", verdicts=True, by_configuration=True)
+                 (out / "summary.csv", "csv"), out / "chart.svg", show_summary=True)
 
 
 @main.command()

@@ -12,7 +12,9 @@ when its archive is complete and its commands succeeded; a study interrupted
 (Ctrl-C, a crash, a power cut) is resumed with the same command: finished
 runs are kept and skipped, an unfinished one is moved aside to DIR/.partial
 (nothing collected is deleted) and run again. A study file changed since the
-plan refuses to resume into the same directory.
+plan refuses to resume into the same directory. Each run's meta.json records
+its configuration (stack and setting names, commands, environment) and its
+repetition, so tables pool its runs by what they measured, not by their path.
 
 The file (TOML):
 
@@ -50,7 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qprof import archive
-from qprof.archive.model import LiveData
+from qprof.archive.model import Configuration, LiveData
 from qprof.benchmark import Command, RecordOptions, parse_command, repetition_name, run_repetition
 from qprof.collectors.probing import parse_groups
 from qprof.collectors.session import AttachOptions
@@ -228,14 +230,26 @@ def plan(study: Study) -> list[PlannedRun]:
     return [PlannedRun(i, st, se, r) for i, (st, se, r) in enumerate(runs, 1)]
 
 
-def _commands(study: Study, run: PlannedRun, port: int) -> tuple[list[Command], Ready]:
+def _expand(study: Study, run: PlannedRun, port: str) -> tuple[list[Command], dict[str, str]]:
+    """The run's two commands with their environment, and the placeholders' values."""
     stack, var = study.stacks[run.stack], study.settings[run.setting].of(run.stack)
-    values = {**study.vars, "port": str(port), "server_args": var.server_args, "client_args": var.client_args}
+    values = {**study.vars, "port": port, "server_args": var.server_args, "client_args": var.client_args}
     env = tuple(sorted({**stack.env, **var.env}.items()))
-    cmds = [Command(role, parse_command(role, text.format(**values)).argv, env=env)
-            for role, text in (("server", stack.server), ("client", stack.client))]
+    return [Command(role, parse_command(role, text.format(**values)).argv, env=env)
+            for role, text in (("server", stack.server), ("client", stack.client))], values
+
+
+def _commands(study: Study, run: PlannedRun, port: int) -> tuple[list[Command], Ready]:
+    cmds, values = _expand(study, run, str(port))
     ready = str(study.record.get("ready", "auto")).format(**values)
     return cmds, parse_ready(ready, float(study.record.get("ready_timeout", 30.0)))
+
+
+def configuration(study: Study, run: PlannedRun) -> Configuration:
+    """What the run measures, recorded in its meta.json: its stack's and setting's names, the commands
+    with `{port}` left a placeholder (every run has a port of its own) and their environment."""
+    cmds, _ = _expand(study, run, "{port}")
+    return Configuration(run.setting, run.stack, {c.label: list(c.argv) for c in cmds}, dict(cmds[0].env))
 
 
 def _attach_template(study: Study) -> AttachOptions:
@@ -311,7 +325,8 @@ def run(study: Study, out: Path, status: Callable[[str], None],
         d.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         status(f"run {r.order} of {len(runs)}: {r.stack} {r.setting} rep {r.rep}")
         commands, ready = _commands(study, r, free_udp_port())
-        opts = RecordOptions(commands, d, 1, ready, template)
+        opts = RecordOptions(commands, d, 1, ready, template, configuration=configuration(study, r),
+                             series=(r.rep, study.repetitions))
         try:
             rep = run_repetition(opts, 1, status, on_tick)
         except KeyboardInterrupt:

@@ -18,7 +18,7 @@ from qprof import archive
 from qprof.archive import schema
 from qprof.archive import Run, create_run_dir
 from qprof.archive.procfs import REDACTED, redact_cmdline
-from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Host, Image, MappedObject, Meta, Nic,
+from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Configuration, Host, Image, MappedObject, Meta, Nic,
                                      ObjectSymbols, ParseSummary, PressureSource, ProcessIdentity, ProcReading,
                                      RecordEntry, SampleGroup, Sampling, SamplingScope, Target)
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
@@ -204,10 +204,12 @@ def test_meta_round_trips_through_its_model(tmp_path: Path) -> None:
                 symbols=[ObjectSymbols("/bin/srv", "ab", "symtab")], duration_s=1.5, exited=[7],
                 perf_exit={"fp": 0}, perf_cpu_s={"fp": 0.25}, parse=ParseSummary(10, 1, ["x"]),
                 chunks=ChunkSummary(2, [{"chunk": "perf-fp.data.1", "bytes": 5}]),
-                record=RecordEntry(1, 3, {"client": ["c"]}, {"client": 0}, "UDP port 1 bound", 0.1, 0.5, []))
+                record=RecordEntry(1, 3, {"client": ["c"]}, {"client": 0}, "UDP port 1 bound", 0.1, 0.5, []),
+                configuration=Configuration("gso-off", "ngtcp2", {"client": ["c", "{port}"]}, {"X": "1"}))
     archive.write_meta(tmp_path, meta)
     assert Run.open(tmp_path).meta == meta
     assert Run.open(tmp_path).meta.client_s == 0.5
+    assert Run.open(tmp_path).meta.configuration.key() == meta.configuration.key()  # type: ignore[union-attr]
 
 
 def test_meta_shape_comes_from_the_model() -> None:
@@ -221,6 +223,9 @@ def test_meta_shape_comes_from_the_model() -> None:
     bad["sampling"]["groups"][0]["windows"] = {"7": [["a", None]]}
     assert shape.check(bad, "") == "sampling.groups[0].windows['7'][0][0] must be an integer or null"
     assert shape.check({"targets": [{"comm": "x"}]}, "") == "targets[0] lacks `pid`"
+    for bad in ({"stack": "a"}, {"setting": "s", "env": {"X": 1}}):  # no setting; an env value not a string
+        assert shape.check({"configuration": bad}, "") == "configuration must be an object or null"
+    assert schema.conforms(schema.encode(Meta(configuration=Configuration("s"))), shape)
     # a field older archives lack may be absent, never null: the writer leaves it out when unset
     written = schema.encode(Meta(sampling=Sampling(frequency=99)))
     assert "clock" not in written["sampling"] and schema.conforms(written, shape)
@@ -267,6 +272,7 @@ def test_typed_records_of_an_archive_with_only_required_fields() -> None:
     info = run.meta
     assert (info.status, info.sampling.frequency, info.sampling.clock, info.sampling.scope_mode) == \
         ("complete", 99, None, "system")
+    assert info.configuration is None and info.record is None  # tables place it by its path, and say so
     (t,) = info.targets
     assert (t.pid, t.comm, t.role, t.objects[0].path, t.objects[0].go, t.images[0].since_s) == \
         (7, "?", None, "/bin/a", False, 0.0)

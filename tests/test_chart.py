@@ -1,6 +1,6 @@
-"""`qprof table --chart`: the comparison chart's bars (pure), its SVG parsed, and the chart of real runs
-looked at in headless Chromium (the legend's colours, one bar per configuration and side, the hover
-script running)."""
+"""`qprof table --chart`: the comparison chart's bars and goodput panel (pure), its SVG parsed, and the
+chart of real runs looked at in headless Chromium (the legend's colours, one bar per configuration and
+side, the hover script running)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,22 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import min_n
 from qprof.viewer.chart import BAR_W, CHAR_W, LABEL_ANGLE, PANEL_H, bars, chart_html, chart_svg
 from qprof.viewer.palette import category_colour
-from qprof.viewer.rows import TABLE_COLUMNS, configuration
+from qprof.viewer.rows import TABLE_COLUMNS, Notice, configuration
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _rows(run: str, role: str, shares: dict[str, float], cpu_s: float = 2.0, moved: int | None = 10 ** 9,
-          stack: str = "ngtcp2", pid: int = 1) -> list[dict[str, Any]]:
+          stack: str = "ngtcp2", pid: int = 1, goodput: float | None = None,
+          conf: str | None = None) -> list[dict[str, Any]]:
+    """A run's table rows for one side; its configuration by default as a run without a recorded one
+    is placed (by its directory's name)."""
     out = []
     for c in CATEGORIES:
         row: dict[str, Any] = dict.fromkeys(TABLE_COLUMNS)
-        row.update(run=run, pid=pid, comm=role, role=role, stack=stack, category=c, share=shares.get(c, 0.0),
-                   cpu_seconds=cpu_s * shares.get(c, 0.0), tx_bytes=moved, rx_bytes=0 if moved else None)
+        row.update(run=run, configuration=conf or configuration(run), pid=pid, comm=role, role=role, stack=stack,
+                   category=c, share=shares.get(c, 0.0), cpu_seconds=cpu_s * shares.get(c, 0.0), tx_bytes=moved,
+                   rx_bytes=0 if moved else None, goodput_gbps=goodput, configuration_recorded=conf is not None)
         out.append(row)
     return out
 
@@ -49,6 +53,46 @@ def test_configurations_and_repetitions() -> None:
     assert gso.label == "ngtcp2 gso · server"
     (alone,) = bars(_rows("/s/default/rep-01", "server", {"Crypto": 1.0}))
     assert alone.label == "ngtcp2 · server", "one configuration: the stacks name the bars"
+    # the configuration a run records wins over its directory's name
+    (a, b) = bars(_rows("/s/x/rep-01", "server", {"Crypto": 1.0}, conf="ngtcp2/gso-on")
+                  + _rows("/s/x/rep-02", "server", {"Crypto": 1.0}, conf="ngtcp2/gso-off"))
+    assert (a.label, b.label) == ("ngtcp2/gso-on · server", "ngtcp2/gso-off · server")
+
+
+def test_goodput_panel_one_bar_per_configuration() -> None:
+    """Each configuration's goodput (its runs' median; each run's client's figure), one bar as wide as
+    its sides, a whisker from the runs an interval needs on, its label under it."""
+    rows = []
+    for i in range(min_n()):
+        run = f"/s/gso/rep-0{i}"
+        rows += _rows(run, "server", {"Crypto": 1.0}, goodput=9.0) + \
+            _rows(run, "client", {"Crypto": 1.0}, pid=2, goodput=2.0 + i / 10)
+    rows += _rows("/s/no-gso/rep-01", "server", {"Crypto": 1.0}, goodput=1.0) + \
+        _rows("/s/no-gso/rep-01", "client", {"Crypto": 1.0}, pid=2, goodput=1.0)
+    drawn = bars(rows)
+    assert {b.configuration: b.goodput.median for b in drawn} == {"gso": pytest.approx(2.25), "no-gso": 1.0}
+    root = _svg(chart_svg(drawn))
+    goodput = [el for el in root.iter(f"{SVG}rect") if el.get("class") == "goodput"]
+    assert [(el.get("data-tip") or "").split(":")[0] for el in goodput] == ["gso", "no-gso"]
+    gso_bars = [float(el.get("x")) for el in root.iter(f"{SVG}rect") if el.get("class") == "seg"  # type: ignore
+                and (el.get("data-tip") or "").startswith("ngtcp2 gso")]
+    assert float(goodput[0].get("x")) == min(gso_bars)  # type: ignore[arg-type]
+    assert float(goodput[0].get("width")) == pytest.approx(max(gso_bars) + BAR_W - min(gso_bars))  # type: ignore
+    assert float(goodput[1].get("height")) / float(goodput[0].get("height")) == pytest.approx(1 / 2.25)  # type: ignore
+    labels = [el.text for el in root.iter(f"{SVG}text") if el.get("class") == "label"]
+    assert labels[-2:] == ["gso", "no-gso"]
+    assert "median of 1 run; no interval" in (goodput[1].get("data-tip") or "")
+    whiskers = [el for el in root.iter(f"{SVG}path") if el.get("class") == "whisker"]
+    assert len(whiskers) == 2 * 2 + 1  # the gso sides' Crypto, both panels, and its goodput
+    nothing = _svg(chart_svg(bars(_rows("/r", "server", {"Crypto": 1.0}))))
+    assert any("no run measured its goodput" in (el.text or "") for el in nothing.iter(f"{SVG}text"))
+
+
+def test_chart_says_what_the_summary_warns_of() -> None:
+    notice = Notice("runs pooled into one summary row were measured differently: unwinding (dwarf, fp)", True)
+    root = _svg(chart_svg(bars(_rows("/r", "server", {"Crypto": 1.0})), notices=[notice]))
+    notes = " ".join(el.text or "" for el in root.iter(f"{SVG}text") if el.get("class") == "note")
+    assert "Warning: runs pooled into one summary row were measured differently" in notes
 
 
 def _svg(text: str) -> ET.Element:
@@ -66,7 +110,7 @@ def test_svg_bars_legend_whiskers_and_room() -> None:
     legend = [el.get("fill") for el in root.iter(f"{SVG}rect") if el.get("class") == "legend"]
     assert legend == [category_colour(c) for c in CATEGORIES]
     labels = [el for el in root.iter(f"{SVG}text") if el.get("class") == "label"]
-    assert [el.text for el in labels] == [b.label for b in drawn] * 2  # each panel labels each bar
+    assert [el.text for el in labels] == [b.label for b in drawn] * 2 + ["quic-go-long-setting-name", "b"]
     for el in labels:  # turned labels end under their bar: their start stays inside the picture
         reach = len(el.text or "") * CHAR_W
         x = float(el.get("x"))  # type: ignore[arg-type]
@@ -140,6 +184,7 @@ def test_chart_of_real_runs_in_chromium(ngtcp2_capture: Any, tmp_path: Path) -> 
     labels = [el.text for el in root.iter(f"{SVG}text") if el.get("class") == "label"]
     assert labels[:4] == ["ngtcp2 gso · server", "ngtcp2 gso · client", "ngtcp2 no-gso · server",
                           "ngtcp2 no-gso · client"]
+    assert labels[-2:] == ["gso", "no-gso"]  # the goodput panel's
     shot = tmp_path / "c.png"
     _chromium(svg.as_uri(), tmp_path, shot)
     img = Image.open(shot).convert("RGB")
@@ -154,4 +199,4 @@ def test_chart_of_real_runs_in_chromium(ngtcp2_capture: Any, tmp_path: Path) -> 
     segs = re.findall(r'<rect class="seg"[^>]*>(.*?)</rect>', dom)
     assert segs and all("<title>" not in s for s in segs), "the page's script replaced the tooltips"
     assert "data-tip=" in dom and "CPU s/GB" in dom
-    print(f"\nchart of {len(labels) // 2} bars: {svg.stat().st_size:,} bytes SVG, {page.stat().st_size:,} bytes HTML")
+    print(f"\nchart of {(len(labels) - 2) // 2} bars: {svg.stat().st_size:,} bytes SVG, {page.stat().st_size:,} bytes HTML")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import qprof
 from conftest import capture_ngtcp2, edited_meta, qprof as qprof_cli
 from qprof.api import report_of
+from qprof.archive import Run
 from qprof.viewer.frames import frame
 from qprof.attribution.categories import CATEGORIES
 from qprof.errors import QprofError
@@ -28,9 +30,10 @@ PAYLOAD = 1 << 30
 
 @pytest.fixture(scope="module")
 def runs(ngtcp2_tools: None, probes_available: None, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Three repetitions of one transfer, server and client attached with roles and the default probes."""
+    """Three repetitions of one transfer, server and client attached with roles and the default probes;
+    in DIR/rep-NN, so that a table places them (no configuration recorded: `attach`) as one's repetitions."""
     base = tmp_path_factory.mktemp("data")
-    return [capture_ngtcp2(base / f"rep{i}", PAYLOAD) for i in range(3)]
+    return [capture_ngtcp2(base / f"rep-0{i}", PAYLOAD) for i in range(1, 4)]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +128,9 @@ def test_table_csv_and_summary(runs: list[Path], tmp_path: Path) -> None:
         assert set(t[(t.run == str(run)) & (t.role == "server")].tx_bytes) == set(server.tx_bytes)
     s = pd.read_csv(summary)
     assert tuple(s.columns) == R.SUMMARY_COLUMNS and len(s) == 2 * len(CATEGORIES)
-    assert (s.n == 3).all() and s.share_ci_low.isna().all() and s.ci_note.str.contains("needs n>=6").all()
+    assert (s.n == 3).all() and s.share_ci_low.isna().all() and (s.ci_note == "3 runs; an interval needs 6").all()
+    assert (s.runs == 3).all() and (s.goodput_gbps_median > 0).all()
+    assert all(sum(int(n) for n in re.findall(r" x(\d+)", v)) == 3 for v in s.verdicts)  # each run's verdict
     for _, row in s.iterrows():
         shares = t[(t.role == row.role) & (t.category == row.category)].share
         assert row.share_median == pytest.approx(shares.median(), abs=1e-9)
@@ -134,7 +139,8 @@ def test_table_csv_and_summary(runs: list[Path], tmp_path: Path) -> None:
 def test_table_parquet_round_trip(runs: list[Path], tmp_path: Path) -> None:
     out, summary = tmp_path / "t.parquet", tmp_path / "s.parquet"
     qprof_cli("table", *map(str, runs), "--parquet", str(out), "--summary-parquet", str(summary))
-    table_rows = [row for r in runs for row in R.table_rows(report_of(r, top=1))]
+    places = R.place_runs([(str(r), Run.open(r).meta) for r in runs])
+    table_rows = [row for r, p in zip(runs, places) for row in R.table_rows(report_of(r, top=1), p)]
     pd.testing.assert_frame_equal(pd.read_parquet(out), frame(table_rows, R.TABLE_COLUMNS))
     pd.testing.assert_frame_equal(pd.read_parquet(summary), frame(R.summary_rows(table_rows), R.SUMMARY_COLUMNS))
 
@@ -143,7 +149,7 @@ def test_table_on_the_terminal(runs: list[Path]) -> None:
     r = qprof_cli("table", *map(str, runs[:2]))
     out = " ".join(r.stdout.split())  # rich wraps at the terminal's width
     assert runs[0].name in out and runs[1].name in out and "ngtcp2" in out
-    assert "summary over runs" in out and "needs n>=6" in out
+    assert "summary over runs" in out and "n/a (2 runs; an interval needs 6)" in out
 
 
 def test_table_bad_input(runs: list[Path], tmp_path: Path) -> None:

@@ -97,4 +97,4 @@ def test_a_program_started_through_wrappers_is_attributed_as_started_directly(ke
     other = json.loads(qprof("diff", str(tmp_path / "direct"), str(tmp_path / "dwarf"), "--pair",
                              f"{direct[1]['pid']}:{dwarf[1]['pid']}", "--format", "json").stdout)
     (m,) = other["method_differences"]
-    assert (m["what"], m["a"], m["b"]) == ("unwinding", "fp", "dwarf"), m
+    assert (m["what"], m["values"]) == ("unwinding", ["fp", "dwarf"]), m

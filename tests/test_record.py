@@ -16,6 +16,7 @@ from conftest import qprof
 from qprof.endpoints import launches, make_certificate, make_payload
 from qprof.errors import QprofError
 from qprof.ready import Ready, ReadyCheck, parse_ready, port_bound, serving
+from qprof.archive.model import Configuration
 from qprof.benchmark import Command, RecordOptions, commands_of, parse_command
 
 
@@ -53,6 +54,8 @@ def test_commands_and_archive_names() -> None:
     assert RecordOptions(pair, Path("d")).run_dir(1) == Path("d")
     many = RecordOptions(pair, Path("d"), repeat=12)
     assert [many.run_dir(i) for i in (1, 12)] == [Path("d/rep-01"), Path("d/rep-12")]
+    # what each repetition records it measures: the series (named after -o), its commands
+    assert many.configuration == Configuration("d", commands={"server": ["srv", "1"], "client": ["cli", "2"]})
     with pytest.raises(QprofError, match="--repeat"):
         RecordOptions(pair, Path("d"), repeat=0)
     with pytest.raises(QprofError, match="together"):
@@ -125,9 +128,11 @@ def test_record_ngtcp2_pair_repeated(ngtcp2_tools: None, probes_available: None,
     runs = [out / "rep-01", out / "rep-02"]
     assert r.stdout.splitlines()[:2] == [str(p) for p in runs]
     assert "summary over runs" in r.stdout and "ngtcp2" in r.stdout
-    for run in runs:
+    for i, run in enumerate(runs, 1):
         meta = json.loads((run / "meta.json").read_text())
         rec = meta["record"]
+        assert meta["configuration"] == {"setting": "rec", "stack": None, "commands": rec["commands"], "env": {}}
+        assert (rec["repetition"], rec["repetitions"]) == (i, 2)
         assert meta["status"] == "complete" and meta["stop_reason"] == "the client exited"
         assert rec["exit"]["client"] == 0 and rec["failures"] == [] and rec["ready"] == f"UDP port {port} bound"
         assert rec["ready_after_s"] is not None and rec["client_s"] > 0

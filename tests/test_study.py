@@ -4,8 +4,10 @@ finished runs kept untouched, the unfinished one moved aside, every run complete
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -68,6 +70,19 @@ def test_commands_take_the_setting_for_their_stack(tmp_path: Path) -> None:
     assert ready.port == 4433
     cmds, _ = S._commands(s, S.PlannedRun(1, "b", "on", 1), 5000)
     assert cmds[0].argv == ("srvb", "5000") and dict(cmds[1].env) == {"B": "1"}
+
+
+def test_configuration_is_what_a_run_measures_not_its_port(tmp_path: Path) -> None:
+    """What each run's meta.json records: the stack's and setting's names, the commands as run but for the
+    port (each run has its own), the environment; two repetitions record the same, two settings not."""
+    s = _study(tmp_path, BASIC)
+    c = S.configuration(s, S.PlannedRun(1, "a", "off", 1))
+    assert (c.name, c.stack, c.setting, c.env) == ("a/off", "a", "off", {"X": "1"})
+    assert c.commands == {"server": ["srv", "--no-gso", "-d", "/srv", "127.0.0.1", "{port}"],
+                          "client": ["cli", "127.0.0.1", "{port}"]}
+    assert S.configuration(s, S.PlannedRun(7, "a", "off", 3)) == c
+    assert S.configuration(s, S.PlannedRun(1, "a", "on", 1)).key() != c.key()
+    assert S.configuration(s, S.PlannedRun(1, "b", "off", 1)).env == {"B": "1", "X": "1"}
 
 
 @pytest.mark.parametrize("edit, words", [
@@ -198,13 +213,31 @@ env = {{ QUIC_GO_DISABLE_GSO = "true" }}
     assert all((a / "meta.json").exists() for a in aside), "what a cut run collected is kept"
     plan = json.loads((out / S.PLAN).read_text())
     assert sorted(o["dir"] for o in plan["order"]) == sorted(str(d.relative_to(out)) for d in done)
-    table = (out / "table.csv").read_text().splitlines()
-    assert len(table) == 1 + 8 * 2 * 5  # runs x sides x categories
-    assert (out / "chart.svg").read_text().count('class="label"') == 2 * 8  # 4 cells x 2 sides, both panels
-    assert "verdicts per cell" in r.stdout and "gso-off" in r.stdout
+    table = list(csv.DictReader(open(out / "table.csv")))
+    assert len(table) == 8 * 2 * 5  # runs x sides x categories
+    for row in table:  # the study's cell and repetition in columns of their own, as each run recorded them
+        stack, setting, rep = Path(row["run"]).relative_to(out).parts
+        assert (row["configuration"], row["setting"], row["repetition"]) == (f"{stack}/{setting}", setting,
+                                                                            str(int(rep.removeprefix("rep-"))))
+    chart = (out / "chart.svg").read_text()
+    assert chart.count('class="label"') == 2 * 8 + 4  # 4 cells x 2 sides in both panels, 4 cells' goodput
+    assert chart.count('class="goodput"') == 4
+    summary = list(csv.DictReader(open(out / "summary.csv")))
+    assert {r["configuration"] for r in summary} == {f"{a}/{b}" for a in ("ngtcp2", "quicgo")
+                                                     for b in ("gso-on", "gso-off")}
+    assert all(float(r["goodput_gbps_median"]) > 0 and r["runs"] == "2" for r in summary)
+    assert all(sum(int(n) for n in re.findall(r" x(\d+)", r["verdicts"])) == 2 for r in summary)  # each run's
+    assert {r["goodput_ci_note"] for r in summary} == {"2 runs; an interval needs 6"}
+    said = " ".join(r.stdout.split())
+    assert "verdicts seen" in said and "ngtcp2/gso-off" in said and "n/a (2 runs; an interval needs 6)" in said
     for d in done:
         meta = json.loads((d / "meta.json").read_text())
         env = meta["record"]["commands"]
         assert ("--max-gso-dgrams=1" in env["server"]) == (d.parent.name == "gso-off" and d.parts[-3] == "ngtcp2")
+        conf = meta["configuration"]
+        assert (conf["stack"], conf["setting"]) == (d.parts[-3], d.parent.name)
+        assert any("{port}" in word for word in conf["commands"]["client"])  # its own port left out
+        assert d.name == f"rep-0{meta['record']['repetition']}" and meta["record"]["repetitions"] == 2
+        assert conf["env"] == ({"QUIC_GO_DISABLE_GSO": "true"} if d.parts[-3:-1] == ("quicgo", "gso-off") else {})
     print(f"\nstudy: {len(first)} runs finished before Ctrl-C, {len(second)} before the crash, "
           f"{len(unfinished)} cut and kept aside, 8 of 8 at the end")

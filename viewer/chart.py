@@ -3,12 +3,13 @@
 The studies behind qprof compare stacks and settings with one bar per
 implementation and side, split into the categories; a second panel puts the
 same CPU time per gigabyte moved, so a faster run is not mistaken for a
-costlier one. Runs of one configuration are repetitions: `record --repeat`
-writes them as DIR/rep-NN, so a run's configuration is its directory's name
-with a trailing `rep-NN` left out, and the bar is the median over them with
-the distribution-free 95% interval of each category's median as a whisker
+costlier one; a third, each configuration's goodput, what the comparison is
+for. Runs of one configuration are repetitions (the configuration each run's
+meta.json records: viewer.rows.place_runs), and a bar is the median over them
+with the distribution-free 95% interval of the median as a whisker
 (attribution.stats; none below the runs an interval needs, said under the
-chart). Colours are the flame graphs' category hues (viewer.palette).
+chart, as are runs pooled though measured differently). Colours are the
+flame graphs' category hues (viewer.palette).
 
 The SVG is a figure as is: fixed text sizes, room computed for every label,
 no script, no font or file from elsewhere; each segment carries a <title>
@@ -29,7 +30,7 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.viewer.flamegraph_svg import xml_attr, xml_text
 from qprof.viewer.palette import category_colour
-from qprof.viewer.rows import configuration
+from qprof.viewer.rows import Notice, configuration_summaries, side_label
 
 Row = dict[str, Any]
 
@@ -40,6 +41,7 @@ BAR_W, BAR_GAP, GROUP_GAP = 28, 8, 26
 PANEL_H = 230
 LEFT_MIN, RIGHT, TOP = 74, 24, 78
 LABEL_ANGLE = 40  # degrees the bar labels are turned
+GOODPUT_COLOUR = "#5a7896"
 
 
 @dataclass(frozen=True)
@@ -53,24 +55,21 @@ class Bar:
     share: dict[str, MedianCI]
     per_gb: dict[str, MedianCI]  # empty when no run counted the bytes the side moved
     label: str  # "stack setting · side"; the setting left out when every bar has the same
+    goodput: MedianCI  # Gbit/s, the configuration's (viewer.rows.ConfigurationSummary), the same on each side
 
 
 def _label(conf: str, stack: str | None, side: str, one_configuration: bool) -> str:
-    stack = stack or ""
-    if one_configuration and stack:
-        name = stack
-    else:
-        name = conf if stack in conf else f"{stack} {conf}".strip()
-    return f"{name} · {side}"
+    return f"{stack} · {side}" if one_configuration and stack else side_label(conf, stack, side)
 
 
 def bars(rows: Sequence[Row]) -> list[Bar]:
     """The bars of `qprof table`'s rows (viewer.rows.TABLE_COLUMNS): servers before clients, in the
     order the configurations first appear."""
-    one_configuration = len({configuration(r["run"]) for r in rows}) == 1
+    one_configuration = len({r["configuration"] for r in rows}) == 1
+    goodput = {c: s.goodput for c, s in configuration_summaries(list(rows)).items()}
     procs: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Row]]] = {}
     for r in rows:
-        key = (configuration(r["run"]), r["stack"], r["role"] or r["comm"])
+        key = (r["configuration"], r["stack"], r["role"] or r["comm"])
         procs.setdefault(key, {}).setdefault((r["run"], r["pid"]), {})[r["category"]] = r
     out = []
     for (conf, stack, side), per_run in procs.items():
@@ -88,7 +87,7 @@ def bars(rows: Sequence[Row]) -> list[Bar]:
                     per_gb[c].append(row["cpu_seconds"] / (moved / 1e9))
         out.append(Bar(conf, stack, side, len(per_run), {c: median_ci(v) for c, v in shares.items()},
                        {c: median_ci(v) for c, v in per_gb.items()} if any(per_gb.values()) else {},
-                       _label(conf, stack, side, one_configuration)))
+                       _label(conf, stack, side, one_configuration), goodput[conf]))
     order = {"server": 0, "client": 1}
     confs = list(dict.fromkeys(b.configuration for b in out))
     return sorted(out, key=lambda b: (confs.index(b.configuration), str(b.stack), order.get(b.side, 2), b.side))
@@ -126,15 +125,20 @@ def _tip(bar: Bar, cat: str, ci: MedianCI, unit: str, fmt: str) -> str:
             f"{'s' if ci.n != 1 else ''}; {interval}")
 
 
-def _notes(bars_: Sequence[Bar], columns: int) -> list[str]:
-    """The lines under the chart, wrapped to `columns`: what a bar is, how its whiskers were drawn."""
+def _notes(bars_: Sequence[Bar], columns: int, notices: Sequence[Notice] = ()) -> list[str]:
+    """The lines under the chart, wrapped to `columns`: what a bar is, how its whiskers were drawn, and
+    what the summary would warn of (viewer.rows.summary_notices)."""
     runs = ", ".join(map(str, sorted({b.runs for b in bars_})))
     text = (f"Bars: each category's median over a configuration's runs (runs per bar: {runs}); in the upper "
-            "panel scaled so each bar is 100% (the categories' medians need not add up to it). Whiskers: the "
-            f"95% interval of each category's median, a {METHOD}")
+            "panel scaled so each bar is 100% (the categories' medians need not add up to it); goodput: the "
+            "median of each configuration's runs (each run's client's figure, else its largest). Whiskers: the "
+            f"95% interval of each median, a {METHOD}")
     if min(b.runs for b in bars_) < min_n():
         text += f", drawn where a bar has {min_n()} runs or more"
-    return textwrap.wrap(text + ".", columns)
+    lines = textwrap.wrap(text + ".", columns)
+    for n in notices:
+        lines += textwrap.wrap(("Warning: " if n.warning else "Note: ") + n.text + ".", columns)
+    return lines
 
 
 def _scale(vals: dict[str, MedianCI], panel: "_Panel") -> float:
@@ -143,8 +147,60 @@ def _scale(vals: dict[str, MedianCI], panel: "_Panel") -> float:
     return 1.0 / total if panel.normalise and total > 0 else 1.0
 
 
-def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") -> str:
-    """The figure: a legend, the share panel and the CPU seconds per GB panel, one bar per entry."""
+def _axis(out: list[str], top: float, tick: str, left: float, right: float, base: float) -> None:
+    """A panel's ticks and grid lines, from its base up PANEL_H."""
+    for i in range(6):
+        v = top * i / 5
+        y = base - PANEL_H * i / 5
+        out.append(f'<line x1="{left:.1f}" x2="{right:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+                   f'stroke="{"#999" if i == 0 else "#e4e4e4"}"/>'
+                   f'<text x="{left - 6:.1f}" y="{y + 4:.1f}" text-anchor="end">{format(v, tick)}</text>')
+
+
+def _turned(out: list[str], label: str, cx: float, base: float) -> None:
+    ly = base + 14
+    out.append(f'<text class="label" x="{cx:.1f}" y="{ly:.1f}" text-anchor="end" '
+               f'transform="rotate(-{LABEL_ANGLE} {cx:.1f} {ly:.1f})">{xml_text(label)}</text>')
+
+
+def _whisker(out: list[str], cx: float, lo: float, hi: float) -> None:
+    out.append(f'<path class="whisker" d="M{cx:.1f},{lo:.2f}V{hi:.2f}M{cx - 4:.1f},{lo:.2f}'
+               f'H{cx + 4:.1f}M{cx - 4:.1f},{hi:.2f}H{cx + 4:.1f}" stroke="#222" fill="none"/>')
+
+
+def _goodput_panel(out: list[str], bars_: Sequence[Bar], xs: Sequence[float], y0: float, left: float,
+                   right: float) -> None:
+    """One bar per configuration, as wide as its sides' bars: the median goodput of its runs."""
+    spans: dict[str, tuple[float, float, MedianCI]] = {}
+    for b, bx in zip(bars_, xs):
+        x0, _, ci = spans.get(b.configuration, (bx, bx, b.goodput))
+        spans[b.configuration] = (x0, bx + BAR_W, ci)
+    top = _nice_max(max((ci.high if ci.high is not None else ci.median or 0.0) for _, _, ci in spans.values()))
+    base = y0 + PANEL_H
+    out.append(f'<text x="{left:.1f}" y="{y0 - 8:.1f}" font-weight="bold">goodput (Gbit/s): the median of each '
+               'configuration\'s runs</text>')
+    if all(ci.median is None for _, _, ci in spans.values()):
+        out.append(f'<text x="{left + 10:.1f}" y="{y0 + PANEL_H / 2:.1f}">no run measured its goodput (record '
+                   'with the packetio probes, or over TCP)</text>')
+    _axis(out, top, ".3g", left, right, base)
+    for conf, (x0, x1, ci) in spans.items():
+        if ci.median is not None:
+            h = PANEL_H * ci.median / top
+            note = (f"95% CI [{ci.low:.3g}, {ci.high:.3g}]" if ci.low is not None and ci.high is not None
+                    else "no interval (fewer runs than one needs)")
+            tip = f"{conf}: goodput {ci.median:.3g} Gbit/s, median of {ci.n} run{'s' if ci.n != 1 else ''}; {note}"
+            out.append(f'<rect class="goodput" x="{x0:.1f}" y="{base - h:.2f}" width="{x1 - x0:.1f}" '
+                       f'height="{h:.2f}" fill="{GOODPUT_COLOUR}" data-tip="{xml_attr(tip)}"><title>'
+                       f'{xml_text(tip)}</title></rect>')
+            if ci.low is not None and ci.high is not None:
+                _whisker(out, (x0 + x1) / 2, base - PANEL_H * ci.low / top, base - PANEL_H * ci.high / top)
+        _turned(out, conf, (x0 + x1) / 2, base)
+
+
+def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category",
+              notices: Sequence[Notice] = ()) -> str:
+    """The figure: a legend, the share panel, the CPU seconds per GB panel, one bar per entry, and the
+    goodput panel, one bar per configuration; under it the notes and `notices`."""
     if not bars_:
         raise ValueError("no bars to draw")
     labels = [b.label for b in bars_]
@@ -159,7 +215,7 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
         x += BAR_W + BAR_GAP
     legend_w = sum(16 + len(c) * CHAR_W + 18 for c in CATEGORIES)
     width = max(x + RIGHT, left + legend_w + RIGHT, 560.0)
-    notes = _notes(bars_, int((width - left - RIGHT) / (0.62 * NOTE_FONT)))
+    notes = _notes(bars_, int((width - left - RIGHT) / (0.62 * NOTE_FONT)), notices)
     gb_top = max((sum(ci.median or 0.0 for ci in b.per_gb.values()) for b in bars_), default=0.0)
     gb_top = max([gb_top] + [(sum(ci.median or 0.0 for ci in b.per_gb.values()) - (ci.median or 0.0)
                               + (ci.high or 0.0)) for b in bars_ for ci in b.per_gb.values()])
@@ -167,7 +223,7 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
               _Panel("CPU seconds per GB moved (sent + received)", [b.per_gb for b in bars_],
                      _nice_max(gb_top), ".3g", " CPU s/GB")]
     panel_h = PANEL_H + 28 + below
-    height = TOP + len(panels) * panel_h + 14 + 13 * len(notes)
+    height = TOP + (len(panels) + 1) * panel_h + 14 + 13 * len(notes)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans, Verdana, sans-serif" '
            f'font-size="{FONT}">',
@@ -186,12 +242,7 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
         if not any(panel.values):
             out.append(f'<text x="{left + 10:.1f}" y="{y0 + PANEL_H / 2:.1f}">no run counted the bytes its '
                        'sides moved (record with the packetio probes, or over TCP)</text>')
-        for i in range(6):  # ticks and grid
-            v = panel.top * i / 5
-            y = base - PANEL_H * i / 5
-            out.append(f'<line x1="{left:.1f}" x2="{width - RIGHT:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
-                       f'stroke="{"#999" if i == 0 else "#e4e4e4"}"/>'
-                       f'<text x="{left - 6:.1f}" y="{y + 4:.1f}" text-anchor="end">{format(v, panel.tick)}</text>')
+        _axis(out, panel.top, panel.tick, left, width - RIGHT, base)
         for b, bx, vals in zip(bars_, xs, panel.values):
             cum, k = 0.0, _scale(vals, panel)
             for c in CATEGORIES:
@@ -205,16 +256,12 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") 
                            f'fill="{category_colour(c)}" data-tip="{xml_attr(tip)}"><title>{xml_text(tip)}'
                            f'</title></rect>')
                 if ci.low is not None and ci.high is not None:
-                    lo = base - PANEL_H * (cum + ci.low * k) / panel.top
-                    hi = base - PANEL_H * (cum + ci.high * k) / panel.top
-                    cx = bx + BAR_W / 2
-                    out.append(f'<path class="whisker" d="M{cx:.1f},{lo:.2f}V{hi:.2f}M{cx - 4:.1f},{lo:.2f}'
-                               f'H{cx + 4:.1f}M{cx - 4:.1f},{hi:.2f}H{cx + 4:.1f}" stroke="#222" fill="none"/>')
+                    _whisker(out, bx + BAR_W / 2, base - PANEL_H * (cum + ci.low * k) / panel.top,
+                             base - PANEL_H * (cum + ci.high * k) / panel.top)
                 cum += ci.median * k
         for b, bx in zip(bars_, xs):  # the labels, turned, ending under their bar
-            cx, ly = bx + BAR_W / 2, base + 14
-            out.append(f'<text class="label" x="{cx:.1f}" y="{ly:.1f}" text-anchor="end" '
-                       f'transform="rotate(-{LABEL_ANGLE} {cx:.1f} {ly:.1f})">{xml_text(b.label)}</text>')
+            _turned(out, b.label, bx + BAR_W / 2, base)
+    _goodput_panel(out, bars_, xs, TOP + len(panels) * panel_h + 22, left, width - RIGHT)
     y = height - 13 * len(notes) + 4
     for n in notes:
         out.append(f'<text class="note" x="{left:.1f}" y="{y:.1f}" font-size="{NOTE_FONT}" fill="#444">'
@@ -230,7 +277,7 @@ _PAGE = """<!DOCTYPE html>
 body {{ margin: 16px; background: #fff; }}
 #tip {{ position: fixed; display: none; max-width: 420px; padding: 6px 8px; background: #222; color: #fff;
        font: 12px "DejaVu Sans", Verdana, sans-serif; border-radius: 3px; pointer-events: none; }}
-.seg:hover {{ stroke: #000; stroke-width: 1.5; }}
+.seg:hover, .goodput:hover {{ stroke: #000; stroke-width: 1.5; }}
 </style></head><body>
 {svg}
 <div id="tip"></div>
@@ -252,10 +299,12 @@ body {{ margin: 16px; background: #fff; }}
 """
 
 
-def chart_html(bars_: Sequence[Bar], title: str = "qprof: CPU time by category") -> str:
+def chart_html(bars_: Sequence[Bar], title: str = "qprof: CPU time by category",
+               notices: Sequence[Notice] = ()) -> str:
     """The SVG in a page that shows each segment's figures on hover; the bars' data rides along as JSON."""
     data = [{"label": b.label, "configuration": b.configuration, "stack": b.stack, "side": b.side, "runs": b.runs,
              "share": {c: ci.median for c, ci in b.share.items()},
-             "cpu_s_per_gb": {c: ci.median for c, ci in b.per_gb.items()}} for b in bars_]
+             "cpu_s_per_gb": {c: ci.median for c, ci in b.per_gb.items()},
+             "goodput_gbps": b.goodput.median} for b in bars_]
     text = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return _PAGE.format(title=html.escape(title), svg=chart_svg(bars_, title), data=text)
+    return _PAGE.format(title=html.escape(title), svg=chart_svg(bars_, title, notices), data=text)

@@ -98,7 +98,8 @@ def render_diff(d: RunDiff, console: Console) -> None:
     say = lambda text, style="": console.print(Text(text, style=style))  # noqa: E731  (no markup)
     say(f"qprof diff  A: {d.path_a}  B: {d.path_b}", "bold")
     for m in d.method:  # first, before any figure it moves
-        say(f"warning: {m.line()}", "bold yellow")
+        who = f" for {m.where[0]}" if m.where else ""
+        say(f"warning: {m.what} differs{who} (A: {m.values[0]}; B: {m.values[1]}): {m.affects}", "bold yellow")
     per_gb_shown = any(p.a.bytes is not None and p.b.bytes is not None for p in d.pairs)
     say(f"  processes paired by {d.match_by}; shares (%) are of each process's sampled CPU time"
         + ("; CPU s/GB: per 10^9 payload bytes it sent and received (UDP and TCP)" if per_gb_shown else ""))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
@@ -39,6 +38,8 @@ from qprof.viewer.output import output_format
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from qprof.viewer.rows import Notice
+
 
 @dataclass(frozen=True)
 class Request:
@@ -52,7 +53,6 @@ class Request:
     colour: bool = False  # text: ANSI colours (when it goes to a terminal)
     pairs: tuple[tuple[int, int], ...] = ()  # diff: processes to pair (run A's pid, run B's)
     summary: bool = False  # table: the summary over the runs instead of one row per run x process x category
-    by_configuration: bool = False  # table: summarize each configuration apart (a study's settings)
 
 
 @dataclass
@@ -65,18 +65,21 @@ class Attributed:
 
     @functools.cached_property
     def table_rows(self) -> list[dict[str, Any]]:
-        """One row per run x process x category (viewer.rows), from each analysis's report: made once
-        for the table, its summary, the chart and the verdicts alike."""
+        """One row per run x process x category (viewer.rows), from each analysis's report and each run's
+        place among the runs (its recorded configuration): made once for the table, its summary and the
+        chart alike."""
         from qprof.viewer import rows as R
         from qprof.viewer.json_report import to_dict
 
-        return [row for a in self.analyses for row in R.table_rows(to_dict(a, 1))]
+        places = R.place_runs([(str(run.path), run.meta) for run in self.runs])
+        return [row for a, place in zip(self.analyses, places) for row in R.table_rows(to_dict(a, 1), place)]
 
 
 @dataclass(frozen=True)
 class Rendered:
     data: str | bytes
     what: str = ""  # for the line saying what was written, e.g. "of 1,234 samples"
+    notices: tuple["Notice", ...] = ()  # what a summary or chart says besides (viewer.rows.summary_notices)
 
 
 class Renderer(Protocol):
@@ -288,60 +291,40 @@ class _Rows:
         from qprof.viewer.table import render as render_rows, render_summary
 
         rows = result.table_rows
-        part, columns = (R.summary_rows(rows, self.request.by_configuration), R.SUMMARY_COLUMNS) \
-            if self.request.summary else (rows, R.TABLE_COLUMNS)
+        part, columns = (R.summary_rows(rows), R.SUMMARY_COLUMNS) if self.request.summary else \
+            (rows, R.TABLE_COLUMNS)
+        notices = tuple(R.summary_notices(rows)) if self.request.summary else ()
         what = f"{'summary ' if self.request.summary else ''}({len(part)} rows)"
         if self.fmt == "csv":
-            return Rendered(frame(part, columns).to_csv(index=False), what)
+            return Rendered(frame(part, columns).to_csv(index=False), what, notices)
         if self.fmt == "parquet":
-            return Rendered(frame(part, columns).to_parquet(None, index=False), what)
+            return Rendered(frame(part, columns).to_parquet(None, index=False), what, notices)
         buf = io.StringIO()
         console = _console(self.request, buf)
-        (render_summary if self.request.summary else render_rows)(part, console)
-        return Rendered(buf.getvalue())
+        if self.request.summary:
+            render_summary(part, list(notices), console)
+        else:
+            render_rows(part, console)
+        return Rendered(buf.getvalue(), notices=notices)
 
 
 class _Chart(_Rows):
-    """The comparison chart of the runs (viewer.chart): a bar per configuration and side."""
+    """The comparison chart of the runs (viewer.chart): a bar per configuration and side, and each
+    configuration's goodput."""
 
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.chart import bars, chart_html, chart_svg
+        from qprof.viewer.rows import summary_notices
 
         drawn = bars(result.table_rows)
+        notices = summary_notices(result.table_rows)
         draw = chart_html if self.fmt == "html" else chart_svg
-        return Rendered(draw(drawn), f"chart of {len(drawn)} bars from {len(result.analyses)} runs")
-
-
-class _Verdicts(_Rows):
-    """Each configuration's verdicts over its runs (a study's cells): how often each side limited."""
-
-    def render(self, result: Attributed) -> Rendered:
-        from rich.table import Table
-
-        from qprof.viewer.rows import configuration
-
-        cells: dict[tuple[str, str], dict[str, str]] = {}
-        for row in result.table_rows:
-            cells.setdefault((str(row["stack"] or "–"), configuration(row["run"])), {})[row["run"]] = \
-                row["verdict"] or "no roles"
-        t = Table(box=None, pad_edge=False, title="verdicts per cell (stack x setting) over its runs",
-                  title_justify="left")
-        for col in ("stack", "setting", "runs", "verdicts"):
-            t.add_column(col)
-        for (stack, conf), runs in cells.items():
-            counts = Counter(runs.values())
-            t.add_row(stack, conf, str(len(runs)), ", ".join(f"{v} x{n}" for v, n in sorted(counts.items())))
-        buf = io.StringIO()
-        _console(self.request, buf).print(t)
-        return Rendered(buf.getvalue())
+        return Rendered(draw(drawn, notices=notices), f"chart of {len(drawn)} bars from {len(result.analyses)} runs",
+                        tuple(notices))
 
 
 def _chart(fmt: str) -> Callable[[Request], Renderer]:
     return lambda request: _Chart(request, fmt)
-
-
-def _verdicts(request: Request) -> Renderer:
-    return _Verdicts(request, "text")
 
 
 def _diff(fmt: str) -> Callable[[Request], Renderer]:
@@ -372,7 +355,6 @@ OUTPUTS: tuple[Output, ...] = (
     Output("table", "text", (".txt",), "one line per run x process", _rows("text")),
     Output("table", "csv", (".csv",), "one row per run x process x category", _rows("csv")),
     Output("table", "parquet", (".parquet",), "the CSV's rows as parquet", _rows("parquet"), binary=True),
-    Output("table", "verdicts", (), "each configuration's verdicts over its runs", _verdicts),
     Output("table", "svg", (".svg",), "comparison chart: a bar per configuration and side", _chart("svg"),
            chart=True),
     Output("table", "html", (".html",), "the comparison chart with its figures on hover", _chart("html"),

@@ -3,7 +3,8 @@
 Why from the JSON report (viewer.json_report.to_dict) and not from the
 analysis objects: the report is the one place numbers are computed and
 rounded, so `qprof.load`, `qprof table` and `qprof report --format json` show
-the same figures for the same run. Pure functions of dicts: no pandas here
+the same figures for the same run. Pure functions of dicts (and, for a
+table, of each run's recorded configuration: place_runs): no pandas here
 (viewer.frames makes DataFrames of them), so they are cheap to test.
 
 Every builder returns rows whose keys are exactly its *_COLUMNS tuple, in that
@@ -12,19 +13,23 @@ order; a value the run does not have (no probes, no roles) is None.
 
 from __future__ import annotations
 
+import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass, fields
 from pathlib import Path
-from dataclasses import fields
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
+from qprof.archive import schema
+from qprof.archive.model import Meta, Sampling
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.method import MethodDifference
 from qprof.attribution.packetio import ProcessPacketIO
-from qprof.attribution.stats import METHOD, median_ci
+from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.attribution.verdict import SideEvidence
 
 Row = dict[str, Any]
-_REP = re.compile(r"rep-\d+")
+_REP = re.compile(r"rep-(\d+)")
 
 CATEGORY_COLUMNS = ("run", "pid", "comm", "role", "stack", "category", "share", "cpu_seconds", "samples")
 SYMBOL_COLUMNS = ("run", "pid", "comm", "role", "category", "symbol", "dso", "samples", "share", "cpu_seconds")
@@ -60,11 +65,18 @@ VERDICT_COLUMNS = ("run", "limited_by", *_EVIDENCE, "summary", "notes")
 RUN_COLUMNS = ("run", "status", "start_time", "duration_s", "stop_reason", "hostname", "cpus", "cpu_model",
                "kernel", "event", "frequency", "unwind", "probes", "stack", "perf", "samples", "cpu_seconds",
                "goodput_gbps", "verdict")
-TABLE_COLUMNS = ("run", "start_time", "duration_s", "hostname", "frequency", "probes", "verdict",
-                 "pid", "comm", "role", "stack", "unwind", "category", "share", "cpu_seconds", "samples",
-                 "tx_bytes", "rx_bytes", "goodput_gbps", "cpu_limited")
-SUMMARY_COLUMNS = ("configuration", "stack", "role", "category", "n", "share_median", "share_ci_low", "share_ci_high",
-                   "cpu_seconds_median", "cpu_seconds_ci_low", "cpu_seconds_ci_high", "ci_coverage", "ci_note")
+# `configuration`, `setting`, `repetition`: where the run stands among the table's runs (TableRun);
+# `event`, `frequency`, `scope`, `probes`, `mappings`, `unwind`: how it was measured, what pooled runs must share
+TABLE_COLUMNS = ("run", "configuration", "setting", "repetition", "start_time", "duration_s", "hostname", "event",
+                 "frequency", "scope", "probes", "verdict", "cause", "pid", "comm", "role", "stack", "mappings",
+                 "unwind", "category", "share", "cpu_seconds", "samples", "tx_bytes", "rx_bytes", "goodput_gbps",
+                 "cpu_limited", "configuration_recorded")
+# per configuration x side x category; `runs` to `verdicts` are the configuration's, on each of its rows
+SUMMARY_COLUMNS = ("configuration", "setting", "stack", "role", "category", "n", "share_median", "share_ci_low",
+                   "share_ci_high", "cpu_seconds_median", "cpu_seconds_ci_low", "cpu_seconds_ci_high",
+                   "ci_coverage", "ci_note", "runs", "goodput_gbps_median", "goodput_gbps_ci_low",
+                   "goodput_gbps_ci_high", "goodput_ci_note", "verdicts", "method_differs",
+                   "configuration_recorded")
 
 
 def _shape(row: Row, columns: tuple[str, ...]) -> Row:
@@ -158,11 +170,19 @@ def _goodputs(report: dict[str, Any]) -> dict[int, float]:
             if (p.get("transfer") or {}).get("gbps") is not None}
 
 
+def _the_goodput(sides: Iterable[tuple[str | None, float]]) -> float | None:
+    """A run's goodput from its processes' (role, goodput): its client's (the receiving end of a
+    download; the largest, if several), else the largest process's. The one rule for the report's
+    runs and the table's."""
+    sides = list(sides)
+    client = [g for role, g in sides if role == "client"]
+    return max(client or [g for _, g in sides], default=None)
+
+
 def run_goodput(report: dict[str, Any]) -> float | None:
-    """The run's goodput: its client's (the receiving end of a download), else the largest process's."""
+    """The run's goodput (`_the_goodput`) from its report."""
     goodputs = _goodputs(report)
-    client = [goodputs[p["pid"]] for p in report["processes"] if p.get("role") == "client" and p["pid"] in goodputs]
-    return client[0] if client else max(goodputs.values(), default=None)
+    return _the_goodput((p.get("role"), goodputs[p["pid"]]) for p in report["processes"] if p["pid"] in goodputs)
 
 
 def run_row(report: dict[str, Any]) -> Row:
@@ -185,49 +205,259 @@ def run_row(report: dict[str, Any]) -> Row:
     }, RUN_COLUMNS)
 
 
-def table_rows(report: dict[str, Any]) -> list[Row]:
-    """`qprof table`'s rows for one run: one per process x category, with the run's metadata beside."""
+# ---- where each run stands among the runs of a table ----------------------------------------------
+
+
+def configuration(run: str) -> str:
+    """The configuration a run without a recorded one belongs to (made by `attach` or an older qprof):
+    its directory's name, or its parent's for DIR/rep-NN (what `record --repeat` and `qprof study`
+    write), so the runs of one configuration are its repetitions."""
+    p = Path(run)
+    return p.parent.name if _REP.fullmatch(p.name) and p.parent.name else p.name
+
+
+def _series_dir(run: str) -> str:
+    """The directory of a run's series: DIR for DIR/rep-NN, the run itself otherwise."""
+    p = Path(os.path.abspath(run))
+    return str(p.parent if _REP.fullmatch(p.name) else p)
+
+
+def _common_root(runs: Sequence[str]) -> str:
+    """The deepest directory holding every run."""
+    return os.path.commonpath([os.path.dirname(os.path.abspath(r)) for r in runs]) if runs else ""
+
+
+def run_names(runs: Sequence[str]) -> dict[str, str]:
+    """Each run's name in a table: its path relative to the common root of the runs given
+    (`gso-off/rep-01`, not a bare `rep-01` that two configurations share)."""
+    root = _common_root(runs)
+    return {r: os.path.relpath(os.path.abspath(r), root) for r in runs}
+
+
+@dataclass(frozen=True)
+class TableRun:
+    """A run's place among the runs of a table: the configuration it repeats and its repetition, as
+    its meta.json records them (archive.model.Configuration). A run without one (made by `attach` or
+    an older qprof) is placed as the path suggests (`configuration`), and `recorded` says so."""
+
+    path: str  # as given, the report's run path
+    configuration: str  # its name, one per configuration among the table's runs
+    setting: str
+    repetition: int | None
+    recorded: bool
+
+
+def place_runs(runs: Sequence[tuple[str, Meta]]) -> list[TableRun]:
+    """The runs (path, meta) placed: runs pool only with runs of an equal recorded configuration (or,
+    without one, of the same directory name). Two configurations with one name (a series named
+    alike in two places, one study's setting against another's) are told apart by their series'
+    directory, relative to the common root."""
+    keyed: list[tuple[str, tuple[str, Any], str, str, int | None]] = []  # path, key, name, setting, repetition
+    for path, meta in runs:
+        c, rep = meta.configuration, (meta.record.repetition if meta.record is not None else None)
+        if c is not None:
+            keyed.append((path, ("recorded", c.key()), c.name, c.setting, rep))
+        else:
+            name = configuration(path)
+            m = _REP.fullmatch(Path(path).name)
+            keyed.append((path, ("path", name), name, name, int(m.group(1)) if m else rep))
+    first: dict[Any, tuple[str, str]] = {}  # key -> (name, its first run)
+    for path, key, name, _, _ in keyed:
+        first.setdefault(key, (name, path))
+    alike = Counter(name for name, _ in first.values())
+    root = _common_root([p for p, *_ in keyed])
+    labels = {key: name if alike[name] == 1 else f"{name} ({os.path.relpath(_series_dir(path), root)})"
+              for key, (name, path) in first.items()}
+    still, taken = Counter(labels.values()), Counter[str]()
+    for key, label in labels.items():  # still alike (one directory, two configurations): numbered
+        if still[label] > 1:
+            taken[label] += 1
+            labels[key] = f"{label} #{taken[label]}"
+    return [TableRun(path, labels[key], setting, rep, key[0] == "recorded") for path, key, _, setting, rep in keyed]
+
+
+def table_rows(report: dict[str, Any], run: TableRun) -> list[Row]:
+    """`qprof table`'s rows for one run: one per process x category, with the run's place among the
+    table's runs (`run`: place_runs) and its metadata beside."""
     meta = run_row(report)
     unwinding = report["run"].get("unwinding") or {}
     pio = (report.get("packet_io") or {}).get("processes") or {}
     goodputs = _goodputs(report)
-    limited = {ev["pid"]: ev["cpu_limited"] for ev in ((report.get("verdict") or {}).get("evidence") or {}).values()}
+    verdict = report.get("verdict") or {}
+    limited = {ev["pid"]: ev["cpu_limited"] for ev in (verdict.get("evidence") or {}).values()}
+    scope = schema.decode(Sampling, report["run"].get("sampling") or {}).scope_mode
+    mappings = {p["pid"]: _joined((f"{m['name']} {m['version']}" for m in p.get("mappings", [])), ", ")
+                for p in report["processes"]}
     rows = []
     for c in category_rows(report):
         io = pio.get(str(c["pid"]))
-        rows.append(_shape({**meta, **c, "unwind": (unwinding.get(str(c["pid"])) or {}).get("mode"),
+        rows.append(_shape({**meta, **c, "configuration": run.configuration, "setting": run.setting,
+                            "repetition": run.repetition, "scope": scope, "cause": verdict.get("cause"),
+                            "mappings": mappings.get(c["pid"]), "configuration_recorded": run.recorded,
+                            "unwind": (unwinding.get(str(c["pid"])) or {}).get("mode"),
                             "tx_bytes": io["tx"]["bytes"] if io else None, "rx_bytes": io["rx"]["bytes"] if io else None,
                             "goodput_gbps": goodputs.get(c["pid"]), "cpu_limited": limited.get(c["pid"])},
                            TABLE_COLUMNS))
     return rows
 
 
-def configuration(run: str) -> str:
-    """The configuration a run belongs to: its directory's name, or its parent's for DIR/rep-NN (what
-    `record --repeat` and `qprof study` write), so the runs of one configuration are its repetitions."""
-    p = Path(run)
-    return p.parent.name if _REP.fullmatch(p.name) and p.parent.name else p.name
+# ---- the summary over runs ----------------------------------------------------------------------------
 
 
-def summary_rows(rows: list[Row], by_configuration: bool = False) -> list[Row]:
-    """Per (stack, role, category) over the table's rows (the repetitions): median share and CPU
-    seconds with a 95% distribution-free interval (attribution.stats). A process without a role is
-    grouped by its comm instead, so a server and a client never pool. `by_configuration`: per
-    configuration too (a study's settings never pool)."""
+def side_label(conf: str, stack: str | None, side: str) -> str:
+    """A configuration's side: `ngtcp2/gso-on · server`, the stack named when the configuration is not."""
+    name = conf if not stack or stack in conf else f"{stack} {conf}"
+    return f"{name} · {side}"
+
+
+def ci_note(ci: MedianCI, runs: int | None = None) -> str | None:
+    """Why a median has no interval: the runs it has (of `runs`, when fewer measured it) and the runs
+    one needs (attribution.stats.min_n)."""
+    if ci.available:
+        return None
+    if ci.n == 0:
+        return "no run measured it"
+    had = f"{ci.n} of {runs} runs measured it" if runs is not None and ci.n < runs else \
+        f"{ci.n} run{'s' if ci.n != 1 else ''}"
+    return f"{had}; an interval needs {min_n()}"
+
+
+@dataclass(frozen=True)
+class ConfigurationSummary:
+    """One configuration over its runs: how many, their goodput's median with its 95% interval, and
+    the verdicts they gave (what the study asked: which is faster, and what limits it)."""
+
+    configuration: str
+    runs: int
+    goodput: MedianCI  # Gbit/s: each run's (`_the_goodput`)
+    verdicts: tuple[tuple[str, int], ...]  # (verdict (cause), runs), most frequent first
+
+    @property
+    def verdicts_seen(self) -> str:
+        return ", ".join(f"{v} x{n}" for v, n in self.verdicts)
+
+
+def _verdict(row: Row) -> str:
+    if row["verdict"] is None:
+        return "no verdict (no roles)"
+    return f"{row['verdict']} ({row['cause']})" if row["cause"] else str(row["verdict"])
+
+
+def configuration_summaries(rows: list[Row]) -> dict[str, ConfigurationSummary]:
+    """Each configuration of the table's rows over its runs, in the order the configurations appear."""
+    procs: dict[str, dict[str, dict[Any, Row]]] = {}  # configuration -> run -> pid -> a row
+    for r in rows:
+        procs.setdefault(r["configuration"], {}).setdefault(r["run"], {}).setdefault(r["pid"], r)
+    out = {}
+    for conf, runs in procs.items():
+        goodputs = [g for ps in runs.values() if (g := _the_goodput((p["role"], p["goodput_gbps"]) for p in ps.values()
+                                                                    if p["goodput_gbps"] is not None)) is not None]
+        seen = Counter(_verdict(next(iter(ps.values()))) for ps in runs.values())
+        out[conf] = ConfigurationSummary(conf, len(runs), median_ci(goodputs),
+                                         tuple(sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return out
+
+
+# How a run was measured, which runs pooled into one median must share: (column, its name in
+# attribution.method, a value's unit).
+_METHOD = (("event", "sampling event", ""), ("frequency", "sampling rate", " Hz"), ("scope", "sampling scope", ""),
+           ("probes", "probes", ""), ("unwind", "unwinding", ""), ("mappings", "mapping files", ""))
+
+
+def _side_key(r: Row) -> tuple[Any, Any, Any]:
+    """What a summary pools over: a configuration's side (a process without a role by its comm, so a
+    server and a client never pool)."""
+    return (r["configuration"], r["stack"], r["role"] or r["comm"])
+
+
+def _natural(value: str) -> tuple[int, float, str]:
+    """Numbers in numeric order (999 before 4999), then words."""
+    try:
+        return (0, float(value.split()[0]), value)
+    except (ValueError, IndexError):
+        return (1, 0.0, value)
+
+
+def method_differences(rows: list[Row]) -> list[MethodDifference]:
+    """Every respect in which runs pooled into one side of a configuration were measured differently."""
+    sides: dict[tuple[Any, Any, Any], list[Row]] = defaultdict(list)
+    for r in rows:
+        sides[_side_key(r)].append(r)
+    out = []
+    for side, members in sides.items():
+        for column, what, unit in _METHOD:
+            values = sorted({"none" if m[column] is None else str(m[column]) for m in members}, key=_natural)
+            if len(values) > 1:
+                out.append(MethodDifference.of(what, tuple(None if x is None else str(x) for x in side),
+                                               tuple(v if v == "none" else v + unit for v in values)))
+    return out
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line under a summary (and on stderr when the summary goes to a file)."""
+
+    text: str
+    warning: bool = False  # loud: the summary pools what should not be pooled
+
+
+def summary_notices(rows: list[Row]) -> list[Notice]:
+    """What the reader of a summary must know besides its figures: runs pooled though measured
+    differently (one warning line naming what differs, where, and what it moves), and runs whose
+    configuration was not recorded, grouped by their directory's name."""
+    out = []
+    by_what: dict[tuple[str, str], tuple[set[str], dict[str, list[str]]]] = {}
+    for d in method_differences(rows):
+        values, where = by_what.setdefault((d.what, d.affects), (set(), {}))
+        values.update(d.values)
+        conf, stack, side = (str(x or "") for x in d.where)  # a summary's side: never None but the stack
+        where.setdefault(conf, []).append(side if not stack or stack in conf else f"{stack} {side}")
+    if by_what:
+        parts = []
+        for (what, affects), (values, where) in by_what.items():
+            places = ", ".join(f"{conf} ({', '.join(sides)})" for conf, sides in where.items())
+            parts.append(f"{what} ({' vs '.join(sorted(values, key=_natural))}) in {places}: {affects}")
+        out.append(Notice("runs pooled into one summary row were measured differently, record them alike or "
+                          "give them apart | " + " | ".join(parts), warning=True))
+    inferred = {r["run"]: r["configuration"] for r in rows if not r["configuration_recorded"]}
+    if inferred:
+        one = len(inferred) == 1
+        out.append(Notice(f"{len(inferred)} run{'' if one else 's'} ({', '.join(sorted(set(inferred.values())))}) "
+                          f"{'has' if one else 'have'} no configuration in meta.json (made by `attach` or an "
+                          "older qprof): grouped by their directory's name (DIR for DIR/rep-NN)"))
+    return out
+
+
+def summary_rows(rows: list[Row]) -> list[Row]:
+    """Per configuration x side x category over the table's rows (the repetitions): median share and
+    CPU seconds with a 95% distribution-free interval (attribution.stats); beside them the
+    configuration's runs, goodput (median and interval) and verdicts, and what its pooled runs did
+    not share in method. Runs of two configurations never pool (place_runs)."""
     groups: dict[tuple[Any, Any, Any, str], list[Row]] = defaultdict(list)
     for r in rows:
-        conf = configuration(r["run"]) if by_configuration else None
-        groups[(conf, r["stack"], r["role"] or r["comm"], r["category"])].append(r)
+        groups[(*_side_key(r), r["category"])].append(r)
+    confs = configuration_summaries(rows)
+    differs: dict[tuple[Any, ...], list[MethodDifference]] = defaultdict(list)
+    for d in method_differences(rows):
+        differs[d.where].append(d)
     out = []
     for (conf, stack, role, cat), members in sorted(groups.items(), key=lambda kv: (
             str(kv[0][0]), str(kv[0][1]), str(kv[0][2]), CATEGORIES.index(kv[0][3]))):
         share = median_ci([m["share"] for m in members if m["share"] is not None])
         cpu = median_ci([m["cpu_seconds"] for m in members if m["cpu_seconds"] is not None])
-        out.append(_shape({"configuration": conf, "stack": stack, "role": role, "category": cat, "n": share.n,
+        c = confs[conf]
+        out.append(_shape({"configuration": conf, "setting": members[0]["setting"], "stack": stack, "role": role,
+                           "category": cat, "n": share.n,
                            "share_median": share.median, "share_ci_low": share.low, "share_ci_high": share.high,
                            "cpu_seconds_median": cpu.median, "cpu_seconds_ci_low": cpu.low,
                            "cpu_seconds_ci_high": cpu.high, "ci_coverage": share.coverage,
-                           "ci_note": share.note}, SUMMARY_COLUMNS))
+                           "ci_note": ci_note(share), "runs": c.runs, "goodput_gbps_median": c.goodput.median,
+                           "goodput_gbps_ci_low": c.goodput.low, "goodput_gbps_ci_high": c.goodput.high,
+                           "goodput_ci_note": ci_note(c.goodput, c.runs), "verdicts": c.verdicts_seen,
+                           "method_differs": _joined((f"{d.what}: {' vs '.join(d.values)}"
+                                                      for d in differs[tuple(None if x is None else str(x)
+                                                                              for x in (conf, stack, role))]), "; "),
+                           "configuration_recorded": members[0]["configuration_recorded"]}, SUMMARY_COLUMNS))
     return out
 
 
