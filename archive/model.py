@@ -301,6 +301,7 @@ class ParseSummary:
     samples: int = 0
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
+    perf_script_cpu_s: float | None = None  # what the `perf script` runs used (older archives: not known)
 
 
 Scalar = str | int | float | bool | None
@@ -387,6 +388,10 @@ class Meta:
     exited: list[int] = field(default_factory=list)
     perf_exit: dict[str, int | None] = field(default_factory=dict)
     perf_cpu_s: dict[str, float | None] = field(default_factory=dict)  # qprof's perf record per unwinding mode
+    qprof_cpu_s: float | None = None  # qprof's own process over the attach, folding and writing included
+    # every program qprof ran and reaped meanwhile (perf, the probe loaders, tc, ...); None where targets
+    # were its children too (`record`), whose CPU would count here
+    helpers_cpu_s: float | None = None
     parse: ParseSummary | None = None
     chunks: ChunkSummary | None = None
     record: RecordEntry | None = None

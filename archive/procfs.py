@@ -66,6 +66,15 @@ def _is_zombie(pid: int) -> bool:
     return stat is not None and _stat_fields(stat)[1][0] == "Z"
 
 
+def parent_of(pid: int) -> int | None:
+    """A process's parent pid (None: gone)."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(_stat_fields(stat)[1][1]) if stat is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:

@@ -71,7 +71,8 @@ class FoldState:
         st.dropped = list(head.get("dropped", []))
         st.unreadable = list(head.get("unreadable", []))
         st.stats = ParseStats(int(head.get("samples", 0)), int(head.get("bad_lines", 0)),
-                              [str(x) for x in head.get("bad_examples", [])][:5])
+                              [str(x) for x in head.get("bad_examples", [])][:5],
+                              _seconds(head.get("script_cpu_s")))
         return st
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
@@ -107,7 +108,8 @@ class FoldState:
     def header(self) -> dict[str, Any]:
         return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
                 "samples": self.stats.samples, "bad_lines": self.stats.bad_lines,
-                "bad_examples": self.stats.bad_examples, "bin_grain": self.bin_grain}
+                "bad_examples": self.stats.bad_examples, "script_cpu_s": round(self.stats.script_cpu_s, 3),
+                "bin_grain": self.bin_grain}
 
     def save(self, path: Path) -> None:
         write_stacks(path, records(self.acc), self.header())
@@ -255,9 +257,14 @@ def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
     return e
 
 
+def _seconds(x: Any) -> float:
+    """A header's CPU seconds: a number, else none counted (a header from before they were)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else 0.0
+
+
 def parse_summary(stats: ParseStats) -> ParseSummary:
     """What meta.json says about folding: samples and the lines perf script wrote that were not read."""
-    return ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples))
+    return ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples), round(stats.script_cpu_s, 3))
 
 
 def summary(state: FoldState) -> ChunkSummary:

@@ -187,7 +187,9 @@ class _Running:
     def finish(self) -> tuple[list[StackRecord], ParseStats]:
         assert self.proc.stdout is not None
         self.proc.stdout.close()
-        rc = self.proc.wait()
+        _, status, usage = os.wait4(self.proc.pid, 0)  # its CPU (with any children): what folding cost
+        self.proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        self.stats.script_cpu_s += usage.ru_utime + usage.ru_stime
         if rc != 0:
             tail = self.spec.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise QprofError(f"perf script failed on {self.spec.data} (exit {rc}): {tail[0]}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import time
@@ -157,6 +158,9 @@ class AttachSession:
         self._last_signal, self._last_signal_at = 0, 0.0
         self._collecting = True
         self._tearing_down = False
+        self._own_cpu0 = _OWN_CPU_COUNTED  # qprof's process since it began (or since the last session ended)
+        self._children_cpu0 = _children_cpu()  # every helper program it runs and reaps, from here on
+        self._targets_are_children = any(procfs.parent_of(p) == os.getpid() for p in opts.pids)
 
     # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
     # one that comes after collection ended (while stopping or folding), or a second one, skips
@@ -319,6 +323,10 @@ class AttachSession:
         meta.symbols = list(self.symbols.found)
         stats = self.folder.finish()
         meta.parse = chunks.parse_summary(stats)
+        meta.qprof_cpu_s = round(_counted_own_cpu() - self._own_cpu0, 3)
+        # with no target a child of qprof (attach), what its reaped children used is all helpers'
+        if not self._targets_are_children:
+            meta.helpers_cpu_s = round(_children_cpu() - self._children_cpu0, 3)
         meta.chunks = chunks.summary(self.folder.state)
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
         broken = {m: rc for m, rc in meta.perf_exit.items() if rc not in (0, None, -signal.SIGINT)}
@@ -594,3 +602,23 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
         if src.is_file():
             (out / runfiles.PERF_MAPS).mkdir(exist_ok=True)
             shutil.copyfile(src, out / runfiles.PERF_MAPS / src.name)
+
+
+# This process's CPU seconds already charged to a session: a session counts what qprof's process used
+# since it began (its interpreter's start and imports are part of observing) or since the previous
+# session of the same process (record --repeat) ended.
+_OWN_CPU_COUNTED = 0.0
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _counted_own_cpu() -> float:
+    """CPU seconds this process has used, every thread (its children are counted where they are
+    reaped), marked as charged."""
+    global _OWN_CPU_COUNTED
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    _OWN_CPU_COUNTED = r.ru_utime + r.ru_stime
+    return _OWN_CPU_COUNTED

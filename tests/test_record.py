@@ -4,6 +4,7 @@ repeated, one process alone, and every way a command can fail (one line each, ar
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import qprof
+from conftest import QPROF, ROOT, build_c, qprof
 from qprof.endpoints import launches, make_certificate, make_payload
 from qprof.errors import QprofError
 from qprof.ready import Ready, ReadyCheck, parse_ready, port_bound, serving
@@ -224,3 +225,29 @@ def test_wrappers_are_told_from_programs(argv: list[str], how: str | None) -> No
     """What `record` follows to the program's exec: wrappers that exec their command, a shell that runs
     one command in a child; never a wrapper acting on another pid or printing, nor a real script."""
     assert launches(f"/usr/bin/{argv[0]}", argv) == how
+
+
+def test_the_observer_line_counts_everything_attach_ran(kernel_facing: None, tmp_path: Path) -> None:
+    """What the report says qprof ran beside the targets is what the kernel charged to `qprof attach`
+    and every program it reaped (its rusage, as /usr/bin/time reads it), less what it did after its
+    last reading: writing meta.json and exiting."""
+    spin = build_c(ROOT / "tests" / "workloads" / "spin.c", "spin", ["-static", "-nostdlib", "-O0"])
+    target = subprocess.Popen([str(spin), "3"])
+    try:
+        run = tmp_path / "run"
+        attach = subprocess.Popen([*QPROF, "attach", "-q", "--duration", "2", "-o", str(run), str(target.pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(attach.pid, 0)
+        attach.returncode = os.waitstatus_to_exitcode(status)
+        assert attach.returncode == 0, attach.stderr.read() if attach.stderr else ""
+    finally:
+        target.kill()
+        target.wait()
+    kernel = usage.ru_utime + usage.ru_stime + 0.0
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)
+    said = report["observer_cpu_s"]
+    total = sum(said.values())
+    print(f"\nqprof attach and its children: {kernel:.2f} CPU s; the report: {total:.2f} ({said})")
+    assert {"qprof", "perf script (folding)", "other helper programs"} <= set(said)
+    # after the last count: the final meta.json, the interpreter's exit (~0.05 s here)
+    assert 0.85 * kernel - 0.05 <= total <= kernel + 0.01, (total, kernel)
