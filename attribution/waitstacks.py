@@ -4,9 +4,10 @@ The waits loader (probes/waits/loader.py) writes a wait's user frames as
 `[object+0xOFFSET]`: the mapped file's name and the address's offset in that
 file, since the probes layer may not read ELF files. Here each is named as the
 on-CPU report names a frame: the function's name from the object's fullest
-symbol table, or `object+0xSTART` where collectors.debuginfo named a stripped
-object's functions from its unwind table (the debug file it made, recorded as
-the object's `symbols` source in meta.json). The object is found among the
+symbol table, or the names collectors.debuginfo gave a stripped object's
+functions (a Go binary's from its `.gopclntab`, others' `object+0xSTART` from
+their unwind table: the debug file it made, recorded as the object's `symbols`
+source in meta.json). The object is found among the
 files the run recorded (meta.json: the targets' mapped objects and images,
 `symbols`) by its name, its build-id checked against the recorded one; the file
 offset becomes an address through the object's loadable segments. A frame
@@ -35,7 +36,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
-from qprof.archive.model import DEBUG_FILE, DEBUGINFOD, DEBUGLINK, UNWIND, Meta, ObjectSymbols
+from qprof.archive.model import DEBUG_FILE, DEBUGINFOD, DEBUGLINK, GOPCLNTAB, UNWIND, Meta, ObjectSymbols
 from qprof.attribution.symbols import UNKNOWN, function_addresses
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 KERNEL = "_[k]"
 NO_STACK = "[no stack]"
 # sources holding every function of an object (the others: exported ones only, or nothing readable here)
-_FULL = (DEBUG_FILE, DEBUGLINK, DEBUGINFOD, UNWIND)
+_FULL = (DEBUG_FILE, DEBUGLINK, DEBUGINFOD, GOPCLNTAB, UNWIND)
 _RAW = re.compile(r"\[(?P<obj>.+)\+0x(?P<off>[0-9a-f]+)\]")
 _PF_X = 1
 # a system call's entry in the kernel, per architecture (compat: 32-bit calls on a 64-bit kernel)

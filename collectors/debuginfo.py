@@ -9,21 +9,25 @@ targets map, in this order (the first that has function names wins):
 2. a separate debug file: by build-id (`/usr/lib/debug/.build-id/ab/cdef.debug`,
    what Debian's -dbgsym packages install) or by `.gnu_debuglink`;
 3. MiniDebugInfo (`.gnu_debugdata`, an xz-compressed symbol table, as Fedora ships);
-4. a debuginfod server, when `DEBUGINFOD_URLS` is set: `GET URL/buildid/ID/debuginfo`,
+4. a Go binary's own function table (`.gopclntab`, collectors.gopclntab): every Go
+   function's entry and name, which a stripped Go binary keeps (code outside it, cgo's
+   C, named as by the unwind table below);
+5. a debuginfod server, when `DEBUGINFOD_URLS` is set: `GET URL/buildid/ID/debuginfo`,
    each request bounded by `DEBUGINFOD_TIMEOUT` (default 5 s) and all of them by
    a budget per run, the file checked (an ELF file with the same build-id) and
    cached; a 404 is remembered for a day;
-5. the unwind table (`.eh_frame_hdr`): every function's start, named
+6. the unwind table (`.eh_frame_hdr`): every function's start, named
    `object+0xSTART` (exported ones by their name), so an object's internal
    functions stay distinct frames and mapping rules can still place them by object.
 
-perf reads 1-3 itself. A file qprof fetched or made goes into qprof's own
+perf reads 1-3 itself. A file qprof fetched or made (4-6) goes into qprof's own
 build-id cache, in perf's layout (`ROOT/.build-id/ab/cdef.../debug`), and
 `perf script` is pointed at it (`perf --buildid-dir ROOT`: perf 6.1 ignores the
 PERF_BUILDID_DIR variable): perf then names the frames.
-The unwind-table file is the object's headers (`objcopy --only-keep-debug`)
-with a symbol table added (`objcopy --add-symbol`), binutils being what makes
-it; without binutils it is said and skipped. What was used for each object is
+A file of names qprof made (from `.gopclntab` or the unwind table) is the
+object's headers (`objcopy --only-keep-debug`) with a symbol table added
+(`objcopy --add-symbol`, `write_symbols`), binutils being what makes it;
+without binutils it is said and skipped. What was used for each object is
 recorded (`symbols` in meta.json) and printed by the report.
 """
 
@@ -48,9 +52,10 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from qprof.archive import schema
+from qprof.collectors import gopclntab
 from qprof.collectors.elf import build_id_of
-from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, MINIDEBUGINFO, NONE, SYMTAB, UNWIND,
-                                       ObjectSymbols)
+from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, GOPCLNTAB, MINIDEBUGINFO, NONE, SYMTAB,
+                                 UNWIND, ObjectSymbols)
 
 DEBUG_ROOTS = ("/usr/lib/debug",)
 DEFAULT_TIMEOUT_S = 5.0  # one debuginfod request (DEBUGINFOD_TIMEOUT overrides, as for elfutils)
@@ -142,34 +147,79 @@ def _exported(elf: ELFFile) -> dict[int, str]:
     return out
 
 
-def unwind_symbols(path: str, out: Path) -> int:
-    """Write a debug file for `path` naming each function of its unwind table (exported ones by their
-    name, the others `object+0xSTART`); returns how many. Raises OSError when binutils cannot make it."""
+def _text(elf: ELFFile) -> tuple[int, int]:
+    text = elf.get_section_by_name(".text")
+    if text is None:
+        raise OSError("no .text section")
+    return int(text["sh_addr"]), int(text["sh_addr"] + text["sh_size"])
+
+
+def unwind_names(elf: ELFFile, obj: str) -> dict[int, str]:
+    """The functions of `.text` by start address: those of the unwind table (`obj+0xSTART`, the object's file
+    name and the start) and the exported ones (by their name)."""
+    lo, hi = _text(elf)
+    names = {a: n for a, n in _exported(elf).items() if lo <= a < hi}
+    return {**{a: f"{obj}+{a:#x}" for a in eh_frame_starts(elf) if lo <= a < hi}, **names}
+
+
+def go_names(elf: ELFFile, obj: str) -> tuple[dict[int, str], gopclntab.GoFunctions]:
+    """A Go binary's functions by entry: its `.gopclntab`'s, and what the unwind table names outside them
+    (cgo's C code); with the table read (its reason when it named nothing: then {})."""
+    go = gopclntab.read(elf)
+    if not go.functions:
+        return {}, go
+    names = {a: n for a, n in unwind_names(elf, obj).items() if not go.covers(a)}
+    return {**names, **dict(go.functions)}, go
+
+
+def _arg(name: str) -> str:
+    """One symbol name in objcopy's @file (libiberty's buildargv: a backslash keeps the next character); `=` ends
+    the name in --add-symbol, so it is written `%3D` (no other character is changed)."""
+    return "".join("\\" + c if c.isspace() or c in "\\'\"" else c for c in name.replace("=", "%3D"))
+
+
+def write_symbols(path: str, names: dict[int, str], out: Path) -> int:
+    """Write a debug file for `path` whose symbol table names its functions (start address -> name, those in
+    `.text`), for perf to read from qprof's build-id cache; returns how many. Raises OSError when binutils
+    cannot make it."""
     objcopy = shutil.which("objcopy")
     if objcopy is None:
         raise OSError("objcopy not found (Debian: apt-get install binutils)")
     with open(path, "rb") as f:
-        elf = ELFFile(f)
-        text = elf.get_section_by_name(".text")
-        if text is None:
-            raise OSError("no .text section")
-        lo, hi = text["sh_addr"], text["sh_addr"] + text["sh_size"]
-        names = _exported(elf)
-        starts = [a for a in eh_frame_starts(elf) if lo <= a < hi]
-    obj = Path(path).name
-    syms = {a: names.get(a, f"{obj}+{a:#x}") for a in starts}
-    syms.update({a: n for a, n in names.items() if lo <= a < hi})
+        lo, hi = _text(ELFFile(f))
+    syms = sorted((a, n) for a, n in names.items() if lo <= a < hi and n)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         keep = Path(tmp) / "debug"
         args = Path(tmp) / "args"
-        args.write_text("".join(f"--add-symbol {n}=.text:{a - lo:#x},function,global\n" for a, n in sorted(syms.items())))
+        args.write_text("".join(f"--add-symbol {_arg(n)}=.text:{a - lo:#x},function,global\n" for a, n in syms),
+                        encoding="utf-8")
         for cmd in ([objcopy, "--only-keep-debug", path, str(keep)], [objcopy, f"@{args}", str(keep)]):
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise OSError(f"{Path(cmd[0]).name} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
         keep.replace(out)
     return len(syms)
+
+
+def unwind_symbols(path: str, out: Path) -> str:
+    """write_symbols with the unwind table's names (unwind_names); says how many. OSError when it names none."""
+    with open(path, "rb") as f:
+        names = unwind_names(ELFFile(f), Path(path).name)
+    if not names:
+        raise OSError("no function in .text has an unwind-table entry or an exported name")
+    return f"{write_symbols(path, names, out)} functions named by object and start"
+
+
+def go_symbols(path: str, out: Path) -> str:
+    """write_symbols with a Go binary's names (go_names); says how many. OSError with the reason when
+    its `.gopclntab` names nothing."""
+    with open(path, "rb") as f:
+        names, go = go_names(ELFFile(f), Path(path).name)
+    if not go.functions:
+        raise OSError(go.reason)
+    write_symbols(path, names, out)
+    return f"{len(go.functions):,} Go functions named from .gopclntab ({go.layout} layout)"
 
 
 class Debuginfod:
@@ -272,6 +322,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
                 return ObjectSymbols(path, build_id, SYMTAB)
             link = _debuglink(elf)
             mini = elf.get_section_by_name(".gnu_debugdata") is not None
+            go = any(elf.get_section_by_name(s) is not None for s in gopclntab.SECTIONS)
             dynsym = elf.get_section_by_name(".dynsym") is not None
     except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
         return ObjectSymbols(path, None, NONE, note=f"unreadable ({type(e).__name__})")
@@ -299,6 +350,15 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
         _forget(mine)
         return ObjectSymbols(path, build_id, MINIDEBUGINFO, path)
     held = _held(mine, build_id)  # what qprof's cache holds for it from an earlier run
+    if go and build_id and mine is not None:
+        if held is not None and held.how == GOPCLNTAB:
+            return ObjectSymbols(path, build_id, GOPCLNTAB, str(mine), _join(note, held.note))
+        made = _make(path, build_id, mine, GOPCLNTAB, go_symbols)
+        if isinstance(made, ObjectSymbols):
+            return ObjectSymbols(path, build_id, GOPCLNTAB, made.source, _join(note, made.note))
+        note = _join(note, f"gopclntab not used: {made}")
+    elif go:
+        note = _join(note, "gopclntab not used: without a build-id perf cannot find the names qprof would make")
     if held is not None and held.how == DEBUGINFOD:
         return ObjectSymbols(path, build_id, DEBUGINFOD, held.source, "cached")
     if build_id and mine is not None and debuginfod is not None:
@@ -306,22 +366,35 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
         if got is not None:
             _hold(mine, ObjectSymbols(path, build_id, DEBUGINFOD, said.split(" in ")[0].removeprefix("fetched from ")))
             return ObjectSymbols(path, build_id, DEBUGINFOD, str(got), said)
-        note = "; ".join(x for x in (note, f"debuginfod: {said}") if x)
+        note = _join(note, f"debuginfod: {said}")
     if held is not None and held.how == UNWIND:
-        return ObjectSymbols(path, build_id, UNWIND, str(mine), "; ".join(x for x in (note, held.note) if x))
+        return ObjectSymbols(path, build_id, UNWIND, str(mine), _join(note, held.note))
     if build_id and mine is not None:
-        try:
-            n = unwind_symbols(path, mine)
-            made = f"{n} functions named by object and start"
-            _hold(mine, ObjectSymbols(path, build_id, UNWIND, str(mine), made))
-            return ObjectSymbols(path, build_id, UNWIND, str(mine), "; ".join(x for x in (note, made) if x))
-        except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
-            note = "; ".join(x for x in (note, f"unwind table not used: {e}") if x)
+        made = _make(path, build_id, mine, UNWIND, unwind_symbols)
+        if isinstance(made, ObjectSymbols):
+            return ObjectSymbols(path, build_id, UNWIND, made.source, _join(note, made.note))
+        note = _join(note, f"unwind table not used: {made}")
     return ObjectSymbols(path, build_id, DYNSYM if dynsym else NONE, note=note)
 
 
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
+def _make(path: str, build_id: str, debug: Path, how: str, write: Callable[[str, Path], str]) -> ObjectSymbols | str:
+    """Name `path`'s functions in qprof's cache (`write`: go_symbols or unwind_symbols, saying how many),
+    the file's record held beside it; why not, when it cannot."""
+    try:
+        said = write(path, debug)
+    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+        return str(e)
+    made = ObjectSymbols(path, build_id, how, str(debug), said)
+    _hold(debug, made)
+    return made
+
+
 def _hold(debug: Path, what: ObjectSymbols) -> None:
-    """Say beside a cached debug file where it came from (debuginfod, or made from the unwind table)."""
+    """Say beside a cached debug file where it came from (debuginfod, or made from .gopclntab or the unwind table)."""
     (debug.parent / "qprof-source.json").write_text(json.dumps(schema.encode(what)))
 
 
