@@ -107,6 +107,11 @@ def raw_chunks(path: Path, groups: list[SampleGroup]) -> list[str]:
     return [p.name for g in groups for p in chunk_files(path, g.perf_data, include_current=True)]
 
 
+# a JSON record of the archive a report can do without (the probes', the TCP counters')
+_ASIDE = ("; the file was changed after qprof wrote it: restore it, or move it aside (mv {p} {p}.bad) to "
+          "report without what it holds")
+
+
 @dataclass
 class Run:
     """A run archive opened for reading: `meta` is its meta.json as the typed record."""
@@ -215,9 +220,9 @@ class Run:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise QprofError(f"{p}: unreadable {what} ({e})") from None
+            raise QprofError(f"{p}: unreadable {what} ({e}){_ASIDE.format(p=p)}") from None
         if not isinstance(data, dict):
-            raise QprofError(f"{p}: not a {what}")
+            raise QprofError(f"{p}: not a {what}{_ASIDE.format(p=p)}")
         schema.validate(data, shape, str(p))
         return data
 

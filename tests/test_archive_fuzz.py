@@ -142,7 +142,7 @@ def test_cli_one_line_for_each_damage(capture: Path, tmp_path: Path) -> None:
     one_line(qprof("report", str(r), check=False), "targets[0].pid must be an integer")
     r = fresh("probes-garbage")
     (r / "probes.json").write_bytes(b"\x00\xffgarbage{")
-    one_line(qprof("report", str(r), check=False), "probes.json", "unreadable probe record")
+    one_line(qprof("report", str(r), check=False), "probes.json", "unreadable probe record", "move it aside")
     r = fresh("probes-type")
     probes = json.loads((capture / "probes.json").read_text())
     probes["programs"]["packetio"]["maps"]["@windows"] = "lots"
