@@ -112,8 +112,10 @@ class Sampler:
         netns = sorted({int(n) for n in config.get("netns", [])})
         if len(netns) > limits["netns"]:
             netns = []  # more namespaces than the map holds: drops counted in every namespace
+        scan = self.layout.struct("config").field("first").count  # a few targets: scanned for, no hash
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
-            "ntargets": len(self.pids), "gro_bit": int(config["gro_bit"]), "nnetns": len(netns)})
+            "first": self.pids if len(self.pids) <= scan else [], "ntargets": len(self.pids),
+            "gro_bit": int(config["gro_bit"]), "nnetns": len(netns)})
         skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
         self.prog = Loaded(obj, rodata, skip)
         # the targets, before anything is attached: their bits, their indexes, their namespaces
