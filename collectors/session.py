@@ -610,6 +610,12 @@ def _keep_jit_maps(out: Path, pids: list[int]) -> None:
 _OWN_CPU_COUNTED = 0.0
 
 
+def harness_cpu_done() -> None:
+    """What this process used so far was a benchmark's harness (`record` starting its commands, the
+    demo writing its payload), not observing: the next session counts from here."""
+    _counted_own_cpu()
+
+
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime

@@ -34,7 +34,7 @@ from typing import Callable
 from qprof import runfiles
 from qprof import archive
 from qprof.archive.model import Configuration, LiveData, RecordEntry
-from qprof.collectors.session import AttachOptions, AttachSession
+from qprof.collectors.session import AttachOptions, AttachSession, harness_cpu_done
 from qprof.endpoints import Placement, StoppedProcess
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
@@ -285,6 +285,7 @@ def run_repetition(opts: RecordOptions, index: int, status: Callable[[str], None
         roles = {p.pid: p.cmd.role or opts.role for p in procs if p.cmd.role or opts.role}
         attach = dataclasses.replace(opts.attach, pids=[p.pid for p in procs], out=out, roles=roles)
         try:
+            harness_cpu_done()  # the observer's line counts what qprof did to observe, from here
             session = AttachSession(attach, on_ready=conductor.start, stop_when=conductor.step, status=status,
                                     on_tick=on_tick)
             rep.path = session.run()
