@@ -105,19 +105,17 @@ def launches(exe: str, argv: list[str]) -> str | None:
     setpriv, cgexec, `ip netns exec`, a shell's `-c 'exec ...'`, bash's `-c` of one simple command)
     only set something up for the program; dash (Debian's sh) runs even one simple command in a child.
     Either way the run is profiled as the program itself."""
-    if execs_its_command(exe, argv):
-        return "exec"
     name, args = Path(exe).name, argv[1:]
-    if name in _SHELLS and len(args) >= 2 and args[0] == "-c" and args[1].split() \
-            and not _SHELL_SYNTAX & set(args[1]):
-        return "child"
-    return None
+    if name in _SHELLS:
+        script = args[1].split() if len(args) >= 2 and args[0] == "-c" else []
+        if not script or _SHELL_SYNTAX & set(args[1]):
+            return None  # a script of its own: the shell is the program
+        return "exec" if script[0] == "exec" or name == "bash" else "child"  # bash execs a lone command itself
+    return "exec" if _execs(name, args) else None
 
 
-def execs_its_command(exe: str, argv: list[str]) -> bool:
-    """Whether this image, run with `argv`, replaces itself by a command given on its command line."""
-    name = Path(exe).name
-    args = argv[1:]
+def _execs(name: str, args: list[str]) -> bool:
+    """Whether the wrapper `name`, run with `args`, replaces itself by a command given among them."""
     if name in _PID_OPTIONS:
         opts = _PID_OPTIONS[name]
         for a in args:  # its own options come first; the command's own words are not looked at
@@ -146,11 +144,6 @@ def execs_its_command(exe: str, argv: list[str]) -> bool:
     if name == "ip":
         words = [a for a in args if not a.startswith("-")]
         return words[:2] == ["netns", "exec"] and len(words) > 3
-    if name in _SHELLS and len(args) >= 2 and args[0] == "-c":
-        script = args[1].split()
-        if not script or _SHELL_SYNTAX & set(args[1]):
-            return False
-        return script[0] == "exec" or name == "bash"  # bash execs a lone simple command itself
     return False
 
 
@@ -327,15 +320,14 @@ class StoppedProcess(subprocess.Popen):  # type: ignore[type-arg]
     def release(self) -> None:
         if self._held:
             self._held = False
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.ptrace(PTRACE_DETACH, self.held_pid, None, None) != 0:
-                raise QprofError(f"could not release pid {self.held_pid} (ptrace detach: errno {ctypes.get_errno()})")
+            _ptrace(PTRACE_DETACH, self.held_pid, 0, f"could not release pid {self.held_pid} (ptrace detach")
 
 
-def _ptrace(request: int, pid: int, data: int) -> None:
+def _ptrace(request: int, pid: int, data: int, failed: str | None = None) -> None:
+    """ptrace(2) on a tracee; `failed` opens the error's text (default: the request and pid)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.ptrace(request, pid, None, ctypes.c_void_p(data)) != 0:
-        raise QprofError(f"ptrace({request}) on pid {pid} failed: errno {ctypes.get_errno()}")
+        raise QprofError(f"{failed or f'ptrace({request}) on pid {pid} (failed'}: errno {ctypes.get_errno()})")
 
 
 def _event_pid(pid: int) -> int:
