@@ -49,8 +49,8 @@ class Breakdown:
     # sample counts beside the periods: how much evidence a share rests on
     category_samples: Counter[str] = field(default_factory=Counter)
     symbol_samples: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    # period per (leaf symbol key, the rule that placed it: "mapping file:line"), where the caller says
-    placed_by: Counter[tuple[tuple[str, str, str], str]] = field(default_factory=Counter)
+    # per leaf symbol key, period per rule that placed it ("mapping file:line"), where the caller says
+    placed_by: defaultdict[tuple[str, str, str], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     def add(self, category: str, sub: str | None, leaf: tuple[str, str], samples: int, period: int,
             placed: str | None = None) -> None:
@@ -63,7 +63,7 @@ class Breakdown:
         self.symbols[(category, leaf[0], leaf[1])] += period
         self.symbol_samples[(category, leaf[0], leaf[1])] += samples
         if placed is not None:
-            self.placed_by[((category, leaf[0], leaf[1]), placed)] += period
+            self.placed_by[(category, leaf[0], leaf[1])][placed] += period
 
     def merge(self, other: "Breakdown") -> None:
         """Add another breakdown's counts (a pool's threads into the pool)."""
@@ -74,14 +74,15 @@ class Breakdown:
         self.symbols.update(other.symbols)
         self.category_samples.update(other.category_samples)
         self.symbol_samples.update(other.symbol_samples)
-        self.placed_by.update(other.placed_by)
+        for key, rules in other.placed_by.items():
+            self.placed_by[key].update(rules)
 
     def placed(self, key: tuple[str, str, str]) -> list[tuple[str, float]]:
         """What placed a leaf symbol's time in its category, most first: each rule (mapping file:line)
         with its share of that symbol's time (a caller's `within` rule can place one leaf two ways)."""
-        rules = [(rule, per) for (k, rule), per in self.placed_by.items() if k == key]
-        total = sum(per for _, per in rules) or 1
-        return [(rule, round(per / total, 4)) for rule, per in sorted(rules, key=lambda rp: (-rp[1], rp[0]))]
+        rules = self.placed_by.get(key, Counter())
+        total = sum(rules.values()) or 1
+        return [(rule, round(per / total, 4)) for rule, per in sorted(rules.items(), key=lambda rp: (-rp[1], rp[0]))]
 
     def shares(self) -> dict[str, float]:
         if self.period == 0:
