@@ -27,7 +27,7 @@ class Analysis:
     recommendations: list[Recommendation]
     crypto: Crypto | None = None  # the opt-in crypto probes (attribution.cryptocalls)
     sides: list[SideEvidence] = field(default_factory=list)  # targets with a server/client role
-    observer_cpu_s: dict[str, float] = field(default_factory=dict)  # qprof's own helpers: CPU seconds each
+    observer_cpu_s: dict[str, float] = field(default_factory=dict)  # what qprof ran: CPU seconds each
     tcp: TcpIO | None = None  # TCP bytes from the kernel's socket counters (attribution.tcp)
     stack_records: list[SenderRecord] = field(default_factory=list)  # the stack's own qlog, beside the verdict
     threads: dict[int, ThreadView] = field(default_factory=dict)  # per target: pools, parallelism, handoffs
@@ -45,6 +45,14 @@ class Analysis:
     @property
     def verdict(self) -> Verdict | None:
         return verdict_of([self])
+
+    @property
+    def observer_share(self) -> tuple[float, float | None]:
+        """(CPU seconds qprof ran beside the targets, that as a share of the targets' CPU seconds from
+        /proc; None when theirs is not known)."""
+        spent = sum(self.observer_cpu_s.values())
+        targets = sum(p.proc_cpu_seconds or 0.0 for p in self.profile.processes)
+        return spent, (spent / targets if targets > 0 else None)
 
 
 def verdict_of(analyses: list[Analysis]) -> Verdict | None:

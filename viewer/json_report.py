@@ -107,6 +107,7 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         "verdict": None if analysis.verdict is None else analysis.verdict.to_json(),
         "crypto": None if analysis.crypto is None else analysis.crypto.to_json(),
         "observer_cpu_s": {k: _r(v) for k, v in analysis.observer_cpu_s.items()},
+        "observer_share_of_targets": None if (share := analysis.observer_share[1]) is None else _r(share),
         **({"timeline": timeline.to_json()} if timeline is not None else {}),
     }
 

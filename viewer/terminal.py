@@ -379,10 +379,9 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
             say("    exec'd: " + " -> ".join(f"{i.comm} ({i.exe}, {i.unwind}, from {i.since_s:g} s)"
                                             for i in t.images), "dim")
     if analysis.observer_cpu_s:
-        spent = sum(analysis.observer_cpu_s.values())
-        targets = sum(p.proc_cpu_seconds or 0.0 for p in profile.processes)
+        spent, share = analysis.observer_share
         say(f"  what qprof ran beside the targets: {spent:.2f} CPU s"
-            + (f", {spent / targets:.1%} of the targets' {targets:.2f}" if targets > 0 else "")
+            + (f", {share:.1%} of the targets' {spent / share:.2f}" if share is not None else "")
             + " (" + ", ".join(f"{k} {v:.2f}" for k, v in analysis.observer_cpu_s.items())
             + "; the probes' programs run in the targets and are in their samples)")
     if host.nics:
