@@ -229,11 +229,10 @@ class SideEvidence:
         """Its findings as the checks combine: each group tested, its findings and whether it was met."""
         out = []
         for g in CHECK_GROUPS:
+            # the threads' waits belong to handoffs whatever their label (scheduling unless the CPUs sat
+            # idle); relabelled handoffs, they leave the scheduling group empty
             fs = [f for f in self.findings if f.threshold in g.thresholds and
-                  (f.cause == g.cause or g.cause == "handoffs" and f.threshold == "scheduling_wait"
-                   and f.cause in ("scheduling", "handoffs"))]
-            if g.cause == "scheduling" and any(f.threshold == "handoffs_cpus_idle" and f.met for f in self.findings):
-                continue  # the waits were for one another's wakeups: the handoffs group says so
+                  (f.cause == g.cause or g.cause == "handoffs" and f.threshold == "scheduling_wait")]
             if g.cause == "handoffs" and not any(f.threshold == "handoffs_cpus_idle" for f in fs):
                 continue  # idle CPUs not measured, or the waits too short to ask
             if fs:
