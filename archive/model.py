@@ -216,6 +216,18 @@ class Target:
     unwind: str | None = None
     unwind_reason: str | None = None
     images: list[Image] = field(default_factory=list)  # after an exec: every image, the first one included
+    service: str | None = None  # the followed cgroup it was found in (attach --cgroup/--unit); None: by pid
+    joined_s: float | None = None  # seconds into the run it appeared in that cgroup; None: there at the start
+
+
+@dataclass(frozen=True)
+class Service:
+    """A cgroup the run followed: its path from the cgroup root, its processes' role, the systemd unit
+    it was named by."""
+
+    name: str
+    role: str | None = None
+    unit: str | None = None
 
 
 @dataclass
@@ -397,6 +409,7 @@ class Meta:
     chunks: ChunkSummary | None = None
     record: RecordEntry | None = None
     configuration: Configuration | None = None  # None: made by `attach`, or by a qprof before it was recorded
+    services: list[Service] = field(default_factory=list)  # cgroups followed (attach --cgroup/--unit)
 
     def target(self, pid: int) -> Target | None:
         return next((t for t in self.targets if t.pid == pid), None)

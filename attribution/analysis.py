@@ -10,6 +10,7 @@ from qprof.attribution.packetio import PacketIO, analyse
 from qprof.attribution.profile import Profile, Visitor, attribute
 from qprof.attribution.recommend import Recommendation, recommend
 from qprof.attribution.rtt import RoundTrip, round_trips
+from qprof.attribution.services import ServiceView, services
 from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer, transfer, working
@@ -34,6 +35,7 @@ class Analysis:
     transfers: dict[int, Transfer] = field(default_factory=dict)  # per process: its goodput, computed once
     wall: dict[int, WallClock] = field(default_factory=dict)  # per target: its threads' wall clock (waits probes)
     round_trips: dict[int, RoundTrip] = field(default_factory=dict)  # per target: the path's RTT its datagrams echo
+    services: list[ServiceView] = field(default_factory=list)  # followed cgroups: each worker and their sum
 
     def bytes_moved(self, pid: int) -> tuple[int | None, int | None]:
         """(UDP, TCP) payload bytes a process sent + received; None where not counted."""
@@ -93,7 +95,7 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
     for ev in sides:
         ev.round_trip_ms = rtts[ev.pid].ms if ev.pid in rtts else None
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads,
-                    transfers=transfers, wall=wall, round_trips=rtts)
+                    transfers=transfers, wall=wall, round_trips=rtts, services=services(info, profile))
 
 
 def _datagrams(pio: PacketIO | None, pid: int) -> float | None:

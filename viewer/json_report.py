@@ -101,6 +101,13 @@ def to_dict(analysis: Analysis, top: int = 10, timeline: Timeline | None = None)
         "categories": list(CATEGORIES),
         "processes": procs,
         "targets_without_samples": profile.empty_targets,
+        "services": [{"name": v.service.name, "role": v.service.role, "unit": v.service.unit,
+                      "processes": [{"pid": m.pid, "comm": m.comm, "joined_s": m.joined_s, "exited": m.exited,
+                                     "samples": m.breakdown.samples,
+                                     "cpu_seconds": _r(profile.cpu_seconds(m.breakdown.period)),
+                                     "categories": {c: _r(x) for c, x in m.breakdown.shares().items()}}
+                                    for m in v.members],
+                      "sum": breakdown_dict(v.total, profile, top)} for v in analysis.services],
         "packet_io": None if analysis.packet_io is None else analysis.packet_io.to_json(),
         "tcp": None if analysis.tcp is None else analysis.tcp.to_json(),
         "recommendations": [r.to_json() for r in analysis.recommendations],

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.analysis import Analysis
+from qprof.attribution.services import ServiceView
 from qprof.attribution.verdict import Verdict
 from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.viewer.palette import TERMINAL
@@ -61,6 +62,32 @@ def _process_table(p: ProcessProfile, profile: Profile) -> Table:
         for sub, per in subs:
             t.add_row(Text(f"  {sub}", style="dim"), Text(f"{per / total:.1%}", style="dim"),
                       Text(f"{profile.cpu_seconds(per):.2f}", style="dim"), "", "")
+    return t
+
+
+def _service_table(view: ServiceView, profile: Profile) -> Table:
+    """A followed service: each process's share of every category, then the service's sum."""
+    svc = view.service
+    title = (f"{svc.role + ' ' if svc.role else ''}service {svc.unit or svc.name}: {len(view.members)} processes"
+             + (f", {view.joined} joined during the run" if view.joined else "")
+             + (f", {view.exited} exited" if view.exited else ""))
+    t = Table(title=title, title_justify="left", title_style="bold")
+    t.add_column("pid", justify="right")
+    t.add_column("process")
+    t.add_column("joined", justify="right")
+    t.add_column("CPU s", justify="right")
+    for c in CATEGORIES:
+        t.add_column(c, justify="right")
+
+    def row(pid: str, comm: str, joined: str, b: Breakdown, style: str = "") -> None:
+        shares = b.shares()
+        t.add_row(pid, comm, joined, f"{profile.cpu_seconds(b.period):.2f}",
+                  *(f"{shares[c]:.1%}" if b.period else "-" for c in CATEGORIES), style=style)
+
+    for m in view.members:
+        row(str(m.pid), m.comm + (" (exited)" if m.exited else ""),
+            "start" if m.joined_s is None else f"{m.joined_s:.1f} s", m.breakdown)
+    row("", "all", "", view.total, "bold")
     return t
 
 
@@ -386,6 +413,9 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
             + "; the probes' programs run in the targets and are in their samples)")
     if host.nics:
         say("  NICs: " + ", ".join(f"{n.name} (NUMA node {n.numa_node})" for n in host.nics))
+    for view in analysis.services:
+        console.print()
+        console.print(_service_table(view, profile))
     for p in profile.processes:
         console.print()
         console.print(_process_table(p, profile))
