@@ -16,6 +16,11 @@ as a BTF tracepoint program), so they are on for 0.1 s in every second, at a
 random phase (the packet programs count in windows of their own: a statistics
 window tied to the start would always see the whole first one), and the
 measured time is scaled to the probes' whole lifetime.
+
+Following (`follow`, an `attach --cgroup` run): every group takes up the targets' new processes
+itself, at their birth, and the session hands the processes that appear otherwise to `add_targets`
+(probes.follow: how each kind of group learns them). probes.json's `follow` lists what was added
+when; a group that cannot follow everything says so once, as an `unavailable` entry.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from qprof.archive import procfs
 from qprof.collectors import netstat
 from qprof.errors import QprofError
 from qprof.probes import btf
+from qprof.probes.bpftrace import announce
 from qprof.probes.children import ProbeProcess
+from qprof.probes.follow import TargetsWriter, targets_file
 from qprof.probes.group import Context, Unavailable
 from qprof.probes.leftovers import owned_prog_ids
 from qprof.probes.mapsout import MapTail, read_maps
@@ -102,8 +109,11 @@ class ProbeCollector:
     """Runs the selected probe groups for one attach session."""
 
     def __init__(self, out: Path, pids: list[int], groups: tuple[str, ...],
-                 status: Callable[[str], None]) -> None:
-        self.out, self.pids, self.groups, self.status = out, pids, groups, status
+                 status: Callable[[str], None], follow: bool = False) -> None:
+        self.out, self.pids, self.groups, self.status = out, list(pids), groups, status
+        self.follow = follow
+        self._added: TargetsWriter | None = None
+        self._known = set(self.pids)  # start targets and every pid added
         self.record: dict[str, Any] = {"groups": list(groups), "unavailable": [], "programs": {}}
         self.procs: list[ProbeProcess] = []
         self._stats_fd: int | None = None
@@ -113,7 +123,7 @@ class ProbeCollector:
         self._next_qdiscs = 0.0  # monotonic time of the next qdisc reading
         self._probes_since: float | None = None
         self._sockets: dict[str, dict[str, Any]] = {}
-        self._udp = netstat.UdpSocketTable(pids)
+        self._udp = netstat.UdpSocketTable(self.pids)  # the same list: added targets' sockets too
         self._tails: dict[str, MapTail] = {}
         self._next_compact = time.monotonic() + COMPACT_S
 
@@ -154,8 +164,12 @@ class ProbeCollector:
         """Snapshot counters and start every probe group (they compile while perf starts)."""
         self.record["before"] = netstat.snapshot(self.pids)
         self.poll_sockets(final=True)
+        if self.follow:
+            path = targets_file(self.out)
+            self._added = TargetsWriter(path)
+            self.record["follow"] = {"file": path.name, "added": []}
         self._save()
-        ctx = Context(self.out, self.pids, self.status, procfs.mapped_objects)
+        ctx = Context(self.out, list(self.pids), self.status, procfs.mapped_objects, follow=self.follow)
         for name in self.groups:
             try:
                 launched = GROUPS[name].start(ctx)
@@ -165,6 +179,34 @@ class ProbeCollector:
             self.procs.append(launched.process)
             self.record["programs"][name] = launched.entry
             self.record.update(launched.extra)
+            if launched.follow_note:
+                self._unavailable(f"{name} following", launched.follow_note)
+
+    def add_targets(self, pids: list[int]) -> None:
+        """Make these processes targets of every running group from now on (a pid already followed,
+        from the start, an earlier call or its parent's fork, is left as it is). Called by a
+        followed session about once a second with the processes new in its cgroup."""
+        if not self.follow:
+            raise QprofError("add_targets needs a ProbeCollector made with follow=True")
+        new = [int(p) for p in dict.fromkeys(pids) if int(p) not in self._known]
+        if not new:
+            return
+        self._known.update(new)
+        self.pids += new
+        assert self._added is not None
+        self._added.add(new)  # the libbpf loaders take them up at their next turn
+        announce(new)  # the bpftrace programs at once
+        now = round(time.time(), 3)
+        self.record["follow"]["added"] += [{"pid": p, "time": now} for p in new]
+
+    def followed(self) -> dict[int, int]:
+        """The processes that became targets during the run, so far: pid -> the target that forked
+        it (0: given to add_targets), as packetio's last print tells (every second)."""
+        out = {e["pid"]: 0 for e in self.record.get("follow", {}).get("added", [])}
+        maps = self.live_maps()
+        for key, parent in (maps.get("@followed") or {}).items():
+            out.setdefault(int(key), int(parent))
+        return out
 
     def tick(self) -> None:
         """Periodic upkeep (every poll tick): duty-cycle the BPF run-time statistics (0.1 s windows),
@@ -200,6 +242,8 @@ class ProbeCollector:
                 continue
             self.record["programs"][proc.name].update(attach_seconds=round(time.monotonic() - t0, 3),
                                                       started=time.time())
+        if self.follow:  # announced before a bpftrace program attached: told again
+            announce(self.pids)
         # cost is measured from here: statistics windows start with the targets' real work
         self._probes_since = self._stats_since = time.monotonic()
         if self.procs:
@@ -271,6 +315,8 @@ class ProbeCollector:
             GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
         self.poll_sockets(final=True)
         self._udp.close()
+        if self._added is not None:
+            self._added.close()
         self.record["after"] = netstat.snapshot(self.pids)
         if self.procs:
             try:
@@ -286,6 +332,8 @@ class ProbeCollector:
         for p in self.procs:
             p.stop()
         self._udp.close()
+        if self._added is not None:
+            self._added.close()
         if self._stats_fd is not None:
             os.close(self._stats_fd)
             self._stats_fd = None

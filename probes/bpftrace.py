@@ -50,10 +50,38 @@ def render(template: str, values: dict[str, str]) -> str:
     return out
 
 
-def pid_predicate(pids: Iterable[int], var: str = "pid") -> str:
-    """`(pid == 1 || pid == 2)`: bpftrace 0.17 has no sets, and positional params are single values."""
-    parts = [f"{var} == {int(p)}" for p in pids]
+FOLLOW_MAP = "@qprof_follow"  # processes that became targets during the run: pid -> 1
+
+
+def pid_predicate(pids: Iterable[int], var: str = "pid", follow: bool = False) -> str:
+    """`(pid == 1 || pid == 2)`: bpftrace 0.17 has no sets, and positional params are single values.
+    `follow`: or a process followed since the start (FOLLOW_MAP, filled by follow_probes)."""
+    parts = [f"{var} == {int(p)}" for p in pids] + ([f"{FOLLOW_MAP}[{var}]"] if follow else [])
     return "(" + " || ".join(parts) + ")" if parts else "0"
+
+
+def follow_probes(pids: Iterable[int]) -> str:
+    """Put before a followed run's program (probes.group.Context.follow), so that it attaches first.
+
+    A process a target forks is a target from its fork: the tracepoint runs in the parent and names
+    the child only by its id, so a new thread's id is put in the map too; it never equals a
+    process's pid while the thread lives, and is taken out when the thread exits (a later process
+    given that number is not a target). A process qprof announces (`announce`) is one from then on."""
+    who = pid_predicate(pids, follow=True)
+    return (f"// qprof following (added by qprof): targets' new processes and the pids qprof announces\n"
+            f"tracepoint:sched:sched_process_fork /{who}/ {{ {FOLLOW_MAP}[args->child_pid] = 1; }}\n"
+            f"tracepoint:sched:sched_process_exit /tid != pid && {FOLLOW_MAP}[tid]/ {{ delete({FOLLOW_MAP}[tid]); }}\n"
+            f"tracepoint:syscalls:sys_enter_getsid /pid == {os.getpid()}/ {{ {FOLLOW_MAP}[args->pid] = 1; }}\n\n")
+
+
+def announce(pids: Iterable[int]) -> None:
+    """Make these processes targets of every running followed bpftrace program: getsid(2) on each,
+    which the program's follow_probes block sees (a read-only call; a gone pid is skipped)."""
+    for pid in pids:
+        try:
+            os.getsid(int(pid))
+        except OSError:
+            pass
 
 
 class BpftraceProcess(ProbeProcess):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from qprof import runfiles
-from qprof.probes.bpftrace import BpftraceProcess, pid_predicate, render
+from qprof.probes.bpftrace import BpftraceProcess, follow_probes, pid_predicate, render
 from qprof.probes.children import ProbeProcess
 from qprof.probes.features import bpftrace_problem, bpftrace_version
 
@@ -38,6 +38,9 @@ class Context:
     pids: list[int]  # the targets
     status: Callable[[str], None]  # one-line progress messages for the user
     mapped_objects: Callable[[int], list[str]]  # a target's mapped files (/proc/PID/maps)
+    # Follow processes that appear during the run (`attach --cgroup`): each group takes up a target's
+    # new processes at their birth, and the pids ProbeCollector.add_targets is given (probes.follow)
+    follow: bool = False
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Launch:
     process: ProbeProcess
     entry: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    follow_note: str | None = None  # following: what this group cannot follow, in one line
 
 
 class ProbeGroup(Protocol):
@@ -82,7 +86,8 @@ class BpftraceGroup:
 
     def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
         """The script to run for these targets, and what to record beside it in probes.json."""
-        return render(program_text(self.package, self.name), {"TARGET": pid_predicate(ctx.pids)}), {}
+        return render(program_text(self.package, self.name),
+                      {"TARGET": pid_predicate(ctx.pids, follow=ctx.follow)}), {}
 
     def start(self, ctx: Context) -> Launch:
         problem = bpftrace_problem()
@@ -90,7 +95,7 @@ class BpftraceGroup:
             raise Unavailable(problem)
         text, extra = self.program(ctx)
         path = ctx.out / runfiles.probe_file(self.name, "bt")
-        path.write_text(text, encoding="utf-8")
+        path.write_text(follow_probes(ctx.pids) + text if ctx.follow else text, encoding="utf-8")
         proc = BpftraceProcess(self.name, path, ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                 ctx.out / runfiles.probe_file(self.name, "log"))
         ctx.status(f"starting probes: {self.name}")

@@ -114,6 +114,7 @@ def _libbpf() -> ctypes.CDLL:
             ("bpf_object__next_program", vp, [vp, vp]), ("bpf_object__next_map", vp, [vp, vp]),
             ("bpf_program__attach", vp, [vp]), ("bpf_program__name", cp, [vp]),
             ("bpf_program__set_autoload", i, [vp, ctypes.c_bool]), ("bpf_link__destroy", i, [vp]),
+            ("bpf_program__fd", i, [vp]), ("bpf_prog_test_run_opts", i, [i, vp]),
             ("bpf_map__name", cp, [vp]), ("bpf_map__fd", i, [vp]),
             ("bpf_map__key_size", ctypes.c_uint32, [vp]), ("bpf_map__value_size", ctypes.c_uint32, [vp]),
             ("bpf_map__type", i, [vp]), ("bpf_map__set_initial_value", i, [vp, vp, sz]),
@@ -124,6 +125,17 @@ def _libbpf() -> ctypes.CDLL:
         f = getattr(lib, fn)
         f.restype, f.argtypes = res, args
     return lib
+
+
+class _TestRunOpts(ctypes.Structure):
+    """libbpf's struct bpf_test_run_opts (1.1)."""
+
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", ctypes.c_void_p), ("data_out", ctypes.c_void_p),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_void_p), ("ctx_out", ctypes.c_void_p),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("retval", ctypes.c_uint32), ("repeat", ctypes.c_int), ("duration", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32), ("batch_size", ctypes.c_uint32)]
 
 
 _PERCPU = {5, 6, 10, 21}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH, PERCPU_CGROUP_STORAGE
@@ -219,6 +231,25 @@ class Loaded:
         k, v = ctypes.create_string_buffer(key, m.key_size), ctypes.create_string_buffer(value, m.value_size)
         if self.lib.bpf_map_update_elem(m.fd, k, v, 0) != 0:
             raise Unavailable(f"could not set an entry of map {name}: {os.strerror(ctypes.get_errno() or 1)}")
+
+    def push(self, name: str, value: bytes) -> None:
+        """Push onto a queue map (no key)."""
+        m = self.maps[name]
+        v = ctypes.create_string_buffer(value, m.value_size)
+        if self.lib.bpf_map_update_elem(m.fd, None, v, 0) != 0:
+            raise Unavailable(f"could not push onto map {name}: {os.strerror(ctypes.get_errno() or 1)}")
+
+    def call(self, name: str, ctx: bytes) -> bytes:
+        """Run a loaded SEC("syscall") program once on `ctx` (BPF_PROG_RUN) and return the context as
+        it left it: how the loader changes the programs' state with the programs' own atomic operations,
+        which Python has none of."""
+        buf = ctypes.create_string_buffer(ctx, len(ctx))
+        opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts), ctx_in=ctypes.cast(buf, ctypes.c_void_p),
+                            ctx_size_in=len(ctx))
+        fd = self.lib.bpf_program__fd(self.programs[name])
+        if self.lib.bpf_prog_test_run_opts(fd, ctypes.byref(opts)) != 0:
+            raise Unavailable(f"could not run {name}: {os.strerror(ctypes.get_errno() or 1)}")
+        return buf.raw
 
     def summed_u64s(self, name: str, key: int = 0) -> list[int]:
         """Entry `key` of a per-CPU array whose value is u64 fields, summed over the CPUs: one

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qprof.probes.crypto import program
-from qprof.probes.group import BpftraceGroup, Context, Unavailable
+from qprof.probes.group import BpftraceGroup, Context, Launch, Unavailable
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,19 @@ class CryptoGroup(BpftraceGroup):
     def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
         from qprof.probes.crypto import symbols  # pyelftools work only when the group is asked for
         found = symbols.discover(ctx.pids, ctx.mapped_objects)
-        text, slots = program.build(found)
+        text, slots = program.build(found, follow=ctx.follow)
         for line in symbols.describe(found):
             ctx.status(f"crypto: {line}")
         if text is None:
             raise Unavailable("no crypto entry point found in the targets' objects")
         ctx.status(program.estimate_text(slots, found))
         return text, {"crypto": {**found, "slots": slots}}
+
+    def start(self, ctx: Context) -> Launch:
+        launched = super().start(ctx)
+        if ctx.follow:
+            launched.follow_note = program.follow_limit(launched.extra["crypto"]["slots"])
+        return launched
 
     def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:

@@ -46,13 +46,14 @@ _EVP_PARTS = ("aad", "short", "payload")
 _PROBE_PATH = re.compile(r"/[\w/.+-]+")
 
 
-def _target(pids: list[int]) -> str:
-    return pid_predicate(sorted(set(pids)))
+def _target(pids: list[int], follow: bool = False) -> str:
+    return pid_predicate(sorted(set(pids)), follow=follow)
 
 
-def build(discovery: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+def build(discovery: dict[str, Any], follow: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
     """(bpftrace program, slot table) for the probes chosen in `discovery` (cryptosyms.discover);
-    (None, []) when there is nothing to probe."""
+    (None, []) when there is nothing to probe. `follow`: a process that became a target during the
+    run counts at every probed entry point (probes.bpftrace.follow_probes)."""
     by_site: dict[tuple[str, str], list[int]] = {}
     for pid, proc in discovery["processes"].items():
         for p in proc["probes"]:
@@ -75,7 +76,7 @@ def build(discovery: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         length = probe["length"]
         # every process calling it traps: counted for the host, then the targets' calls in detail
         head = (f"// {probe['symbol']} ({probe['kind']}) in {obj_path}\nuprobe:{obj_path}:{address}\n{{\n"
-                f"\t@host_calls[{len(slots)}] = count();\n\tif ({_target(pids)}) {{\n")
+                f"\t@host_calls[{len(slots)}] = count();\n\tif ({_target(pids, follow)}) {{\n")
         if probe["split"] == "evp" and length:
             ids = {}
             for part in _EVP_PARTS:
@@ -104,7 +105,7 @@ def build(discovery: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         tests = "".join(f"\t\t{'else ' if i else ''}if ($ra >= {start:#x} && $ra < {end:#x}) "
                         f"{{ @reentry[pid, reg(\"r14\")] = {mark}; }}\n"
                         for i, (mark, start, end, _) in enumerate(ranges))
-        who = _target([p for *_, pids in ranges for p in pids])
+        who = _target([p for *_, pids in ranges for p in pids], follow)
         blocks.append(f"// runtime.morestack in {obj_path}: a probed Go function re-entered after its stack "
                       f"check failed is one call\nuprobe:{obj_path}:{discovery['objects'][obj_path]['go_morestack']}\n"
                       f"{{\n\tif ({who}) {{\n\t\t$ra = *(uint64 *)reg(\"sp\");\n{tests}\t}}\n}}\n")
@@ -125,6 +126,14 @@ def _count(slot: int, length: str | None, indent: int = 1) -> str:
     if length:
         out += f"{t}@bytes[pid, tid, {slot}] = sum({length});\n"
     return out
+
+
+def follow_limit(slots: list[dict[str, Any]]) -> str:
+    """What a followed run's crypto probes cannot see, in one line: the uprobes are placed once, at
+    the entry points found in the start targets' objects."""
+    objects = sorted({s["object"].rsplit("/", 1)[-1] for s in slots})
+    return (f"follows new processes only at the entry points probed at the start (in {', '.join(objects)}): "
+            "a process that appears later is counted there, its calls into other objects are not")
 
 
 def estimate_text(slots: list[dict[str, Any]], discovery: dict[str, Any]) -> str:

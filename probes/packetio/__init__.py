@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof.probes import btf, libbpf
+from qprof.probes.follow import targets_file
 from qprof.probes.group import Context, Launch, Unavailable
 from qprof.probes.packetio import timing
 
@@ -36,7 +37,7 @@ class PacketioGroup:
     tracepoints: tuple[str, ...] = ("sock_send_length", "sock_recv_length", "net_dev_start_xmit",
                                     "skb_copy_datagram_iovec", "kfree_skb", "udp_fail_queue_rcv_skb")
 
-    def config(self, pids: list[int]) -> dict[str, Any]:
+    def config(self, pids: list[int], follow: bool = False) -> dict[str, Any]:
         """The programs' settings from this kernel's BTF; Unavailable names what is missing."""
         try:
             missing = [tp for tp in self.tracepoints if not btf.tracepoint_exists(tp)]
@@ -52,11 +53,13 @@ class PacketioGroup:
                               "run with --probes none")
         if len(pids) > MAX_TARGETS:
             raise Unavailable(f"the packetio probes follow at most {MAX_TARGETS} targets")
-        return {"pids": pids, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4,
+        return {"pids": pids, "follow": follow, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4,
                 "netns": sorted({n for p in pids if (n := _netns(p)) is not None})}
 
     def start(self, ctx: Context) -> Launch:
-        config = self.config(ctx.pids)
+        config = self.config(ctx.pids, ctx.follow)
+        if ctx.follow:
+            config["added"] = str(targets_file(ctx.out))
         ctx.status("starting probes: packetio (compiled first if this kernel is new to qprof)")
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")

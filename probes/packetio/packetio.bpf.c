@@ -49,6 +49,8 @@ struct config {
 	__u32 ntargets;
 	__u32 gro_bit;               // UDP_FLAGS_GRO_ENABLED in udp_sock.udp_flags (from BTF)
 	__u32 nnetns;                // the targets' network namespaces, in target_netns (0: not known, all counted)
+	__u32 follow;                // targets grow during the run (their new processes, pids the loader adds):
+	                             // every test goes through the bits and the hash, cfg.first is not used
 };
 const volatile struct config cfg = {};
 // What this object holds (the loader reads them from .rodata)
@@ -61,7 +63,22 @@ const volatile struct limits { __u32 targets, timed, hists, netns; } limits = {
 struct watch { __u64 tgids[TGID_WORDS]; };
 struct watch watch = {};
 
-// tgid -> its index among the targets (the loader's order)
+// Targets added while the programs run (follow): the indexes not yet handed out (the loader fills
+// the queue before it attaches), taken by the fork program and the loader's add_target call alike
+// (a pop is atomic: no two targets share an index), and who added each index.
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, MAX_TARGETS);
+	__type(value, __u32);
+} free_slots SEC(".maps");
+
+struct follow {
+	__u64 refused;               // targets not added: every index was taken
+	__u32 parent[MAX_TARGETS];   // by index: the tgid that forked it (0: a start target, or added by pid)
+};
+struct follow follow = {};
+
+// tgid -> its index among the targets (the loader's order, then the order they were added in)
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_TARGETS);
@@ -177,7 +194,7 @@ struct {
 static __always_inline int target_index(__u64 pid_tgid)
 {
 	__u32 tgid = pid_tgid >> 32;
-	if (cfg.ntargets <= SCAN_TARGETS) {
+	if (!cfg.follow && cfg.ntargets <= SCAN_TARGETS) {
 		for (int i = 0; i < SCAN_TARGETS; i++) {
 			if (i >= cfg.ntargets)
 				return -1;
@@ -467,6 +484,50 @@ int BPF_PROG(fail_queue, int rc, struct sock *sk)
 	__u32 port = sk->__sk_common.skc_num;
 	if (port_watched(port))
 		count_pair(&udp_queue_fail, rc, port);
+	return 0;
+}
+
+// ---- following (cfg.follow): a target's new process is a target from its birth, so its first
+// datagrams count; the loader adds pids it is given through add_target. Not loaded without follow.
+
+// tgid becomes a target: its index (an existing one if it is one already), or -1 (the table is full)
+static __always_inline int add(__u32 tgid, __u32 parent)
+{
+	__u32 *have = bpf_map_lookup_elem(&target_slot, &tgid);
+	if (have)
+		return *have;
+	__u32 i;
+	if (bpf_map_pop_elem(&free_slots, &i) || i >= MAX_TARGETS) {
+		__sync_fetch_and_add(&follow.refused, 1);
+		return -1;
+	}
+	follow.parent[i] = parent;
+	if (bpf_map_update_elem(&target_slot, &tgid, &i, BPF_NOEXIST))
+		return -1;   // added meanwhile by the other path: its index stands, this one is not used
+	// the bit last: a set bit always finds its index
+	__sync_fetch_and_or(&watch.tgids[(tgid >> 6) & (TGID_WORDS - 1)], 1ULL << (tgid & 63));
+	return i;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, tgid = child->tgid;
+	if (tgid == ptgid)
+		return 0;   // a thread: counted under its process already
+	if (!((watch.tgids[(ptgid >> 6) & (TGID_WORDS - 1)] >> (ptgid & 63)) & 1))
+		return 0;
+	add(tgid, ptgid);
+	return 0;
+}
+
+// Run by the loader (BPF_PROG_RUN) for a pid it is given: the same allocation as a fork's.
+struct add_args { __u32 tgid; __s32 index; };
+
+SEC("syscall")
+int add_target(struct add_args *a)
+{
+	a->index = add(a->tgid, 0);
 	return 0;
 }
 

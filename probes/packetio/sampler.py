@@ -7,6 +7,12 @@ attached for one window per period (probes/packetio/windows.py), and the gate
 in the programs' .bss opens and closes each window at one instant, with the
 kernel's UDP counters of every target's network namespace read right around it.
 
+Following (config "follow": true, an `attach --cgroup` run): a target's new process becomes a
+target at its birth in the kernel (on_fork), and pids appended to the file config["added"] names
+(probes.follow) are made targets by the add_target program; the loader finds either kind in
+`target_slot` before each window's counts are taken and keys them by pid like the start targets.
+A target that exits keeps what it counted.
+
 Output, one JSON line each, every second and a last time at SIGINT/SIGTERM:
   {"type": "stats", "data": {"@windows": ...}}  the windows' statistics (windows.WindowStats),
         the namespaces' UDP counter totals over the same span, the hook runs counted
@@ -14,6 +20,8 @@ Output, one JSON line each, every second and a last time at SIGINT/SIGTERM:
         "@ports": {"pid,port": 1}}}              drops at the targets' ports, their ports
   {"type": "hist", "data": {"@tx_gso_segs": {pid: [{min, max, count}]}, ...}}
         (histograms from the windows only)
+  {"type": "map", "data": {"@followed": {pid: parent}, "@follow_stats": {"refused": n}}}  (following:
+        the targets added during the run, 0 for a pid the collector added; targets the table had no room for)
 """
 
 from __future__ import annotations
@@ -31,11 +39,13 @@ from typing import Any, TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
+from qprof.probes.follow import TargetsReader
 from qprof.probes.libbpf import READY, Loaded, Stop, Unavailable, loader_main
 from qprof.probes.packetio import timing, windows
 from qprof.probes.sockets import snmp_table, udp_ports
 
 HOT = ("send_length", "recv_length", "start_xmit", "copy_datagram")
+FOLLOW = ("on_fork", "add_target")  # loaded only when following; add_target is run, never attached
 PRINT_S = 1.0
 
 
@@ -104,19 +114,23 @@ class Sampler:
 
     def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: Stop) -> None:
         self._stop = stop
-        self.pids = [int(p) for p in config["pids"]]
+        self.pids = [int(p) for p in config["pids"]]  # the targets in the order they became ones
+        self.follow = bool(config.get("follow"))
         self.layout = layouts.read(obj)
         limits = {k: int(v) for k, v in self.layout.initial("limits", "limits").items()}  # type: ignore[arg-type]
-        if not 1 <= len(self.pids) <= limits["targets"]:
-            raise Unavailable(f"the packetio probes follow 1 to {limits['targets']} targets, not {len(self.pids)}")
+        least = 0 if self.follow else 1  # a followed cgroup may be empty at the start
+        if not least <= len(self.pids) <= limits["targets"]:
+            raise Unavailable(f"the packetio probes follow {least} to {limits['targets']} targets, not {len(self.pids)}")
+        self.limits = limits
         netns = sorted({int(n) for n in config.get("netns", [])})
         if len(netns) > limits["netns"]:
             netns = []  # more namespaces than the map holds: drops counted in every namespace
         scan = self.layout.struct("config").field("first").count  # a few targets: scanned for, no hash
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
-            "first": self.pids if len(self.pids) <= scan else [], "ntargets": len(self.pids),
-            "gro_bit": int(config["gro_bit"]), "nnetns": len(netns)})
+            "first": self.pids if len(self.pids) <= scan and not self.follow else [], "ntargets": len(self.pids),
+            "gro_bit": int(config["gro_bit"]), "nnetns": len(netns), "follow": int(self.follow)})
         skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
+        skip += () if self.follow else FOLLOW
         self.prog = Loaded(obj, rodata, skip)
         # the targets, before anything is attached: their bits, their indexes, their namespaces
         bss = self.prog.global_data(".bss")
@@ -126,6 +140,17 @@ class Sampler:
         for i, pid in enumerate(self.pids):
             bits[(pid >> 6) % words.count] |= 1 << (pid & 63)
             self.prog.update("target_slot", struct.pack("<I", pid), struct.pack("<I", i))
+        self.pid_at = dict(enumerate(self.pids))  # a target's index -> its pid
+        self.followed: dict[int, int] = {}  # targets added during the run -> the process that forked them (0: added)
+        self.added = TargetsReader(Path(config["added"])) if self.follow and config.get("added") else None
+        if self.follow:
+            for i in range(len(self.pids), limits["targets"]):  # the indexes the programs may hand out
+                self.prog.push("free_slots", struct.pack("<I", i))
+            follow_var = self.layout.variable("follow")
+            fst = self.layout.struct("follow")
+            parents = fst.field("parent")
+            self._parents = (ctypes.c_uint32 * parents.count).from_buffer(bss, follow_var.offset + parents.offset)
+            self._refused = ctypes.c_uint64.from_buffer(bss, follow_var.offset + fst.field("refused").offset)
         for n in netns:
             self.prog.update("target_netns", struct.pack("<I", n), struct.pack("<I", 1))
         self.out = out
@@ -159,23 +184,17 @@ class Sampler:
             shift = int(self.layout.initial("timing_cfg", "timing_cfg")["shift"])  # type: ignore[arg-type]
             # the ring's rows: the first targets' (limits.timed); the others' messages are counted, not timed
             self.drainer = timing.Drainer(Path(config["timing"]), self.pids[:ring.count], shift, bins, take)
+            self.timed_rows = ring.count
+        self.mib_start: Mib = {}
+        self.mib_frame_end: Mib = {}
         self.netns: dict[str, NetnsCounters] = {}
         self.netns_of: dict[int, str] = {}
         self.netns_pids: dict[str, list[int]] = {}
         for pid in self.pids:
-            try:
-                ns = os.readlink(f"/proc/{pid}/ns/net")
-                if ns not in self.netns:
-                    self.netns[ns] = NetnsCounters(pid)
-            except OSError:
-                continue  # gone already: its counts, if any, are estimated without the kernel's
-            self.netns_of[pid] = ns
-            self.netns_pids.setdefault(ns, []).append(pid)
+            self._place(pid)
         self.stats = windows.WindowStats(tuple(self.counts.fields))
         self.cumulative: dict[tuple[int, int], list[int]] = {}
         self._events_seen = [0] * len(self.events_struct.fields)
-        self.mib_start: Mib = {}
-        self.mib_frame_end: Mib = {}
         self.known_ports: set[int] = set()
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
@@ -187,6 +206,55 @@ class Sampler:
     @property
     def stop(self) -> bool:
         return self._stop.requested
+
+    def _place(self, pid: int, parent: int = 0) -> None:
+        """A target's network namespace, its counters opened if it is new to the run. A followed
+        process gone before the loader saw it is placed in its parent's (a fork keeps the namespace)."""
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+            if ns not in self.netns:
+                self.netns[ns] = NetnsCounters(pid)
+                if self.mib_start:  # mid-run: its totals run from here
+                    self.mib_start[ns] = self.mib_frame_end[ns] = self.netns[ns].read()
+        except OSError:
+            ns = self.netns_of.get(parent, "")
+            if not ns:
+                return  # gone already: its counts, if any, are estimated without the kernel's
+        self.netns_of[pid] = ns
+        self.netns_pids.setdefault(ns, []).append(pid)
+
+    # -- following
+
+    def _register(self, pid: int, index: int, parent: int) -> None:
+        """A target added during the run, keyed by pid in every output as the start targets are."""
+        self.pids.append(pid)
+        self.pid_at[index] = pid
+        self.followed[pid] = parent
+        self._place(pid, parent)
+        if self.drainer is not None and index < self.timed_rows:
+            rows = self.drainer.pids
+            rows += [0] * (index + 1 - len(rows))
+            rows[index] = pid
+
+    def follow_turn(self) -> None:
+        """Add the pids the collector appended since the last turn, then take up every target the
+        programs added (forks) or these calls did: before each window's counts are read, so a new
+        target's first counts are its own group's, in its namespace."""
+        if not self.follow:
+            return
+        for pid in self.added.new() if self.added is not None else []:
+            self.prog.call("add_target", struct.pack("<Ii", pid, -1))  # a full table: counted as refused
+        got = self.prog.batch("target_slot")
+        if got is not None:
+            n, keys, values = got
+            pairs = [(struct.unpack_from("<I", keys, 4 * i)[0], struct.unpack_from("<I", values, 4 * i)[0])
+                     for i in range(n)]
+        else:
+            pairs = [(struct.unpack_from("<I", k)[0], struct.unpack_from("<I", v[0])[0])
+                     for k, v in self.prog.entries("target_slot")]
+        for pid, index in sorted(pairs, key=lambda p: p[1]):  # a child after its parent
+            if index not in self.pid_at:
+                self._register(pid, index, int(self._parents[index]))
 
     # -- kernel state
 
@@ -277,6 +345,7 @@ class Sampler:
 
     def window_deltas(self) -> dict[str, tuple[str, list[int]]]:
         """Counts since the last call per thread ("pid,tid") and per process ("pid")."""
+        self.follow_turn()
         now = self._read_counts()
         # every target is a group from the start, counts or not: a silent one is estimated too
         groups: dict[str, tuple[str, list[int]]] = {
@@ -319,11 +388,14 @@ class Sampler:
         owners = {struct.unpack_from("<I", k)[0]: struct.unpack_from("<I", v[0])[0]
                   for k, v in self.prog.entries("port_owner")}
         maps["@ports"] = {f"{pid},{port}": 1 for port, pid in sorted(owners.items())}
+        if self.follow:
+            maps["@followed"] = {str(pid): parent for pid, parent in self.followed.items()}
+            maps["@follow_stats"] = {"refused": int(self._refused.value)}
         lines += [{"type": "map", "data": {name: m}} for name, m in sorted(maps.items())]
         hists: dict[str, dict[str, list[dict[str, int]]]] = {f"@{n}": {} for n in self.hists.fields}
         for key, per_cpu in self.prog.entries("hists"):
             (t,) = struct.unpack_from("<I", key)
-            if t >= len(self.pids):
+            if t not in self.pid_at:
                 continue
             for name in self.hists.fields:
                 counts = [0] * self.hists.fields[name].count
@@ -333,7 +405,7 @@ class Sampler:
                 buckets = [{"min": b * width, "max": (b + 1) * width - 1 if b < last else b * width, "count": c}
                            for b, c in enumerate(counts) if c]
                 if buckets:
-                    hists[f"@{name}"][str(self.pids[t])] = buckets
+                    hists[f"@{name}"][str(self.pid_at[t])] = buckets
         lines += [{"type": "hist", "data": {name: h}} for name, h in hists.items()]
         for obj in lines:
             self.out.write(json.dumps(obj, separators=(",", ":")) + "\n")
@@ -378,7 +450,7 @@ class Sampler:
         """Windows until told to stop. A period's statistics are committed when the next window
         opens (the period is over then), or at the stop, which extends the last period to it."""
         prog = self.prog
-        prog.attach(n for n in prog.programs if n not in HOT)
+        prog.attach(n for n in prog.programs if n not in HOT and n != "add_target")
         self.watch_ports()
         prog.attach(HOT)
         if self.drainer is not None:
@@ -398,6 +470,7 @@ class Sampler:
         next_print = start + PRINT_S
 
         while not self.stop:
+            self.follow_turn()
             mib_s = self.mibs()
             runs, early = 0, False
             if w >= P:  # the window is the whole period

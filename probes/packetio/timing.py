@@ -106,6 +106,8 @@ class Drainer:
             return
         i, j = first % self.bins, (upto - 1) % self.bins + 1  # the ring's slots, maybe wrapping
         for t, pid in enumerate(self.pids):
+            if not pid:
+                continue  # a row no target holds (following: an index not handed out)
             rows = [self._take(t, d, i, j) if i < j else self._take(t, d, i, self.bins) + self._take(t, d, 0, j)
                     for d in (0, 1)]
             if any(rows[0]) or any(rows[1]):

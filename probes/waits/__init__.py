@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof.probes import btf, libbpf
+from qprof.probes.follow import targets_file
 from qprof.probes.group import Context, Launch, Unavailable
 from qprof.probes.waits.series import file_name
 
@@ -69,6 +70,8 @@ class WaitsGroup:
 
     def start(self, ctx: Context) -> Launch:
         config = self.config(ctx.pids)
+        if ctx.follow:
+            config.update(follow=True, added=str(targets_file(ctx.out)))
         ctx.status("starting probes: waits (compiled first if this kernel is new to qprof)")
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")

@@ -15,6 +15,11 @@ Each thread's open interval is closed in the output at the print's time (not in 
 on_cpu, RUNNABLE -> runnable, BLOCKED -> its provisional kind, UNKNOWN (no event since the
 start) -> /proc's state for it (R: on_cpu, anything else: other; also in "@wait_unknown").
 
+Following (config "follow": true, with "added": the file probes.follow names): pids appended there
+are made targets at the loader's next turn (at most PRINT_S later, or a series bin), their threads
+seeded as UNKNOWN since then. A target's new threads and processes are followed from their fork
+whatever the config (on_fork). Exited threads keep their totals in the output.
+
 The series (with "series" in the config): at every 100 ms edge of CLOCK_MONOTONIC the loader reads
 `threads` again and appends one line to PATH, per process the time its threads spent per state
 since the previous edge (series.Binner; the format in series.py), each line one write(2) to a file
@@ -47,6 +52,7 @@ from typing import Any, Iterable, TextIO
 from qprof.probes import layout as layouts
 from qprof.probes.btf import ENUM
 from qprof.probes.children import cpu_seconds
+from qprof.probes.follow import TargetsReader
 from qprof.probes.group import Unavailable
 from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
 from qprof.probes.waits.maps import STATES
@@ -56,6 +62,7 @@ from qprof.probes.waits.series import Binner
 PRINT_S = 1.0
 COMM_READS = 5  # a thread's name is read at its first prints (renamed just after its start, then kept)
 TRACKING = ("on_fork", "on_exit")  # attached before the threads are listed: none is missed
+CALLED = ("watch_tid",)  # run by the loader (BPF_PROG_RUN), never attached
 BPF_NOEXIST = 1
 UNKNOWN_FRAME = "[unknown]"
 # kernel frames of the probe itself, above __schedule (the tracepoint's caller) in every stack
@@ -195,6 +202,7 @@ class Waits:
         self._stop = stop
         self.out = out
         self.pids = [int(p) for p in config["pids"]]
+        self.added = TargetsReader(Path(config["added"])) if config.get("follow") and config.get("added") else None
         self.interval_ms = float(config.get("stack_interval_ms", 10.0))
         if not self.interval_ms > 0:
             raise Unavailable(f"stack_interval_ms must be positive, not {self.interval_ms}")
@@ -213,9 +221,6 @@ class Waits:
         self.prog = Loaded(obj, rodata)
         lib = self.prog.lib
         lib.bpf_map_delete_elem.restype, lib.bpf_map_delete_elem.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]
-        watch = lay.struct("watch").field("tids")
-        self._watch = (ctypes.c_uint64 * watch.count).from_buffer(
-            self.prog.global_data(".bss"), lay.variable("watch").offset + watch.offset)
         stacks = self.prog.maps["stacks"]
         self._stack_buf = ctypes.create_string_buffer(stacks.value_size)
         self._depth = stacks.value_size // 8
@@ -247,23 +252,30 @@ class Waits:
 
     # -- start
 
-    def seed(self) -> None:
-        """The targets, and each of their threads as UNKNOWN since the start."""
+    def seed(self, pids: list[int], since_ns: int) -> None:
+        """The targets, and each of their threads as UNKNOWN since `since_ns` (the start, or when a
+        target was added)."""
         one = struct.pack("<I", 1)
-        for pid in self.pids:
+        for pid in pids:
             self.prog.update("targets", struct.pack("<I", pid), one)
         m = self.prog.maps["threads"]
         unknown = self.phases["unknown"]
-        for pid in self.pids:
+        for pid in pids:
             for tid in thread_ids(pid):
-                value = _pack(self.thread, {"since_ns": self.start_ns, "tgid": pid, "phase": unknown,
+                value = _pack(self.thread, {"since_ns": since_ns, "tgid": pid, "phase": unknown,
                                             "kind": STATES.index("other"), "syscall": -1,
                                             "ustack": -1, "kstack": -1})
                 k = ctypes.create_string_buffer(struct.pack("<I", tid), 4)
                 v = ctypes.create_string_buffer(value, m.value_size)
                 self.prog.lib.bpf_map_update_elem(m.fd, k, v, BPF_NOEXIST)  # a forked one is newer
-                words = len(self._watch)
-                self._watch[(tid >> 6) % words] |= 1 << (tid & 63)  # after its entry: a set bit finds one
+                self.prog.call("watch_tid", struct.pack("<I", tid))  # after its entry: a set bit finds one
+
+    def add_new(self) -> None:
+        """Targets the collector added since the last turn (following)."""
+        pids = [p for p in self.added.new() if p not in self.pids] if self.added is not None else []
+        if pids:
+            self.pids += pids
+            self.seed(pids, time.monotonic_ns())
 
     # -- symbols
 
@@ -467,8 +479,8 @@ class Waits:
         self.start_ns = time.monotonic_ns()
         self.series_open()
         prog.attach(TRACKING)
-        self.seed()
-        prog.attach(n for n in prog.programs if n not in TRACKING)
+        self.seed(self.pids, self.start_ns)
+        prog.attach(n for n in prog.programs if n not in TRACKING and n not in CALLED)
         self.out.write(READY + "\n")
         self.out.flush()
         next_print = time.monotonic() + PRINT_S
@@ -480,6 +492,7 @@ class Waits:
             self._sleep_until(next_print if next_edge is None else next_edge / 1e9, wake)
             if self.stop:
                 break
+            self.add_new()
             if binner is not None and next_edge is not None:
                 now_ns = time.monotonic_ns()
                 if now_ns < next_edge:

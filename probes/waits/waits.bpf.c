@@ -483,4 +483,16 @@ int BPF_PROG(on_exit, struct task_struct *p)
 	return 0;
 }
 
+// Run by the loader (BPF_PROG_RUN) for each thread it seeds: the bit set with an atomic OR, as
+// on_fork sets its own (a plain read-modify-write from Python could undo a fork's bit set meanwhile).
+struct watch_args { __u32 tid; };
+
+SEC("syscall")
+int watch_tid(struct watch_args *a)
+{
+	__u32 tid = a->tid;
+	__sync_fetch_and_or(&watch.tids[(tid >> 6) & (TID_WORDS - 1)], 1ULL << (tid & 63));
+	return 0;
+}
+
 char LICENSE[] SEC("license") = "GPL";
