@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from qprof.archive.model import ProcessIdentity, Target
@@ -89,15 +90,68 @@ def _stat_fields(stat: str) -> tuple[str, list[str]]:
     return stat[lpar + 1 : rpar], stat[rpar + 2 :].split()
 
 
-def mapped_objects(pid: int) -> list[str]:
-    """Files mapped executable into the process: the binary and its shared libraries."""
-    maps = _read(f"/proc/{pid}/maps") or ""
-    seen: dict[str, None] = {}
-    for line in maps.splitlines():
+DELETED = " (deleted)"  # what /proc/PID/maps (and perf) append to a mapped file's path once it is unlinked
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """One executable mapping of a file, as /proc/PID/maps shows it (the reader's view of the path)."""
+
+    name: str  # the path as maps and perf name it, " (deleted)" kept
+    start: int
+    end: int
+
+    @property
+    def deleted(self) -> bool:
+        return self.name.endswith(DELETED)
+
+    @property
+    def path(self) -> str:
+        """The path in the process's mount namespace, without the deleted mark."""
+        return self.name.removesuffix(DELETED)
+
+    def map_files(self, pid: int) -> str:
+        """The kernel's link to the mapped file itself, readable (as root) when the file is deleted or
+        lives in another mount namespace: /proc/PID/map_files/START-END, hex without leading zeros."""
+        return f"/proc/{pid}/map_files/{self.start:x}-{self.end:x}"
+
+
+def parse_maps(text: str) -> list[MappedFile]:
+    """The executable file mappings of a maps text, first one of each file; lines that are not one are
+    skipped (maps of a process that is exiting can be cut short)."""
+    seen: dict[str, MappedFile] = {}
+    for line in text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
-            seen.setdefault(parts[5], None)
-    return list(seen)
+        if len(parts) != 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        lo, dash, hi = parts[0].partition("-")
+        try:
+            start, end = int(lo, 16), int(hi, 16)
+        except ValueError:
+            continue
+        if dash and start < end:
+            seen.setdefault(parts[5], MappedFile(parts[5], start, end))
+    return list(seen.values())
+
+
+def mapped_files(pid: int) -> list[MappedFile]:
+    """The files mapped executable into the process (none once it is gone)."""
+    return parse_maps(_read(f"/proc/{pid}/maps") or "")
+
+
+def mapped_objects(pid: int) -> list[str]:
+    """Files mapped executable into the process: the binary and its shared libraries (as perf names them)."""
+    return [m.name for m in mapped_files(pid)]
+
+
+def ns_pid(status: str | None) -> int | None:
+    """The process's pid in its own (innermost) pid namespace: the last NSpid field of /proc/PID/status,
+    the number a JIT names its /tmp/perf-PID.map with. None when the line is missing or malformed."""
+    for line in (status or "").splitlines():
+        if line.startswith("NSpid:"):
+            fields = line.split()[1:]
+            return int(fields[-1]) if fields and all(f.isdigit() for f in fields) else None
+    return None
 
 
 def target_info(pid: int) -> Target:

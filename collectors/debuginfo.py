@@ -33,6 +33,7 @@ recorded (`symbols` in meta.json) and printed by the report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -45,15 +46,17 @@ import urllib.error
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from qprof.archive import schema
+from qprof.archive.procfs import DELETED
 from qprof.collectors import gopclntab
 from qprof.collectors.elf import build_id_of
+from qprof.collectors.mapfiles import SAME, ObjectView
 from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, GOPCLNTAB, MINIDEBUGINFO, NONE, SYMTAB,
                                  UNWIND, ObjectSymbols)
 
@@ -202,20 +205,21 @@ def write_symbols(path: str, names: dict[int, str], out: Path) -> int:
     return len(syms)
 
 
-def unwind_symbols(path: str, out: Path) -> str:
-    """write_symbols with the unwind table's names (unwind_names); says how many. OSError when it names none."""
+def unwind_symbols(path: str, out: Path, name: str | None = None) -> str:
+    """write_symbols with the unwind table's names (unwind_names, by `name`, the object's file name,
+    default `path`'s); says how many. OSError when it names none."""
     with open(path, "rb") as f:
-        names = unwind_names(ELFFile(f), Path(path).name)
+        names = unwind_names(ELFFile(f), name or Path(path).name)
     if not names:
         raise OSError("no function in .text has an unwind-table entry or an exported name")
     return f"{write_symbols(path, names, out)} functions named by object and start"
 
 
-def go_symbols(path: str, out: Path) -> str:
+def go_symbols(path: str, out: Path, name: str | None = None) -> str:
     """write_symbols with a Go binary's names (go_names); says how many. OSError with the reason when
     its `.gopclntab` names nothing."""
     with open(path, "rb") as f:
-        names, go = go_names(ELFFile(f), Path(path).name)
+        names, go = go_names(ELFFile(f), name or Path(path).name)
     if not go.functions:
         raise OSError(go.reason)
     write_symbols(path, names, out)
@@ -311,11 +315,15 @@ class Debuginfod:
             tmp.unlink(missing_ok=True)
 
 
-def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectSymbols:
+def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None, readable: str | None = None) -> ObjectSymbols:
     """Where `path`'s function names come from (see the module docstring), preparing qprof's build-id
-    cache where it provides them."""
+    cache where it provides them. `readable`: where the target's own file is read when its path on the
+    host is not it (deleted, another mount namespace: collectors.mapfiles)."""
+    if readable is None and path.endswith(DELETED):
+        return ObjectSymbols(path, None, NONE, note="deleted, and not read through its process while it lived")
+    name = Path(path.removesuffix(DELETED)).name
     try:
-        with open(path, "rb") as f:
+        with open(readable or path, "rb") as f:
             elf = ELFFile(f)
             build_id = build_id_of(elf)
             if _has_functions(elf):
@@ -341,7 +349,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
             note = ""
     else:
         note = "no build-id: no debug file, no debuginfod"
-    if link is not None:
+    if link is not None and readable is None:  # a debuglink is looked for beside the object, on the host
         found = _by_debuglink(path, link)
         if found is not None:
             _forget(mine)
@@ -353,7 +361,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
     if go and build_id and mine is not None:
         if held is not None and held.how == GOPCLNTAB:
             return ObjectSymbols(path, build_id, GOPCLNTAB, str(mine), _join(note, held.note))
-        made = _make(path, build_id, mine, GOPCLNTAB, go_symbols)
+        made = _make(readable or path, name, build_id, mine, GOPCLNTAB, go_symbols)
         if isinstance(made, ObjectSymbols):
             return ObjectSymbols(path, build_id, GOPCLNTAB, made.source, _join(note, made.note))
         note = _join(note, f"gopclntab not used: {made}")
@@ -370,7 +378,7 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None) -> ObjectS
     if held is not None and held.how == UNWIND:
         return ObjectSymbols(path, build_id, UNWIND, str(mine), _join(note, held.note))
     if build_id and mine is not None:
-        made = _make(path, build_id, mine, UNWIND, unwind_symbols)
+        made = _make(readable or path, name, build_id, mine, UNWIND, unwind_symbols)
         if isinstance(made, ObjectSymbols):
             return ObjectSymbols(path, build_id, UNWIND, made.source, _join(note, made.note))
         note = _join(note, f"unwind table not used: {made}")
@@ -381,11 +389,12 @@ def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
-def _make(path: str, build_id: str, debug: Path, how: str, write: Callable[[str, Path], str]) -> ObjectSymbols | str:
-    """Name `path`'s functions in qprof's cache (`write`: go_symbols or unwind_symbols, saying how many),
-    the file's record held beside it; why not, when it cannot."""
+def _make(path: str, name: str, build_id: str, debug: Path, how: str,
+          write: Callable[[str, Path, str], str]) -> ObjectSymbols | str:
+    """Name the functions of the object `name` (read at `path`) in qprof's cache (`write`: go_symbols or
+    unwind_symbols, saying how many), the file's record held beside it; why not, when it cannot."""
     try:
-        said = write(path, debug)
+        said = write(path, debug, name)
     except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
         return str(e)
     made = ObjectSymbols(path, build_id, how, str(debug), said)
@@ -429,12 +438,16 @@ class Finder:
         self.found: list[ObjectSymbols] = []
         self._queue: list[str] = []
         self._seen: set[str] = set()
+        self._views: dict[str, ObjectView] = {}  # object -> as its process sees it (collectors.mapfiles)
         self._lock = threading.Lock()
         self._client: Debuginfod | None = Debuginfod.from_env(self.root)  # one time budget for the run
 
-    def add(self, paths: list[str]) -> None:
-        """Objects to name; ones already seen are skipped."""
+    def add(self, paths: list[str], views: Sequence[ObjectView] = ()) -> None:
+        """Objects to name; ones already seen are skipped. `views`: objects as their process sees them
+        (collectors.mapfiles): read there when the host's path is not the target's file, their note kept."""
         with self._lock:
+            for v in views:
+                self._views.setdefault(v.name, v)
             new = [p for p in dict.fromkeys(paths) if p not in self._seen]
             if not new:
                 return
@@ -454,7 +467,11 @@ class Finder:
                     return
             for path in batch:
                 try:
-                    got = symbols_for(path, self.root, self._client)
+                    view = self._views.get(path)
+                    own = None if view is None or view.host == SAME else view.kept or view.read_from
+                    got = symbols_for(path, self.root, self._client, own)
+                    if view is not None and view.note:
+                        got = dataclasses.replace(got, note=_join(view.note, got.note))
                 except Exception as e:  # noqa: BLE001  (names are a bonus: folding goes on without them)
                     got = ObjectSymbols(path, None, NONE, note=f"not looked for ({type(e).__name__}: {e})")
                 if got.how == DEBUGINFOD and got.note != "cached":

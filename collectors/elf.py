@@ -82,10 +82,11 @@ def _frame_pointers(elf: ELFFile, is_go: bool) -> bool | None:
 
 
 @lru_cache(maxsize=512)
-def object_info(path: str) -> MappedObject:
-    """Read one object; an unreadable or non-ELF file is reported as such, never raised."""
+def object_info(path: str, readable: str | None = None) -> MappedObject:
+    """Read one object (at `readable` when its path on the host is not the target's file: deleted, or in
+    another mount namespace; collectors.mapfiles); an unreadable or non-ELF file is reported as such, never raised."""
     try:
-        with open(path, "rb") as f:
+        with open(readable or path, "rb") as f:
             elf = ELFFile(f)
             is_go = elf.get_section_by_name(".go.buildinfo") is not None or \
                 elf.get_section_by_name(".gopclntab") is not None

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qprof import runfiles
-from qprof.collectors import debuginfo
+from qprof.collectors import debuginfo, mapfiles
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats
@@ -119,7 +119,7 @@ def file_specs(data: Path, log: Path, pids: list[int], jobs: int, windows: PidWi
                ) -> list[SliceSpec]:
     """One perf data file's slices: every pid over every time slice, except a pid with windows (it
     exec'd into an image unwound the other way), which is read only inside them."""
-    slices = time_slices(prepare(data, jobs, pids).cuts)
+    slices = time_slices(prepare(data, jobs, pids, mapfiles.stamps(data.parent)).cuts)
     windows = windows or {}
     free = [p for p in pids if p not in windows]
     specs = [SliceSpec(data, log, free, w) for w in slices] if free else []

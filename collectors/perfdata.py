@@ -30,8 +30,10 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
+from qprof.collectors import mapfiles
+from qprof.collectors.mapfiles import PERF_RECORD_MMAP2
 from qprof.errors import QprofError
 
 PERF_RECORD_SAMPLE = 9
@@ -55,6 +57,7 @@ class Prepared:
     ksymbols: int = 0
     cuts: list[int] = field(default_factory=list)
     samples: int = 0  # sample records of the given pids (all pids when none were given)
+    stamped: int = 0  # mappings given their build-id
 
 
 def _pid_offset(head: tuple[int, ...], raw: bytes) -> int | None:
@@ -95,8 +98,11 @@ class _Quantiles:
         return out
 
 
-def prepare(path: Path, parts: int = 1, pids: Iterable[int] | None = None) -> Prepared:
-    """Retype KSYMBOL records as no-op records and find parts-1 cut times, in one pass over the records.
+def prepare(path: Path, parts: int = 1, pids: Iterable[int] | None = None,
+            build_ids: Mapping[tuple[int, str], bytes] | None = None) -> Prepared:
+    """Retype KSYMBOL records as no-op records, stamp the mappings of `build_ids` (by pid and file name)
+    with their build-id (collectors.mapfiles: files perf cannot read at their path), and find parts-1
+    cut times, in one pass over the records.
 
     The cuts are sample times at k/parts of the samples of `pids` (of all samples without pids),
     so that each slice unwinds about as many of the targets' samples as the next."""
@@ -138,6 +144,8 @@ def prepare(path: Path, parts: int = 1, pids: Iterable[int] | None = None) -> Pr
                     if rtype == ksymbol:
                         struct.pack_into("<I", m, off, PERF_RECORD_FINISHED_INIT)
                         out.ksymbols += 1
+                    elif rtype == PERF_RECORD_MMAP2 and build_ids and mapfiles.stamp_mmap2(m, off, rsize, build_ids):
+                        out.stamped += 1
                     elif rtype == sample and at is not None and at + 16 <= rsize and off + at + 16 <= len(m):
                         pid, _tid, t = who(m, off + at)
                         if wanted is None or pid in wanted:
