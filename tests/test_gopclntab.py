@@ -1,4 +1,4 @@
-"""Names for stripped Go binaries from Go's own function table (collectors.gopclntab), against the real thing.
+"""Names for stripped Go binaries from Go's own function table (probes.gopclntab), against the real thing.
 
 The Go test workload (tests/workloads/gcm_go) is built twice with one toolchain, with its symbol
 table and stripped (`-ldflags=-s -w`), and once more of each linked by the system linker (cgo,
@@ -9,16 +9,18 @@ layouts this toolchain no longer writes (Go 1.16-1.17, 1.18-1.19), 32-bit and bi
 damaged tables (cut short, a wrong magic, offsets out of range, random bytes) give no names and a
 one-line reason, never an exception (property-based: hypothesis damages the real section).
 
+The crypto probes find Go's AES-GCM entry points by name in the stripped build's table: the same
+functions at the same addresses as in the build with symbols.
+
 Kernel-facing: the stripped build recorded as a user records it, against the build with symbols
 (its Crypto share within the binomial noise of the two runs' samples, its frames and its wait
-stacks named); and a stripped copy of the quic-go endpoint on a short transfer, its stack's
-mapping detected, then its frames given the names of the build with symbols: the same samples
-must be placed in the same categories.
+stacks named), and its seal, open and block-encrypt calls counted by the crypto probes as the
+workload itself counts them. The stripped quic-go and Rust endpoints on real transfers are in
+tests/test_stripped_endpoints.py.
 """
 
 from __future__ import annotations
 
-import gzip
 import http.server
 import json
 import math
@@ -36,10 +38,11 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, examples, qprof
+from conftest import ROOT, attach_held, examples, qprof
 from qprof.archive.model import GOPCLNTAB, NONE
-from qprof.collectors import gopclntab
 from qprof.collectors.debuginfo import Debuginfod, check_debug_file, symbols_for, write_symbols
+from qprof.probes import gopclntab
+from qprof.probes.crypto import symbols as cryptosyms
 
 GCM_GO = ROOT / "tests" / "workloads" / "gcm_go"
 GCM_ROUNDS = "3000000"  # ~1.5 s of AES-GCM seal/open: ~700 samples at 499 Hz
@@ -380,55 +383,56 @@ def test_a_stripped_go_binary_is_profiled_as_its_build_with_symbols(kernel_facin
     assert any("<- runtime." in ln for ln in waits) == bool(waits)
 
 
-QUICGO_BYTES = 256 << 20  # ~1 s of transfer: ~250 samples a side
+def same_probes(full: cryptosyms.ObjectCrypto, stripped: cryptosyms.ObjectCrypto) -> None:
+    """The stripped object's crypto probes are its build's with symbols: one per address, same kind, byte count
+    and path, the runtime's name (the linker's but for `.abi0`), and a size that runs on to the next function
+    (the table keeps no sizes: at most the 32-byte alignment's padding more)."""
+    assert full.symbols == "symtab" and stripped.symbols == "gopclntab", (full.symbols, stripped.symbols)
+    want, got = {p.address: p for p in full.probes}, {p.address: p for p in stripped.probes}
+    assert want and set(got) == set(want), sorted(set(got) ^ set(want))
+    for a, p in want.items():
+        q = got[a]
+        assert (q.kind, q.cipher, q.length, q.path, q.library) == (p.kind, p.cipher, p.length, p.path, p.library)
+        assert q.symbol in (p.symbol, p.symbol.removesuffix(".abi0")) and q.table == "gopclntab", (p.symbol, q.symbol)
+        assert p.size <= q.size < p.size + 32, (p.symbol, p.size, q.size)
+    assert stripped.go_morestack == full.go_morestack is not None
+    assert (stripped.libraries, stripped.ciphers, stripped.aes_hw["present"]) == \
+        (full.libraries, full.ciphers, full.aes_hw["present"])
+
+
+def test_crypto_entry_points_of_a_stripped_build(builds: dict[str, tuple[Path, Path]]) -> None:
+    full, stripped = builds["internal"]
+    a, b = cryptosyms.object_crypto(str(full)), cryptosyms.object_crypto(str(stripped))
+    print("\n" + "\n".join(f"{p.kind:18s} {p.symbol} {p.address:#x}" for p in b.probes))
+    same_probes(a, b)
+    assert {p.kind for p in b.probes} == {"aead_seal", "aead_open", "header_protection"}
 
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_a_stripped_quic_go_endpoint_is_placed_as_its_build_with_symbols(kernel_facing: None, endpoint_build: Any,
-                                                                         tmp_path: Path) -> None:
-    """One transfer of a stripped copy: the stack's mapping detected, its frames named; then the same samples with
-    the names of the build with symbols (go tool nm's, by address): every sample in the same category."""
-    from qprof.endpoints import free_udp_port, make_certificate
-
-    if shutil.which("strip") is None:
-        pytest.skip("binutils' strip makes the stripped copy (make test installs binutils)")
-    built = endpoint_build("quicgo")
-    full = Path(built.client("127.0.0.1:1", 1)[0])
-    stripped = tmp_path / "bin" / "quicgo"
-    stripped.parent.mkdir()
-    subprocess.run(["strip", "-o", str(stripped), str(full)], check=True)
-    key, cert = make_certificate(tmp_path)
-    addr = f"127.0.0.1:{free_udp_port()}"
-    run = tmp_path / "stripped"
-    rep = _recorded(run, "--server", f"{stripped} server {addr} {cert} {key}",
-                    "--client", f"{stripped} client {addr} {QUICGO_BYTES}")
-    for p in rep["processes"]:
-        naming = _naming(p, stripped)
-        print(f"\n{p['role']}: {p['samples']} samples, {p['categories']}, unnamed {p['unnamed_share']:.2%}, "
-              f"{naming['how']} ({naming['note']})")
-        assert naming["how"] == GOPCLNTAB
-        assert {"quic-go", "go-runtime"} <= {m["name"] for m in p["mappings"]}, p["mappings"]
-        assert p["unnamed_share"] <= 0.05
-
-    by_name: dict[str, str] = {}  # gopclntab's name -> go tool nm's, at its address
-    nm = _go_nm(full)
-    for a, n in _read(stripped).functions:
-        by_name.setdefault(n.replace("=", "%3D"), min(nm[a]))
-    renamed = tmp_path / "renamed"
-    shutil.copytree(run, renamed)
-    lines, changed = [], 0
-    with gzip.open(run / "stacks.jsonl.gz", "rt") as f:
-        for line in f:
-            rec = json.loads(line)
-            for frame in rec.get("frames", []):
-                if frame[1] == str(stripped) and by_name.get(frame[0], frame[0]) != frame[0]:
-                    frame[0], changed = by_name[frame[0]], changed + 1
-            lines.append(json.dumps(rec))
-    with gzip.open(renamed / "stacks.jsonl.gz", "wt") as f:
-        f.write("\n".join(lines) + "\n")
-    again = json.loads(qprof("report", str(renamed), "--format", "json").stdout)
-    print(f"{changed} frames renamed to the symbol table's spelling")
-    assert changed > 0
-    for p, q in zip(rep["processes"], again["processes"]):
-        assert (p["categories"], p["subcategories"]) == (q["categories"], q["subcategories"]), p["role"]
+@pytest.mark.xfail(strict=True, reason="bpftrace 0.17's safe mode refuses an address uprobe it cannot check against a "
+                   "symbol table ('Could not resolve address'): the crypto group must run bpftrace with --unsafe when "
+                   "a probe's address comes from .gopclntab (probes/bpftrace.py, probes/group.py: not yet)",
+                   raises=AssertionError)
+def test_crypto_probes_count_a_stripped_build_exactly(probes_available: None, tmp_path: Path,
+                                                     builds: dict[str, tuple[Path, Path]]) -> None:
+    """Found by name in .gopclntab, probed at the same addresses: every seal, open and block encryption the
+    stripped workload makes is counted, as for its build with symbols (tests/test_crypto_probes.py)."""
+    stripped = builds["internal"][1]
+    if not any("gcmAesEnc" in p.symbol for p in cryptosyms.object_crypto(str(stripped)).probes):
+        pytest.skip("this Go toolchain has no gcmAesEnc assembly on this architecture")
+    truth_file, run = tmp_path / "truth.json", tmp_path / "run"
+    proc = attach_held([str(stripped), "20000", str(truth_file)], run, probes=("crypto",))
+    truth = json.loads(truth_file.read_text())
+    found = json.loads((run / "probes.json").read_text())["crypto"]
+    assert found["objects"][str(stripped)]["symbols"] == "gopclntab"
+    probed = {s["symbol"] for s in found["slots"]}
+    report = json.loads(qprof("report", str(run), "--format", "json").stdout)["crypto"]
+    assert report is not None, (run / "probe-crypto.log").read_text()[-300:]  # the uprobes attached and counted
+    p = report["processes"][str(proc.pid)]
+    print(f"\nworkload: {truth}; qprof: {p['calls']} {p['bytes']}; probed {sorted(probed)}")
+    assert {"crypto/internal/fips140/aes/gcm.gcmAesEnc", "crypto/internal/fips140/aes/gcm.gcmAesDec"} <= probed
+    assert (p["calls"]["aead_seal"], p["calls"]["aead_open"], p["calls"]["header_protection"]) == \
+        (truth["seal"], truth["open"], truth["block_encrypt"])
+    assert p["bytes"]["aead_seal"] == p["bytes"]["aead_open"] == truth["plaintext_bytes"]
+    assert "runtime.morestack" in (run / "probe-crypto.bt").read_text()  # re-entries found through the table too

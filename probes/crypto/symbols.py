@@ -3,7 +3,11 @@
 For every object a target maps (or will map: a target held right after exec
 has mapped nothing but itself, so its DT_NEEDED libraries are resolved the way
 the loader would), the symbol tables are read with pyelftools and matched
-against a table of per-packet QUIC crypto entry points:
+against a table of per-packet QUIC crypto entry points. A Go binary stripped of its
+`.symtab` (`-ldflags=-s -w`, `strip`, as distributions ship it) is read through Go's own
+function table instead (`.gopclntab`, probes.gopclntab), which it always keeps: its entry
+points are found by the same names at the same addresses, so it is probed as its build with
+symbols is.
 
   library      seal / open (AEAD)                          header protection (HP)
   OpenSSL,     EVP_EncryptUpdate / EVP_DecryptUpdate        inside EVP_EncryptUpdate (split by size)
@@ -45,6 +49,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from qprof.probes import gopclntab
 
 CPU_FLAGS = ("aes", "vaes", "pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "sse4_1", "ssse3")
 SEAL, OPEN, HP = "aead_seal", "aead_open", "header_protection"
@@ -158,6 +163,10 @@ _CIPHERS = {
 # CRYPTOGAMS assembly carries these banners in .rodata: evidence of AES-NI code in a stripped object.
 _HW_BANNERS = (b"AES for Intel AES-NI", b"AES-NI GCM module", b"aes-gcm-x86-aesni", b"aes-gcm-x86-pclmul")
 
+# A Rust binary stripped of its symbols (Cargo's `strip = true`) keeps its crates' source paths in .rodata (panic
+# locations): which crypto crate it links, when nothing names that crate's functions any more.
+_RUST_CRATE_PATHS = re.compile(rb"/(ring|aws-lc-rs)-\d+\.\d+\.\d+/src/")
+
 # GnuTLS names its ciphers in .rodata; its per-cipher code is stripped.
 _CIPHER_NAMES = (b"AES-128-GCM", b"AES-256-GCM", b"CHACHA20-POLY1305")
 
@@ -173,7 +182,7 @@ class Probe:
     library: str
     symbol: str
     address: int  # virtual address in the object (bpftrace converts it to a file offset)
-    table: str  # "dynsym" (exported) or "symtab" (full table)
+    table: str  # "dynsym" (exported), "symtab" (full table) or "gopclntab" (a stripped Go binary's own table)
     kind: str
     cipher: str | None
     length: str | None
@@ -193,7 +202,7 @@ class ObjectCrypto:
     """What one object offers: library kinds, crypto symbols, probes, AES hardware paths."""
 
     path: str
-    symbols: str  # "symtab", "dynsym", "none" or "unreadable"
+    symbols: str  # "symtab", "dynsym", "gopclntab" (a Go binary without .symtab), "none" or "unreadable"
     libraries: list[str] = field(default_factory=list)
     found: dict[str, list[str]] = field(default_factory=dict)  # table -> matching crypto symbols
     probes: list[Probe] = field(default_factory=list)
@@ -283,6 +292,12 @@ def _function_symbols(elf: ELFFile, table: str, interest: re.Pattern[str] = _INT
         yield name, value, size
 
 
+def _go_functions(go: gopclntab.GoFunctions, interest: re.Pattern[str] = _INTEREST) -> list[tuple[str, int, int]]:
+    """_function_symbols' (name, address, size) from a Go binary's own function table: the names are the
+    runtime's, which are the linker's but for `.abi0` on assembly (the entry-point patterns accept both)."""
+    return [(n, a, size) for n, a, size in go.sized() if interest.search(n)]
+
+
 def _sections_have(elf: ELFFile, needles: tuple[bytes, ...]) -> list[str]:
     """Which needles occur in .rodata or .text (CRYPTOGAMS assembly keeps its banner after its code)."""
     found: list[str] = []
@@ -295,16 +310,25 @@ def _sections_have(elf: ELFFile, needles: tuple[bytes, ...]) -> list[str]:
     return found
 
 
-def _libraries(names: set[str], path: str, is_go: bool) -> list[str]:
+def _rust_crates(elf: ELFFile) -> set[str]:
+    """The crypto crates whose source paths a Rust binary's .rodata holds (_RUST_CRATE_PATHS)."""
+    sec = elf.get_section_by_name(".rodata")
+    if sec is None or sec["sh_type"] == "SHT_NOBITS":
+        return set()
+    return {m.decode() for m in _RUST_CRATE_PATHS.findall(sec.data())}
+
+
+def _libraries(names: set[str], path: str, is_go: bool, crates: set[str]) -> list[str]:
     base = os.path.basename(path)
     libs = []
-    aws = any(re.match(r"aws_lc_\d+_\d+_\d+_", n) for n in names) or "awslc_api_version_num" in names
+    aws = any(re.match(r"aws_lc_\d+_\d+_\d+_", n) for n in names) or "awslc_api_version_num" in names or \
+        "aws-lc-rs" in crates
     boring = aws or any(re.fullmatch(_AWS + r"EVP_AEAD_CTX_seal\w*", n) for n in names)
     if boring:
         libs.append("aws-lc" if aws else "boringssl")
     elif "EVP_EncryptUpdate" in names:
         libs.append("openssl")
-    if any(n.startswith("ring::aead") or n.startswith("ring_core_") for n in names):
+    if any(n.startswith("ring::aead") or n.startswith("ring_core_") for n in names) or "ring" in crates:
         libs.append("ring")
     if "gnutls_aead_cipher_encrypt" in names or base.startswith("libgnutls."):
         libs.append("gnutls")
@@ -329,17 +353,22 @@ def object_crypto(path: str) -> ObjectCrypto:
             symtab_n = elf.get_section_by_name(".symtab")
             kind = "symtab" if isinstance(symtab_n, SymbolTableSection) and symtab_n.num_symbols() > 1 else (
                 "dynsym" if tables[".dynsym"] or elf.get_section_by_name(".dynsym") is not None else "none")
-            is_go = elf.get_section_by_name(".gopclntab") is not None or \
-                elf.get_section_by_name(".go.buildinfo") is not None
-            morestack = next((a for n, a, _ in _function_symbols(elf, ".symtab", _GO_MORESTACK)
-                              if _GO_MORESTACK.fullmatch(n)), None) if is_go else None
+            is_go = any(elf.get_section_by_name(s) is not None for s in (*gopclntab.SECTIONS, ".go.buildinfo"))
+            go = gopclntab.read(elf) if is_go and kind != "symtab" else None
+            if go is not None and go.functions:  # stripped Go: its own table names what .symtab did
+                kind, tables["gopclntab"] = "gopclntab", _go_functions(go)
+                runtime = _go_functions(go, _GO_MORESTACK)
+            else:
+                runtime = list(_function_symbols(elf, ".symtab", _GO_MORESTACK)) if is_go else []
+            morestack = next((a for n, a, _ in runtime if _GO_MORESTACK.fullmatch(n)), None)
             banners = _sections_have(elf, _HW_BANNERS)
+            crates = _rust_crates(elf) if kind != "symtab" else set()
             cipher_names = _sections_have(elf, _CIPHER_NAMES) if \
                 os.path.basename(path).startswith("libgnutls.") else []
     except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
         return ObjectCrypto(path, "unreadable", notes=[f"unreadable: {e}"])
     names = {n for t in tables.values() for n, _, _ in t}
-    obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go), go_morestack=morestack)
+    obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go, crates), go_morestack=morestack)
     if not obj.libraries:
         return obj
     rule_libs = {_rule_library(lib) for lib in obj.libraries}
@@ -382,15 +411,21 @@ def object_crypto(path: str) -> ObjectCrypto:
                       + (f"; software AES: {', '.join(sw_ev[:3])}" if sw_ev else "")}
     else:
         obj.aes_hw = {"present": None, "evidence": "unknown: symbols stripped and no AES-NI banner found"}
-    obj.notes += _stripped_notes(obj, names)
+    obj.notes += _stripped_notes(obj, names, crates)
+    if go is not None and not go.functions:
+        obj.notes.append(f"symbols absent: {os.path.basename(path)} is a Go binary without .symtab and its "
+                         f".gopclntab was not read ({go.reason}): its crypto calls are not counted")
     return obj
 
 
-def _stripped_notes(obj: ObjectCrypto, names: set[str]) -> list[str]:
+def _stripped_notes(obj: ObjectCrypto, names: set[str], crates: set[str]) -> list[str]:
     """Say what is missing from a stripped object and where calls are counted instead."""
+    base = os.path.basename(obj.path)
+    if crates and not obj.probes:
+        return [f"symbols absent: {base} is stripped (no .symtab) and links {', '.join(sorted(crates))} (its source "
+                "paths are in .rodata): no function of it has a name to probe, so its crypto calls are not counted"]
     if obj.symbols != "dynsym":
         return []
-    base = os.path.basename(obj.path)
     notes = []
     if "gnutls" in obj.libraries:
         notes.append(f"symbols absent: {base} stripped to .dynsym; AEAD calls counted at the exported "
