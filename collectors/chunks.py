@@ -129,6 +129,9 @@ class ChunkFolder:
         # no chunk is folded before, so chunks name the same frames the same way
         self.symbols_ready = threading.Event()
         self.symbols_ready.set()
+        # with followed cgroups (collectors.service): the wall time the session last looked for new
+        # members; a chunk perf finished after it may hold a pid not yet in its group's
+        self.targets_seen: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -174,13 +177,23 @@ class ChunkFolder:
         self.symbols_ready.wait()
         waiting = [(p, g) for g in self.groups
                    for p in runfiles.chunk_files(self.out, g.perf_data, include_current=final)
-                   if p.name not in self.state.folded]
+                   if p.name not in self.state.folded and (final or self._pids_known(p))]
         waiting.sort(key=lambda pg: pg[0].name)
         if not final:
             self._enforce_budget(waiting)
         for i, (path, group) in enumerate(waiting):
             if path.exists():
                 self._fold_chunk(path, group, final or self._behind(waiting[i:]))
+
+    def _pids_known(self, chunk: Path) -> bool:
+        """Whether every target in the chunk is in its group's pids (folding keeps only those): the
+        session looked for new members of the followed cgroups after perf finished writing it."""
+        if self.targets_seen is None:
+            return True
+        try:
+            return chunk.stat().st_mtime < self.targets_seen
+        except OSError:
+            return True  # dropped meanwhile: the pass skips it
 
     def _enforce_budget(self, waiting: list[tuple[Path, SampleGroup]]) -> None:
         sizes = {p: _size(p) for p, _ in waiting}

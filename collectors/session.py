@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -34,13 +33,14 @@ from qprof import runfiles
 from qprof.version import __version__
 from qprof import archive
 from qprof.archive import procfs
-from qprof.collectors import chunks, debuginfo, elf, netstat, sysinfo
+from qprof.collectors import chunks, debuginfo, elf, mapfiles, netstat, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
+from qprof.collectors.service import Followed, v2_hierarchy
 from qprof.archive.model import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCOMPLETE, Image,
                                      LiveData, MappedObject, Meta, PressureSource, ProcReading,
-                                     SampleGroup, Sampling, SamplingScope, Target)
+                                     SampleGroup, Sampling, SamplingScope, Service, Target)
 from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.probes.registry import DEFAULT_GROUPS
@@ -73,6 +73,7 @@ class AttachOptions:
     raw_budget: int = chunks.DEFAULT_RAW_BUDGET  # bytes of unfolded chunks before the oldest is dropped
     chunk_bytes: int = chunks.CHUNK_BYTES  # perf data file size at which perf starts a new chunk
     until_idle: float | None = None  # stop once every target that worked has been idle this long (IdleWatch)
+    services: list[Service] = field(default_factory=list)  # cgroups followed (--cgroup/--unit: collectors.service)
 
 
 # cgroup: filtered in the kernel, each target sampled on its own CPU time (collectors.perfcgroup);
@@ -112,8 +113,8 @@ def choose_unwind(requested: str, exe: MappedObject | None) -> tuple[str, str]:
 
 
 def validate_options(opts: AttachOptions) -> None:
-    if not opts.pids:
-        raise QprofError("no target: give at least one pid (qprof attach PID...)")
+    if not opts.pids and not opts.services:
+        raise QprofError("no target: give at least one pid (qprof attach PID...) or a service (--cgroup, --unit)")
     if len(set(opts.pids)) != len(opts.pids):
         raise QprofError("a pid is given twice: list each target once")
     if opts.duration is not None and not (0 < opts.duration <= 7 * 24 * 3600):
@@ -150,6 +151,7 @@ class AttachSession:
         self.cgroups: SampleCgroups | None = None
         self.pressure_cgroups: SampleCgroups | None = None  # for PSI, where sampling made none in cgroup v2
         self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from
+        self.mapped: mapfiles.MappedFiles | None = None  # the targets' files as they see them (made with the run directory)
         self._mapped_later: dict[int, list[str]] = {}  # per target: objects mapped after it was described
         self.folder: chunks.ChunkFolder | None = None
         self.meta: Meta | None = None  # None until the run directory holds a meta.json
@@ -161,6 +163,9 @@ class AttachSession:
         self._own_cpu0 = _OWN_CPU_COUNTED  # qprof's process since it began (or since the last session ended)
         self._children_cpu0 = _children_cpu()  # every helper program it runs and reaps, from here on
         self._targets_are_children = any(procfs.parent_of(p) == os.getpid() for p in opts.pids)
+        self.followed: Followed | None = None
+        self._service_of: dict[int, Service] = {}  # a followed cgroup's member -> that cgroup
+        self._service_mode: dict[str, str] = {}  # a followed cgroup -> the unwinding of its one recorder
 
     # -- signals: a Ctrl-C/SIGTERM while collecting ends collection (the run is folded as usual);
     # one that comes after collection ended (while stopping or folding), or a second one, skips
@@ -186,6 +191,7 @@ class AttachSession:
         perf = require_perf()
         for pid in opts.pids:
             procfs.check_pid(pid)
+        self._services_at_start()
         out = archive.create_run_dir(opts.out)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         old_umask = os.umask(0o077)  # the archive is owner-only: it names other people's processes
@@ -231,23 +237,94 @@ class AttachSession:
             return
         self._finish(out, STATUS_INCOMPLETE, reason)
 
+    def _readable(self, pid: int, path: str) -> str | None:
+        return self.mapped.readable(pid, path) if self.mapped is not None else None
+
     def _describe(self, pid: int) -> Target:
         t = procfs.target_info(pid)
-        t.objects = [elf.object_info(p) for p in procfs.mapped_objects(pid)]
+        names = procfs.mapped_objects(pid)
+        if self.mapped is not None:  # read through the target's view while it lives; perf gets copies
+            self.mapped.see(pid)
+            self.symbols.add(names, self.mapped.of(pid, names))
+        t.objects = [elf.object_info(p, self._readable(pid, p)) for p in names]
         t.role = self.opts.roles.get(pid)
+        svc = self._service_of.get(pid)
+        t.service = svc.name if svc is not None else None
         return t
 
+    def _services_at_start(self) -> None:
+        """The followed cgroups' members become targets, with their cgroup's role."""
+        opts = self.opts
+        if not opts.services:
+            return
+        self.followed = Followed(v2_hierarchy(), opts.services)
+        for pid, svc in self.followed.start().items():
+            self._join(pid, svc)
+
+    def _join(self, pid: int, svc: Service) -> None:
+        self._service_of[pid] = svc
+        if pid not in self.opts.pids:
+            self.opts.pids.append(pid)
+        if svc.role is not None:
+            self.opts.roles.setdefault(pid, svc.role)
+
     def _describe_targets(self) -> tuple[list[Target], dict[str, list[int]]]:
-        """The targets with their unwinding chosen, and their pids by unwinding mode (one perf each)."""
+        """The targets with their unwinding chosen, and their pids by unwinding mode (one perf each).
+        A followed cgroup is sampled by one recorder (perf -G names the cgroup, not its pids): its
+        members take the mode most of them want."""
         targets: list[Target] = []
-        groups: dict[str, list[int]] = {}
         for pid in self.opts.pids:
             t = self._describe(pid)
-            mode, t.unwind_reason = choose_unwind(self.opts.unwind, elf.object_info(t.exe) if t.exe else None)
-            t.unwind = mode
-            groups.setdefault(mode, []).append(pid)
+            t.unwind, t.unwind_reason = choose_unwind(
+                self.opts.unwind, elf.object_info(t.exe, self._readable(pid, t.exe)) if t.exe else None)
             targets.append(t)
+        for svc in self.opts.services:
+            modes = [t.unwind for t in targets if t.service == svc.name]
+            mode = max(sorted(set(modes)), key=modes.count)  # a tie: "dwarf" sorts first, and recovers more
+            self._service_mode[svc.name] = mode
+            for t in targets:
+                if t.service == svc.name and t.unwind != mode:
+                    t.unwind, t.unwind_reason = mode, (f"{mode}, as most processes of {svc.name} want: one "
+                                                       f"recorder samples the cgroup ({t.unwind_reason})")
+        groups: dict[str, list[int]] = {}
+        for t in targets:
+            groups.setdefault(str(t.unwind), []).append(t.pid)
         return targets, groups
+
+    def _follow_services(self, out: Path, elapsed: float) -> None:
+        """Processes that appeared in a followed cgroup since the last look (a worker forked, replaced
+        or moved in) become targets: described, sampled by their cgroup's recorder, probed, counted.
+        The folder may then fold chunks written before this look: every pid in them is known."""
+        if self.followed is None or self.meta is None:
+            return
+        looked = time.time()
+        joined: list[int] = []
+        for pid, svc in self.followed.arrivals().items():
+            self._service_of[pid] = svc
+            try:
+                t = self._describe(pid)
+            except (QprofError, OSError):
+                continue  # gone before it could be described: a short-lived process
+            if not t.exe:
+                continue  # a kernel thread, or it exited meanwhile
+            self._join(pid, svc)
+            t.role, t.joined_s = self.opts.roles.get(pid), round(elapsed, 3)
+            mode = self._service_mode[svc.name]
+            t.unwind, t.unwind_reason = mode, f"{mode}, as the cgroup {svc.name} it joined"
+            group = next((g for g in self.meta.sampling.groups if g.unwind == mode), None)
+            if group is not None:
+                group.pids.append(pid)
+            self.meta.targets.append(t)
+            joined.append(pid)
+            self.status(f"following pid {pid} ({t.comm}): new in {svc.unit or svc.name}")
+        if joined:
+            if self.probes is not None:
+                self.probes.add_targets(joined)
+            if self.traffic is not None:
+                self.traffic.follow(joined)
+            archive.write_meta(out, self.meta)
+        if self.folder is not None:
+            self.folder.targets_seen = looked
 
     @staticmethod
     def _renew(t: Target, fresh: Target) -> None:
@@ -266,6 +343,7 @@ class AttachSession:
 
     def _collect(self, perf: str, out: Path) -> None:
         opts = self.opts
+        self.mapped = mapfiles.MappedFiles(out, self.symbols.root, self.status)
         targets, groups = self._describe_targets()
         meta = self.meta = Meta(
             status=STATUS_COLLECTING, qprof_version=__version__, host=sysinfo.host_info(),
@@ -275,19 +353,21 @@ class AttachSession:
                               [SampleGroup(m, p, runfiles.perf_data(m)) for m, p in groups.items()],
                               opts.chunk_bytes, opts.keep_raw),
             targets=targets, requested_duration_s=opts.duration, probes=list(opts.probes),
-            collector=procfs.process_identity(os.getpid()))
+            collector=procfs.process_identity(os.getpid()), services=list(opts.services))
         archive.write_meta(out, meta)
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
-        self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status)
+        self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status, follow=bool(opts.services))
         self.probes.launch()
         self._perf = perf
         self.traffic = TrafficRecorder(out, opts.pids, self.status)
         self.traffic.start(time.monotonic())
         for mode, pids in groups.items():
             self._start_recorder(out, mode, pids)
-        self._pressure_cgroups(out, opts.pids)
+        self._pressure_cgroups(out, [p for p in opts.pids if p not in self._service_of])
         self.folder = chunks.ChunkFolder(perf, out, meta.sampling.groups, keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status)
+        if self.followed is not None:
+            self.folder.targets_seen = time.time()  # every member so far is a target
         # names for stripped objects (collectors.debuginfo), looked for in the background as the targets map
         # them: a debuginfod server may take its time, sampling never waits; the folder waits for them
         self.folder.symbols_ready = self.symbols.ready
@@ -315,7 +395,7 @@ class AttachSession:
         meta.perf_exit = {r.unwind: r.stop() for r in self.recorders}
         meta.perf_cpu_s = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
-        _keep_jit_maps(out, opts.pids)
+        mapfiles.keep_jit_maps(out, opts.pids)
         self.status("resolving symbols and folding stacks (perf script)")
         assert self.folder is not None
         self.symbols.add([o.path for t in meta.targets for o in t.objects])
@@ -359,11 +439,13 @@ class AttachSession:
             new = [p for p in procfs.mapped_objects(t.pid) if p not in known]
             if new:
                 later += new
-                self.symbols.add(new)
+                assert self.mapped is not None
+                self.mapped.see(t.pid)
+                self.symbols.add(new, self.mapped.of(t.pid, new))
 
     def _describe_mapped_later(self) -> None:
         for t in self.meta.targets if self.meta is not None else ():
-            t.objects += [elf.object_info(p) for p in self._mapped_later.pop(t.pid, [])]
+            t.objects += [elf.object_info(p, self._readable(t.pid, p)) for p in self._mapped_later.pop(t.pid, [])]
 
     def follow_exec(self, out: Path, elapsed: float) -> None:
         """Targets that exec'd since the last look: their identity, objects and unwinding are the
@@ -434,11 +516,19 @@ class AttachSession:
         try:
             if h is None:
                 raise OSError("no cgroup hierarchy is mounted")
-            if self.cgroups is None:
-                for gone in cleanup_leftovers(h):
-                    self.status(f"removed a sampling cgroup left by a killed qprof: {gone}")
-                self.cgroups = SampleCgroups(h)
-            names = self.cgroups.place(pids)
+            # a followed cgroup is sampled as it is, nothing moved; a pid of its own gets a child cgroup
+            services = list(dict.fromkeys(self._service_of[p].name for p in pids if p in self._service_of))
+            if services and h.version != "v2":
+                raise OSError(f"perf's cgroups are the v1 perf_event hierarchy at {h.mount}, the followed "
+                              f"cgroups are in cgroup v2")
+            names = services
+            own = [p for p in pids if p not in self._service_of]
+            if own:
+                if self.cgroups is None:
+                    for gone in cleanup_leftovers(h):
+                        self.status(f"removed a sampling cgroup left by a killed qprof: {gone}")
+                    self.cgroups = SampleCgroups(h)
+                names += self.cgroups.place(own)
         except OSError as e:
             if want == "cgroup" or scope.cgroups:
                 # a later recorder cannot change mode: its targets' samples would follow another clock
@@ -463,6 +553,8 @@ class AttachSession:
         h = pressure_hierarchy()
         if h is None:
             record.unavailable = "no cgroup v2 hierarchy with CPU pressure (PSI) is mounted"
+        elif not pids:
+            record.hierarchy = f"v2 {h.mount} (the followed cgroups' own, shared by their processes)"
         elif self.cgroups is not None and self.cgroups.h.mount == h.mount:
             record.hierarchy = f"v2 {h.mount} (the sampling cgroups)"
         else:
@@ -504,8 +596,10 @@ class AttachSession:
             while True:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
+                    self._follow_services(out, now - start)
                     self.follow_exec(out, now - start)
                     self._new_objects()
+                    mapfiles.keep_jit_maps(out, [p for p in opts.pids if procfs.is_alive(p)])  # a private /tmp goes with its process
                     reading = procfs.reading(opts.pids)
                     if self.probes is not None:  # new output lines only: the probes print once a second
                         self._probe_maps = self.probes.live_maps()
@@ -530,7 +624,8 @@ class AttachSession:
                     return
                 if opts.duration is not None and now - start >= opts.duration:
                     self._stop_reason = "duration reached"
-                elif not any(procfs.is_alive(p) for p in opts.pids):
+                elif not any(procfs.is_alive(p) for p in opts.pids) and (self.followed is None or
+                                                                          self.followed.empty()):
                     self._stop_reason = "every target exited"
                 elif idle is not None and idle.ended():
                     self._stop_reason = f"the targets' work ended: idle for {opts.until_idle:g} s (--until-idle)"
@@ -592,16 +687,6 @@ class IdleWatch:
 
     def ended(self) -> bool:
         return bool(self._active_at) and all(self._now - t >= self.seconds for t in self._active_at.values())
-
-
-def _keep_jit_maps(out: Path, pids: list[int]) -> None:
-    """Copy the targets' /tmp/perf-PID.map (JIT and Python -X perf symbols) into the archive:
-    they vanish with the process or its clean-up, and name frames perf cannot resolve otherwise."""
-    for pid in pids:
-        src = Path(f"/tmp/perf-{pid}.map")
-        if src.is_file():
-            (out / runfiles.PERF_MAPS).mkdir(exist_ok=True)
-            shutil.copyfile(src, out / runfiles.PERF_MAPS / src.name)
 
 
 # This process's CPU seconds already charged to a session: a session counts what qprof's process used

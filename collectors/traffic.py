@@ -94,7 +94,15 @@ class TrafficRecorder:
 
     def start(self, now: float) -> dict[str, Any]:
         """Open sock_diag in each target's namespace and take the first counters."""
-        for pid in self.pids:
+        self.follow(self.pids)
+        return self.poll(now, {})
+
+    def follow(self, pids: list[int]) -> None:
+        """Targets that joined (a followed service's new worker): a sock_diag in each namespace not yet
+        watched; their sockets are counted from the next poll."""
+        for pid in pids:
+            if pid not in self.pids:
+                self.pids.append(pid)
             ns = netns_id(pid)
             if ns is None or ns in self.diags:
                 continue
@@ -102,7 +110,6 @@ class TrafficRecorder:
                 self.diags[ns] = TcpDiag(pid)
             except OSError as e:
                 self._error(f"sock_diag in {ns} (pid {pid}): {e.strerror or e}: TCP bytes not counted there")
-        return self.poll(now, {})
 
     def _error(self, msg: str) -> None:
         if msg not in self.errors:

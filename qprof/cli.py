@@ -15,6 +15,7 @@ from qprof.viewer.console import text_console
 
 if TYPE_CHECKING:
     from qprof.archive import Run
+    from qprof.archive.model import Service
     from qprof.attribution.mapping import MappingSet
     from qprof.collectors.session import AttachOptions
     from qprof.viewer.outputs import Output, Rendered, Request
@@ -155,6 +156,17 @@ def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> 
 @click.argument("pids", nargs=-1, type=int)
 @click.option("--server", "servers", multiple=True, type=int, help="A server endpoint's pid (for the verdict).")
 @click.option("--client", "clients", multiple=True, type=int, help="A client endpoint's pid (for the verdict).")
+@click.option("--cgroup", "cgroups", multiple=True, metavar="PATH",
+              help="Every process of this cgroup (a service's, a container's), followed as workers start and "
+                   "exit; its directory or its path as /proc/PID/cgroup shows it. Nothing in it is moved.")
+@click.option("--server-cgroup", "server_cgroups", multiple=True, metavar="PATH",
+              help="As --cgroup, every process in it a server.")
+@click.option("--client-cgroup", "client_cgroups", multiple=True, metavar="PATH",
+              help="As --cgroup, every process in it a client.")
+@click.option("--unit", "units", multiple=True, metavar="NAME",
+              help="A systemd unit's cgroup, as --cgroup (where systemd runs).")
+@click.option("--server-unit", "server_units", multiple=True, metavar="NAME", help="As --unit, a server.")
+@click.option("--client-unit", "client_units", multiple=True, metavar="NAME", help="As --unit, a client.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Run directory to create (default: ./qprof-run-DATE-TIME).")
 @click.option("--until-idle", "until_idle", type=float, default=None, metavar="SECONDS",
@@ -162,13 +174,17 @@ def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> 
                    "2% of a core): a benchmark's end, when its endpoints stay up.")
 @_sampling_options
 @_guard
-def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], until_idle: float | None,
+def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, ...], cgroups: tuple[str, ...],
+           server_cgroups: tuple[str, ...], client_cgroups: tuple[str, ...], units: tuple[str, ...],
+           server_units: tuple[str, ...], client_units: tuple[str, ...], until_idle: float | None,
            duration: float | None, out: Path | None, frequency: int, unwind: str, scope: str, probes: str,
            keep_raw: bool, raw_budget: str, chunk_size: str, otlp: str | None, quiet: bool) -> None:
     """Sample running QUIC endpoints (all threads, kernel and user stacks) and write a run archive.
 
     Give endpoints as PIDs, or as --server PID / --client PID so the report can
-    judge which side limits the run.
+    judge which side limits the run; a service as the cgroup or systemd unit it
+    runs in (--cgroup, --unit; with a role: --server-cgroup ...), whose
+    processes are all followed, workers started during the run included.
 
     Stops at --duration, on Ctrl-C, when every target has exited, or (with
     --until-idle) when their work has ended; the archive keeps whatever was
@@ -184,12 +200,31 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     opts = _attach_options([*servers, *clients, *pids], out or _default_out(), roles, duration, frequency, unwind,
                            scope, probes, keep_raw, raw_budget, chunk_size)
     opts.until_idle = until_idle
+    opts.services = _services({None: cgroups, "server": server_cgroups, "client": client_cgroups},
+                              {None: units, "server": server_units, "client": client_units})
     path = _watching(quiet, lambda status, tick: AttachSession(opts, status=status, on_tick=tick).run())
     click.echo(str(path))
     if not quiet:
         _stderr.print(f"qprof: run archive written; read it with: qprof report {path}")
     if otlp is not None:
         _export(path, otlp)
+
+
+def _services(cgroups: dict[str | None, tuple[str, ...]], units: dict[str | None, tuple[str, ...]]
+              ) -> "list[Service]":
+    """The services to follow, each resolved to its cgroup now: a wrong name fails before the run."""
+    from qprof.collectors.service import resolve_cgroup, resolve_unit, v2_hierarchy
+
+    if not any(cgroups.values()) and not any(units.values()):
+        return []
+    h = v2_hierarchy()
+    found = [resolve_cgroup(c, h, role) for role, cs in cgroups.items() for c in cs]
+    found += [resolve_unit(u, h, role) for role, us in units.items() for u in us]
+    names = [s.name for s in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise QprofError(f"cgroup {', '.join(twice)} is named twice: give each service once, with one role")
+    return found
 
 
 @main.command(context_settings={"allow_interspersed_args": False})

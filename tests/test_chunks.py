@@ -135,6 +135,27 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     assert totals(run) == totals(capture)
 
 
+def test_a_chunk_finished_after_the_last_look_for_new_members_waits(capture: Path, tmp_path: Path) -> None:
+    """A followed service (attach --cgroup): a chunk perf finished after the session last looked for
+    new processes may hold one not yet in its group's pids, which folding would drop; it waits for
+    the next look, and the final pass folds everything."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    done = chunk_files(run, "perf-dwarf.data", include_current=False)
+    assert len(done) >= 3
+    folder = ChunkFolder(require_perf(), run, groups(run), keep_raw=True)
+    folder.targets_seen = min(c.stat().st_mtime for c in done) - 1.0
+    folder.fold_pass(final=False)
+    assert folder.state.folded == []
+    os.utime(done[-1], (time.time() + 60, time.time() + 60))  # finished after the next look
+    folder.targets_seen = time.time()
+    folder.fold_pass(final=False)
+    assert sorted(folder.state.folded) == sorted(c.name for c in done[:-1])
+    folder.finish()
+    assert done[-1].name in folder.state.folded and totals(run) == totals(capture)
+
+
 def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path: Path) -> None:
     """Killed before any chunk was folded: the raw data is all there, so `report` on the boot that
     recorded the run folds it itself and says so; another user's archive is not put through perf
