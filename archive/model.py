@@ -26,7 +26,7 @@ NEVER_NULL = {"never_null": True}
 # how an object got its function names, best first (collectors.debuginfo decides)
 SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
     "symtab", "debug file", "debuglink", "minidebuginfo", "debuginfod", "unwind table", "dynsym only", "none")
-GOPCLNTAB = "gopclntab"  # a Go binary's own function table (collectors.gopclntab): ranks after MINIDEBUGINFO
+GOPCLNTAB = "gopclntab"  # a Go binary's own function table (probes.gopclntab): ranks after MINIDEBUGINFO
 
 
 @dataclass(frozen=True)

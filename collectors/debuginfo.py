@@ -9,7 +9,7 @@ targets map, in this order (the first that has function names wins):
 2. a separate debug file: by build-id (`/usr/lib/debug/.build-id/ab/cdef.debug`,
    what Debian's -dbgsym packages install) or by `.gnu_debuglink`;
 3. MiniDebugInfo (`.gnu_debugdata`, an xz-compressed symbol table, as Fedora ships);
-4. a Go binary's own function table (`.gopclntab`, collectors.gopclntab): every Go
+4. a Go binary's own function table (`.gopclntab`, probes.gopclntab): every Go
    function's entry and name, which a stripped Go binary keeps (code outside it, cgo's
    C, named as by the unwind table below);
 5. a debuginfod server, when `DEBUGINFOD_URLS` is set: `GET URL/buildid/ID/debuginfo`,
@@ -54,7 +54,7 @@ from elftools.elf.sections import SymbolTableSection
 
 from qprof.archive import schema
 from qprof.archive.procfs import DELETED
-from qprof.collectors import gopclntab
+from qprof.probes import gopclntab
 from qprof.collectors.elf import build_id_of
 from qprof.collectors.mapfiles import SAME, ObjectView
 from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, GOPCLNTAB, MINIDEBUGINFO, NONE, SYMTAB,

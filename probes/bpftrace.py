@@ -91,12 +91,13 @@ class BpftraceProcess(ProbeProcess):
         super().__init__(name, output, log)
         self.program = program
 
-    def spawn(self, bpftrace: str) -> None:
-        """Start bpftrace; it compiles for about a second before its probes are live."""
+    def spawn(self, bpftrace: str, flags: tuple[str, ...] = ()) -> None:
+        """Start bpftrace; it compiles for about a second before its probes are live. `flags`: the
+        group's own options (crypto: --unsafe for uprobes at addresses only Go's table names)."""
         with open(self.program, "a", encoding="utf-8") as f:
             f.write(READY_PROBE.format(pid=os.getpid()))
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
-               bpftrace, "-f", "json", str(self.program)]
+               bpftrace, *flags, "-f", "json", str(self.program)]
         env = {**os.environ, "BPFTRACE_STRLEN": "64", "BPFTRACE_NO_USER_SYMBOLS": "1"}
         self._popen(cmd, die_with_parent(signal.SIGTERM), env)
 

@@ -89,6 +89,10 @@ class BpftraceGroup:
         return render(program_text(self.package, self.name),
                       {"TARGET": pid_predicate(ctx.pids, follow=ctx.follow)}), {}
 
+    def flags(self, extra: dict[str, Any]) -> tuple[str, ...]:
+        """bpftrace options this group's program needs, from what `program` recorded beside it."""
+        return ()
+
     def start(self, ctx: Context) -> Launch:
         problem = bpftrace_problem()
         if problem is not None:
@@ -99,7 +103,7 @@ class BpftraceGroup:
         proc = BpftraceProcess(self.name, path, ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                 ctx.out / runfiles.probe_file(self.name, "log"))
         ctx.status(f"starting probes: {self.name}")
-        proc.spawn(shutil.which("bpftrace") or "bpftrace")
+        proc.spawn(shutil.which("bpftrace") or "bpftrace", self.flags(extra))
         return Launch(proc, {"script": path.name, "output": proc.output.name, "mechanism": "bpftrace"},
                       {"bpftrace_version": bpftrace_version(), **extra})
 

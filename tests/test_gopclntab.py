@@ -410,10 +410,6 @@ def test_crypto_entry_points_of_a_stripped_build(builds: dict[str, tuple[Path, P
 
 @pytest.mark.root
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bpftrace 0.17's safe mode refuses an address uprobe it cannot check against a "
-                   "symbol table ('Could not resolve address'): the crypto group must run bpftrace with --unsafe when "
-                   "a probe's address comes from .gopclntab (probes/bpftrace.py, probes/group.py: not yet)",
-                   raises=AssertionError)
 def test_crypto_probes_count_a_stripped_build_exactly(probes_available: None, tmp_path: Path,
                                                      builds: dict[str, tuple[Path, Path]]) -> None:
     """Found by name in .gopclntab, probed at the same addresses: every seal, open and block encryption the

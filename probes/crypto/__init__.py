@@ -28,6 +28,14 @@ class CryptoGroup(BpftraceGroup):
         ctx.status(program.estimate_text(slots, found))
         return text, {"crypto": {**found, "slots": slots}}
 
+    def flags(self, extra: dict[str, Any]) -> tuple[str, ...]:
+        """bpftrace checks an address uprobe against the object's symbol table and refuses one it cannot
+        match ("Could not resolve address"); a stripped Go binary's entry points come from its own
+        function table (.gopclntab), which bpftrace does not read. --unsafe lifts that check only: the
+        addresses are function entries Go's table gives, and the program uses no unsafe builtin."""
+        slots = extra.get("crypto", {}).get("slots", [])
+        return ("--unsafe",) if any(s.get("table") == "gopclntab" for s in slots) else ()
+
     def start(self, ctx: Context) -> Launch:
         launched = super().start(ctx)
         if ctx.follow:

@@ -75,7 +75,7 @@ def build(discovery: dict[str, Any], follow: bool = False) -> tuple[str | None, 
                 "bytes": probe["length"] is not None, "table": probe["table"]}
         length = probe["length"]
         # every process calling it traps: counted for the host, then the targets' calls in detail
-        head = (f"// {probe['symbol']} ({probe['kind']}) in {obj_path}\nuprobe:{obj_path}:{address}\n{{\n"
+        head = (f"// {probe['symbol']} ({probe['kind']}) in {obj_path}\nuprobe:{obj_path}:{_where(obj, address)}\n{{\n"
                 f"\t@host_calls[{len(slots)}] = count();\n\tif ({_target(pids, follow)}) {{\n")
         if probe["split"] == "evp" and length:
             ids = {}
@@ -107,7 +107,8 @@ def build(discovery: dict[str, Any], follow: bool = False) -> tuple[str | None, 
                         for i, (mark, start, end, _) in enumerate(ranges))
         who = _target([p for *_, pids in ranges for p in pids], follow)
         blocks.append(f"// runtime.morestack in {obj_path}: a probed Go function re-entered after its stack "
-                      f"check failed is one call\nuprobe:{obj_path}:{discovery['objects'][obj_path]['go_morestack']}\n"
+                      f"check failed is one call\nuprobe:{obj_path}:"
+                      f"{_where(discovery['objects'][obj_path], discovery['objects'][obj_path]['go_morestack'])}\n"
                       f"{{\n\tif ({who}) {{\n\t\t$ra = *(uint64 *)reg(\"sp\");\n{tests}\t}}\n}}\n")
     if not blocks:
         return None, []
@@ -118,6 +119,13 @@ def build(discovery: dict[str, Any], follow: bool = False) -> tuple[str | None, 
                + (" print(@reentries);" if go_ranges else ""))
     footer = f"interval:s:1\n{{\n\t{printed}\n}}\n"  # an unused map is an error in bpftrace
     return header + "\n".join(blocks) + "\n" + footer, slots
+
+
+def _where(obj: dict[str, Any], address: str) -> str:
+    """A probe's location for bpftrace: the address, which it turns into a file offset through the
+    object's symbols; where they are gone (Go's own table named it) the file offset itself."""
+    delta = obj.get("probe_delta")
+    return address if delta is None else hex(int(address, 16) - int(delta))
 
 
 def _count(slot: int, length: str | None, indent: int = 1) -> str:

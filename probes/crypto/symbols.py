@@ -210,12 +210,24 @@ class ObjectCrypto:
     aes_hw: dict[str, Any] = field(default_factory=dict)  # present: bool|None, evidence, software_only
     notes: list[str] = field(default_factory=list)
     go_morestack: int | None = None  # runtime.morestack's address in a Go object (re-entries: _GO_MORESTACK)
+    # where an address has no symbol (a stripped Go binary), bpftrace places the probe at the number as a
+    # file offset: an address minus this (its executable segment's address less its file offset) is one
+    probe_delta: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "symbols": self.symbols, "libraries": self.libraries, "found": self.found,
                 "probes": [p.to_json() for p in self.probes], "ciphers": self.ciphers, "aes_hw": self.aes_hw,
                 "notes": self.notes,
-                "go_morestack": hex(self.go_morestack) if self.go_morestack is not None else None}
+                "go_morestack": hex(self.go_morestack) if self.go_morestack is not None else None,
+                "probe_delta": self.probe_delta}
+
+
+def _text_delta(elf: ELFFile) -> int | None:
+    """The executable PT_LOAD segment's virtual address less its file offset (None: no such segment)."""
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:  # PF_X
+            return int(seg["p_vaddr"]) - int(seg["p_offset"])
+    return None
 
 
 def cpu_flags() -> dict[str, bool]:
@@ -365,10 +377,12 @@ def object_crypto(path: str) -> ObjectCrypto:
             crates = _rust_crates(elf) if kind != "symtab" else set()
             cipher_names = _sections_have(elf, _CIPHER_NAMES) if \
                 os.path.basename(path).startswith("libgnutls.") else []
+            delta = _text_delta(elf) if kind == "gopclntab" else None
     except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
         return ObjectCrypto(path, "unreadable", notes=[f"unreadable: {e}"])
     names = {n for t in tables.values() for n, _, _ in t}
-    obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go, crates), go_morestack=morestack)
+    obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go, crates), go_morestack=morestack,
+                       probe_delta=delta)
     if not obj.libraries:
         return obj
     rule_libs = {_rule_library(lib) for lib in obj.libraries}
