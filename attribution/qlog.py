@@ -41,8 +41,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
+from qprof.attribution.causes import Cause
 from qprof.errors import QprofError
 
 REASONS = ("congestion_control", "flow_control", "application")
@@ -309,29 +310,20 @@ def sender(records: list[SenderRecord]) -> SenderRecord | None:
     return max(with_states, key=lambda r: r.packets_sent) if with_states else None
 
 
-# what the stack should say for each cause of the verdict: the sender's dominant reason(s)
-EXPECTED_REASONS = {
-    "link": ("congestion_control",),
-    "receive-buffer": ("congestion_control",),
-    "flow-control/application": ("application", "flow_control"),
-    "path": ("congestion_control",),
-    "flow-control": ("flow_control",),
-    "path/flow-control": ("congestion_control", "flow_control"),
-    "application": ("application",),
-    "scheduling": ("application",),  # its threads cannot fill the window
-    "handoffs": ("application",),
-}
-
-
-def agreement(cause: str | None, limiting_roles: list[str], record: SenderRecord) -> tuple[tuple[str, ...], bool | None]:
-    """(reasons the stack should give, whether it does) for the verdict's cause. A CPU-limited sender
-    cannot fill its window (application, in the stack's words); a CPU-limited receiver holds the
-    sender back by flow control or losses. None: the record cannot say (no congestion states)."""
-    if cause in EXPECTED_REASONS:
-        want = EXPECTED_REASONS[cause]
-    elif cause in ("cpu-busy", "cpu-starved") and record.role in limiting_roles:
+def agreement(causes: Sequence[Cause], limiting_roles: list[str],
+              record: SenderRecord) -> tuple[tuple[str, ...], bool | None]:
+    """(reasons the stack should give, whether it does) for the verdict's cause (its About.qlog). A
+    CPU-limited sender cannot fill its window (application, in the stack's words); a CPU-limited
+    receiver holds the sender back by flow control or losses. None: the record cannot say (no
+    congestion states), or the verdict names two causes or one the stack has no word for."""
+    if len(causes) != 1:
+        return (), None
+    about = causes[0].about
+    if about.qlog is not None:
+        want = about.qlog
+    elif about.cpu and record.role in limiting_roles:
         want = ("application",)
-    elif cause in ("cpu-busy", "cpu-starved"):
+    elif about.cpu:
         want = ("congestion_control", "flow_control")
     else:
         return (), None

@@ -59,9 +59,10 @@ its split of the sender's time is put beside the verdict with whether it agrees.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Iterable
 
+from qprof.attribution.causes import Cause
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.qlog import SenderRecord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
@@ -99,7 +100,7 @@ WORKING_ON_CPU = 0.10  # a thread on a CPU at least this share of its window doe
 class CheckGroup:
     """Checks that name a cause together, as _judge combines them: `any` one met, or `all` of them."""
 
-    cause: str
+    cause: Cause
     combine: str  # "any" or "all"
     thresholds: tuple[str, ...]
 
@@ -108,31 +109,28 @@ class CheckGroup:
 # the group of its own cause that lists its threshold: demand_of_capacity counts for cpu-starved when the
 # side stalled more than it ran, else for cpu-busy.
 CHECK_GROUPS = (
-    CheckGroup("cpu-busy", "any", ("thread_on_cpu", "on_cpu_of_capacity", "demand_of_capacity")),
-    CheckGroup("cpu-starved", "all", ("stalled", "stall_ratio", "cpus_busy")),
-    CheckGroup("cpu-starved", "any", ("throttled_periods", "demand_of_capacity")),
-    CheckGroup("receive-buffer", "any", ("receive_drop_share",)),
-    CheckGroup("link", "any", ("queue_share",)),
-    CheckGroup("scheduling", "all", ("scheduling_wait",)),
-    CheckGroup("handoffs", "all", ("scheduling_wait", "handoffs_cpus_idle")),
+    CheckGroup(Cause.CPU_BUSY, "any", ("thread_on_cpu", "on_cpu_of_capacity", "demand_of_capacity")),
+    CheckGroup(Cause.CPU_STARVED, "all", ("stalled", "stall_ratio", "cpus_busy")),
+    CheckGroup(Cause.CPU_STARVED, "any", ("throttled_periods", "demand_of_capacity")),
+    CheckGroup(Cause.RECEIVE_BUFFER, "any", ("receive_drop_share",)),
+    CheckGroup(Cause.LINK, "any", ("queue_share",)),
+    CheckGroup(Cause.SCHEDULING, "all", ("scheduling_wait",)),
+    CheckGroup(Cause.HANDOFFS, "all", ("scheduling_wait", "handoffs_cpus_idle")),
 )
-# Why a met group is not the side's cause when judge() set nothing aside (the order _judge and judge decide in)
-SECOND_TO = {"cpu-busy": "cpu-starved decides over it: the CPU it got was bounded by other work",
-             "cpu-starved": "cpu-busy decides over it",
-             "receive-buffer": "a CPU-limited side's own drops follow from its CPU",
-             "link": "a queue that held packets back is the link's limit, the verdict's, not a side's",
-             "scheduling": "threads waiting for one another count only when no CPU, buffer or queue binds",
-             "handoffs": "threads waiting for one another count only when no CPU, buffer or queue binds"}
 FINDING_PLACES = 4  # decimals a finding's value is reported and judged with
-CAUSES = ("cpu-busy", "cpu-starved", "receive-buffer", "link", "scheduling", "handoffs", "path", "flow-control",
-          "path/flow-control", "application", "flow-control/application", "no-traffic")
+CAUSES = tuple(Cause)
 # A side that moved less than this (UDP or TCP payload, the larger direction) over its window is not
 # judged: what limits a transfer cannot be read off a process that made none (a busy `yes` is not a
 # CPU-limited server). ~200 full datagrams; the lab's smallest transfer (a lossy 50 ms path) is 1 MiB.
 MIN_TRAFFIC_BYTES = 256_000
 # what the sender's busiest thread waiting mostly on each kind says binds, when no CPU, buffer or queue does
-UNBOUND_BY_WAIT = {"network": "path/flow-control", "timer": "application", "thread": "application",
-                   "disk": "application", "other": "application"}
+UNBOUND_BY_WAIT = {"network": Cause.PATH_OR_FLOW_CONTROL, "timer": Cause.APPLICATION, "thread": Cause.APPLICATION,
+                   "disk": Cause.APPLICATION, "other": Cause.APPLICATION}
+# what an application-limited sender waited for, by the kind of wait (the other unbound causes say theirs: About)
+APPLICATION_WAITS = {"timer": "a timer: it paces itself or has nothing to send until then (a congestion "
+                              "controller's pacer looks the same; the stack's qlog tells them apart)",
+                     "thread": "another of its own threads: its own input (the application producing data)",
+                     "disk": "the disk: the application reading what it sends"}
 # kernel drop reasons (skb_drop_reason) meaning the socket had no room
 RECEIVE_BUFFER_REASONS = {"SOCKET_RCVBUFF", "SOCKET_BACKLOG", "PROTO_MEM"}
 # x86_64 system calls a thread sits in while it waits for packets
@@ -146,7 +144,7 @@ OTHER_SYSCALLS = {"202": "futex", "35": "nanosleep", "230": "clock_nanosleep", "
 class Finding:
     """One measured fact against its threshold: what decided (or did not decide) a cause."""
 
-    cause: str
+    cause: Cause
     threshold: str  # a key of THRESHOLDS
     value: float
     met: bool
@@ -216,7 +214,7 @@ class SideEvidence:
     round_trip_ms: float | None = None  # the path's round trip its own datagrams' timing shows (attribution.rtt)
     no_traffic: str | None = None  # what it lacked when it moved too little to be judged (then never limiting)
     set_aside: str | None = None  # why a cause its checks met is not the verdict's (another limit binds)
-    cause: str | None = None  # what limits this side, or None
+    cause: Cause | None = None  # what limits this side, or None
     cpu_limited: bool = False
     findings: list[Finding] = field(default_factory=list)
 
@@ -232,8 +230,8 @@ class SideEvidence:
             # the threads' waits belong to handoffs whatever their label (scheduling unless the CPUs sat
             # idle); relabelled handoffs, they leave the scheduling group empty
             fs = [f for f in self.findings if f.threshold in g.thresholds and
-                  (f.cause == g.cause or g.cause == "handoffs" and f.threshold == "scheduling_wait")]
-            if g.cause == "handoffs" and not any(f.threshold == "handoffs_cpus_idle" for f in fs):
+                  (f.cause == g.cause or g.cause == Cause.HANDOFFS and f.threshold == "scheduling_wait")]
+            if g.cause == Cause.HANDOFFS and not any(f.threshold == "handoffs_cpus_idle" for f in fs):
                 continue  # idle CPUs not measured, or the waits too short to ask
             if fs:
                 met = any(f.met for f in fs) if g.combine == "any" else all(f.met for f in fs)
@@ -245,14 +243,16 @@ class SideEvidence:
         judged otherwise always says why."""
         if group.cause == self.cause:
             return None
-        return self.set_aside or SECOND_TO[group.cause]
+        return self.set_aside or group.cause.about.second_to
+
+    def rounded(self) -> SideEvidence:
+        """Its figures as every report shows them: 4 places, the blocked-in shares 3."""
+        places: dict[str, Any] = {f.name: round(v, FINDING_PLACES) for f in fields(self)
+                                  if isinstance(v := getattr(self, f.name), float)}
+        return replace(self, **places, blocked_in={k: round(v, 3) for k, v in self.blocked_in.items()})
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, float):
-                d[k] = round(v, 4)
-        d["blocked_in"] = {k: round(v, 3) for k, v in self.blocked_in.items()}
+        d = asdict(self.rounded())
         d["findings"] = [f.to_json() for f in self.findings]
         d["reasons"] = self.reasons
         d["groups"] = [{"cause": g.cause, "combine": g.combine, "thresholds": [f.threshold for f in fs], "met": met,
@@ -263,12 +263,22 @@ class SideEvidence:
 @dataclass
 class Verdict:
     limited_by: str  # server-limited | client-limited | both | neither
-    cause: str  # one of CAUSES, or two joined by "+" when both sides limit for different reasons
+    causes: tuple[Cause, ...]  # one, or two when both sides limit for different reasons (sorted)
     summary: str
     sides: list[SideEvidence]
     thresholds: dict[str, float]
     notes: list[str] = field(default_factory=list)
     stack_record: dict[str, Any] | None = None  # the stack's own word (qlog) and whether it agrees
+
+    @property
+    def cause(self) -> str:
+        """The causes as reports show them: two joined by "+"."""
+        return "+".join(self.causes)
+
+    @property
+    def cpu_limited(self) -> bool:
+        """A CPU binds the run (the table's overall cpu_limited)."""
+        return any(c.about.cpu for c in self.causes)
 
     def to_json(self) -> dict[str, Any]:
         return {"limited_by": self.limited_by, "cause": self.cause, "summary": self.summary,
@@ -358,7 +368,7 @@ def _binds(ev: SideEvidence, view: ThreadView | None) -> str:
         return f"{thread}, on a CPU {ev.busiest_on_cpu:.0%} of the time"
     top = view.pools[0] if view is not None and view.pools else None
     pool = f"{top.name} ({len(top.threads)} thread{'s' if len(top.threads) != 1 else ''})" if top else "its threads"
-    if ev.cause == "cpu-starved":
+    if ev.cause == Cause.CPU_STARVED:
         return f"{pool} waiting for CPUs other tasks held ({ev.capacity_from})"
     return f"{pool} together, {ev.process_cpu_cores:.2f} cores of {ev.capacity_cores:.2f} ({ev.capacity_from})"
 
@@ -530,7 +540,7 @@ def _judge(ev: SideEvidence) -> None:
     t_on, t_rq = ev.busiest_on_cpu, ev.busiest_runqueue
     name = f"{ev.busiest_thread} ({ev.busiest_tid})"
 
-    def add(cause: str, key: str, value: float, text: str) -> bool:
+    def add(cause: Cause, key: str, value: float, text: str) -> bool:
         # decided on the value as the report prints it (4 places): evidence never reads "0.4 >= 0.4, not met"
         value = round(value, FINDING_PLACES)
         met = value >= th[key]
@@ -539,64 +549,64 @@ def _judge(ev: SideEvidence) -> None:
                                                            f"{'>=' if met else '<'} {th[key]:.0%}"))
         return met
 
-    busy = add("cpu-busy", "thread_on_cpu", t_on, f"busiest thread {name} on a CPU {t_on:.0%} of the time")
-    busy |= add("cpu-busy", "on_cpu_of_capacity", on / cap,
+    busy = add(Cause.CPU_BUSY, "thread_on_cpu", t_on, f"busiest thread {name} on a CPU {t_on:.0%} of the time")
+    busy |= add(Cause.CPU_BUSY, "on_cpu_of_capacity", on / cap,
                 f"process on a CPU {on:.2f} cores of {cap:.2f} ({ev.capacity_from}) = {on / cap:.0%}")
     stalled = ev.stalled or 0.0
     full = max((on + stalled) / cap, t_on + t_rq)
-    wanted = add("cpu-starved" if stalled > on else "cpu-busy", "demand_of_capacity", full,
+    wanted = add(Cause.CPU_STARVED if stalled > on else Cause.CPU_BUSY, "demand_of_capacity", full,
                  f"wanting a CPU: on one or stalled {on + stalled:.2f} of {cap:.2f} cores, busiest thread "
                  f"runnable {t_on + t_rq:.0%} = {full:.0%}")
     starved = False
     if ev.stalled is not None and ev.stall_ratio is not None:  # all three tested: the report shows each
-        starved = add("cpu-starved", "stalled", ev.stalled,
+        starved = add(Cause.CPU_STARVED, "stalled", ev.stalled,
                       f"stalled for a CPU {ev.stalled:.0%} of the time ({ev.stalled_from})")
-        starved &= add("cpu-starved", "stall_ratio", ev.stall_ratio,
+        starved &= add(Cause.CPU_STARVED, "stall_ratio", ev.stall_ratio,
                        f"stalled {ev.stall_ratio:.0%} as long as it ran and stalled together ({ev.stalled:.2f} "
                        f"stalled, {on:.2f} cores on a CPU)")
         if ev.cpus_busy is not None:  # readings before qprof recorded idle time: not known
-            starved &= add("cpu-starved", "cpus_busy", ev.cpus_busy,
+            starved &= add(Cause.CPU_STARVED, "cpus_busy", ev.cpus_busy,
                            f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) busy "
                            f"{ev.cpus_busy:.0%} of the time")
     if ev.throttled_periods is not None:
-        starved |= add("cpu-starved", "throttled_periods", ev.throttled_periods,
+        starved |= add(Cause.CPU_STARVED, "throttled_periods", ev.throttled_periods,
                        f"cgroup throttled in {ev.throttled_periods:.0%} of CPU periods ({ev.throttled_s or 0:.2f} s)")
     if ev.receive_drop_share is not None:
-        add("receive-buffer", "receive_drop_share", ev.receive_drop_share,
+        add(Cause.RECEIVE_BUFFER, "receive_drop_share", ev.receive_drop_share,
             f"{ev.receive_drops} datagrams dropped at its sockets for lack of buffer, "
             f"{ev.receive_drop_share:.2%} of {(ev.received_datagrams or 0) + ev.receive_drops:.0f}")
     if ev.scheduling_wait is not None and ev.working_threads > 1 and ev.wall_working is not None:
-        waiting = add("scheduling", "scheduling_wait", ev.scheduling_wait,
+        waiting = add(Cause.SCHEDULING, "scheduling_wait", ev.scheduling_wait,
                       f"its {ev.working_threads} working threads runnable {ev.wall_working[RUNNABLE]:.0%} and "
                       f"waiting for one another {ev.wall_working['thread']:.0%} of their wall time = "
                       f"{ev.scheduling_wait:.0%}")
         waits = ev.findings[-1]
         if waiting and ev.cpus_busy is not None:  # busy CPUs: they queue for them; idle: for each other's wakeups
             idle = 1.0 - ev.cpus_busy
-            if add("handoffs", "handoffs_cpus_idle", idle,
+            if add(Cause.HANDOFFS, "handoffs_cpus_idle", idle,
                    f"the CPUs it may use (CPU {','.join(map(str, ev.usable_cpus))}) idle {idle:.0%} of the time"):
-                waits.cause = "handoffs"  # the threads' waits, then, are for one another's wakeups
+                waits.cause = Cause.HANDOFFS  # the threads' waits, then, are for one another's wakeups
     if ev.queue_share is not None:
-        add("link", "queue_share", ev.queue_share,
+        add(Cause.LINK, "queue_share", ev.queue_share,
             f"queues in its namespace held back or dropped {ev.queue_events} of {ev.queue_packets} packets "
             f"({ev.queue_share:.2%}: tc overlimits, drops, requeues)")
     if starved or (wanted and stalled > on):
-        ev.cause = "cpu-starved"
+        ev.cause = Cause.CPU_STARVED
     elif busy or wanted:
-        ev.cause = "cpu-busy"
+        ev.cause = Cause.CPU_BUSY
     ev.cpu_limited = ev.cause is not None
-    if ev.cause is None and any(f.met and f.cause == "receive-buffer" for f in ev.findings):
-        ev.cause = "receive-buffer"
+    if ev.cause is None and any(f.met and f.cause == Cause.RECEIVE_BUFFER for f in ev.findings):
+        ev.cause = Cause.RECEIVE_BUFFER
 
 
 def _remedy(ev: SideEvidence) -> str | None:
     """What binding a side's threads to fewer CPUs is expected to change, for the causes that turn on it."""
-    if ev.cause == "scheduling" and len(ev.usable_cpus) > 1:
+    if ev.cause == Cause.SCHEDULING and len(ev.usable_cpus) > 1:
         return (f"{ev.role}: its threads queue for CPUs other work also holds; binding each endpoint to CPUs of "
                 "its own (taskset; Go and tokio size their thread pools by it) is expected to raise goodput")
-    if ev.cause == "scheduling":
+    if ev.cause == Cause.SCHEDULING:
         return f"{ev.role}: its threads queue for the one CPU it may use: fewer threads, or more CPUs"
-    if ev.cause == "handoffs":
+    if ev.cause == Cause.HANDOFFS:
         return (f"{ev.role}: its threads wait to be woken by one another while CPUs sit idle; binding it to "
                 "fewer CPUs would run those handoffs one after another (expected to lower goodput); fewer "
                 "handoffs per packet (a connection's work on one thread) is the lever")
@@ -635,7 +645,7 @@ def _describe(ev: SideEvidence) -> str:
     return s
 
 
-def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, str]:
+def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[Cause, str]:
     """(cause, summary) when no side's CPU, buffer or queue binds: what the sender waited for off the CPU
     (its busiest thread's longest wait, from the waits probes), told apart by the stack's qlog where it
     wrote one; `flow-control/application` when no side's waits were measured."""
@@ -644,40 +654,30 @@ def _unbound(sides: list[SideEvidence], rec: SenderRecord | None) -> tuple[str, 
     measured = [s for s in sides if s.waited_for is not None]
     snd = next((s for s in measured if s.sends), None) or (measured[0] if len(measured) == 1 else None)
     if snd is None or snd.wall_busiest is None:
-        return "flow-control/application", (f"{none}: the sender waited with nothing it was allowed to send "
+        return Cause.UNMEASURED_WAITS, (f"{none}: the sender waited with nothing it was allowed to send "
                                             "(the application or flow control; a bottleneck beyond this host "
                                             "looks the same)")
     kind = str(snd.waited_for)
-    cause = UNBOUND_BY_WAIT.get(kind, "application")
+    cause = UNBOUND_BY_WAIT.get(kind, Cause.APPLICATION)
     said = rec.dominant if rec is not None else None
-    if cause in ("path/flow-control", "application") and said in ("congestion_control", "flow_control"):
+    if cause in (Cause.PATH_OR_FLOW_CONTROL, Cause.APPLICATION) and said in ("congestion_control", "flow_control"):
         # the stack's own word that its window or its credit was full: a congestion controller's pacer
         # sleeps on timers too, and a runtime's threads wait on each other whatever held the sender
         # (quic-go over a 50 ms path: its pool's outside waits under 10% in 1 run of 3, 2026-11-27)
-        cause = "path" if said == "congestion_control" else "flow-control"
+        cause = Cause.PATH if said == "congestion_control" else Cause.FLOW_CONTROL
     split = ", ".join(f"{k.replace('_', '-')} {v:.0%}" for k, v in sorted(snd.wall_busiest.items(), key=lambda kv: -kv[1])
                       if v >= 0.005)
     who = (f"the sender, {snd.role} {snd.comm}'s busiest thread {snd.busiest_thread} ({snd.busiest_tid})"
            + (f" of {snd.busiest_pool}" if snd.busiest_pool and snd.threads > 1 else "") + f": {split}")
-    what = {"path": "its peer's acknowledgements: the path's round-trip time and loss hold it through congestion "
-                    "control (the stack's qlog says so)",
-            "flow-control": "credit from its peer: the receiver's flow control holds it (the stack's qlog says so)",
-            "path/flow-control": "its peer's packets (acknowledgements or flow-control credit): the path's "
-                                 "round-trip time and loss, or the receiver's window; the stack's qlog tells them "
-                                 "apart (qprof report --qlog)",
-            "application": {"timer": "a timer: it paces itself or has nothing to send until then (a congestion "
-                                     "controller's pacer looks the same; the stack's qlog tells them apart)",
-                            "thread": "another of its own threads: its own input (the application producing "
-                                      "data)",
-                            "disk": "the disk: the application reading what it sends"}.get(kind, f"{kind} waits")}
+    what = APPLICATION_WAITS.get(kind, f"{kind} waits") if cause == Cause.APPLICATION else str(cause.about.waited_for)
     path = ""
-    if cause in ("path", "path/flow-control") and snd.round_trip_ms is not None:
+    if cause in (Cause.PATH, Cause.PATH_OR_FLOW_CONTROL) and snd.round_trip_ms is not None:
         path = f"; the path's round trip in the {snd.role}'s datagram timing: {snd.round_trip_ms:.1f} ms"
     if rec is not None and (rec.rtt_ms is not None or rec.packets_sent):
         path += (f"; the stack's qlog: RTT {rec.rtt_ms:.1f} ms" if rec.rtt_ms is not None else "; the stack's qlog:") + (
             f", {rec.packets_lost} of {rec.packets_sent} packets lost ({rec.packets_lost / rec.packets_sent:.2%})"
             if rec.packets_sent else "")
-    return cause, f"{none}; {who}; {'its pool' if snd.busiest_pool and snd.threads > 1 else 'it'} waited longest for {what[cause]}{path}"
+    return cause, f"{none}; {who}; {'its pool' if snd.busiest_pool and snd.threads > 1 else 'it'} waited longest for {what}{path}"
 
 
 def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = None) -> Verdict:
@@ -687,7 +687,7 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     notes = [f"{s.role} {s.comm} ({s.pid}) {s.no_traffic}: not judged" for s in sides if s.no_traffic]
     if sides and all(s.no_traffic for s in sides):
         idle = "; ".join(f"{s.role} {s.comm} ({s.pid}) {s.no_traffic}" for s in sides)
-        return Verdict("neither", "no-traffic", f"no transfer to judge: {idle}", sides, dict(THRESHOLDS),
+        return Verdict("neither", (Cause.NO_TRAFFIC,), f"no transfer to judge: {idle}", sides, dict(THRESHOLDS),
                        notes + [_describe(s) for s in sides])
     for s in sides:
         if s.window_s < MIN_WINDOW_S:
@@ -703,18 +703,18 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     # its CPU share allows, in bursts when it gets a CPU (a throttled server on tokio's multi-thread
     # runtime: 75% stalled, its client dropped 2.4% of datagrams, 2026-11-26); a large share lost
     # (drops_over_starved) holds even a starved sender below its share.
-    queued = [f for s in sides for f in s.findings if f.cause == "link" and f.met]
-    buffer = [s for s in sides if s.cause == "receive-buffer"]
+    queued = [f for s in sides for f in s.findings if f.cause == Cause.LINK and f.met]
+    buffer = [s for s in sides if s.cause == Cause.RECEIVE_BUFFER]
     cpu = [s for s in sides if s.cpu_limited]
     bursts = [b for b in buffer if round(b.receive_drop_share or 0.0, FINDING_PLACES) < THRESHOLDS["drops_over_starved"]]
-    starved_sender = any(s.cause == "cpu-starved" and any(b.role != s.role for b in bursts) for s in cpu)
+    starved_sender = any(s.cause == Cause.CPU_STARVED and any(b.role != s.role for b in bursts) for s in cpu)
     culprits = [] if queued else cpu if starved_sender else buffer or cpu
     if not culprits and not queued:  # no CPU, buffer or queue binds: a runtime whose threads wait for each other?
         for s in sides:
             waited = next((f for f in s.findings if f.threshold == "scheduling_wait" and f.met), None)
             if waited is not None:
                 s.cause = waited.cause  # `scheduling`, or `handoffs` where the CPUs sat idle
-        culprits = [s for s in sides if s.cause in ("scheduling", "handoffs")]
+        culprits = [s for s in sides if s.cause in (Cause.SCHEDULING, Cause.HANDOFFS)]
     for s in sides:
         if s.cause is not None and s not in culprits:
             why = ("packets queued on the way out: the sender outpaced the link" if queued else
@@ -727,20 +727,22 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     limiting = {s.role for s in culprits}
     limited = {frozenset({"server"}): "server-limited", frozenset({"client"}): "client-limited",
                frozenset({"server", "client"}): "both"}.get(frozenset(limiting), "neither")
+    causes: tuple[Cause, ...]
     if culprits:
-        cause = "+".join(sorted({str(s.cause) for s in culprits}))
+        causes = tuple(sorted({s.cause for s in culprits if s.cause is not None}))
         summary = "; ".join(f"{s.role} is {s.cause}: {'; '.join(s.reasons)}" for s in culprits)
     elif queued:
-        cause = "link"
+        causes = (Cause.LINK,)
         summary = "the link limits: " + "; ".join(f.text for f in queued)
     else:
-        cause, summary = _unbound(sides, sender(records or []))
+        unbound, summary = _unbound(sides, sender(records or []))
+        causes = (unbound,)
     notes += [r for r in map(_remedy, culprits) if r]
     notes += [_describe(s) for s in sides]
-    v = Verdict(limited, cause, summary, sides, dict(THRESHOLDS), notes)
+    v = Verdict(limited, causes, summary, sides, dict(THRESHOLDS), notes)
     rec = sender(records or [])
     if rec is not None:
-        want, agrees = agreement(cause, sorted(limiting), rec)
+        want, agrees = agreement(causes, sorted(limiting), rec)
         v.stack_record = {**rec.to_json(), "expected": list(want), "agrees": agrees,
                           "files": [r.file for r in records or []]}
     return v

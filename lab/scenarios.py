@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from lab.endpoints.build import build
 from lab.endpoints.transfer import BulkTransfer
 from lab.transfers import Ngtcp2Transfer, Transfer
+from qprof.attribution.causes import Cause
 from qprof.archive import Run
 from qprof.errors import QprofError
 from lab import path
@@ -120,7 +121,7 @@ class Scenario:
 
     name: str
     expected: str | None  # the verdict's limited_by; None: reported as measured
-    cause: str | None = None  # the verdict's overall cause
+    cause: Cause | None = None  # the verdict's overall cause
     server_cpu: float | None = None
     client_cpu: float | None = None
     rate_mbit: float | None = None
@@ -160,7 +161,7 @@ def _path(rtt_ms: int, loss: float, stack_note: str = "") -> Scenario:
     """A wide-area path: `rtt_ms` round trip, `loss` of the data direction dropped; nothing else limits."""
     # without loss a sender's window grows until something drops: the path's queue or the receiver's buffer,
     # whichever overflows first (2026-11-27, 50 ms: the receiver, 3.2% of datagrams, even at 4 MiB): as measured
-    expected, cause = ("neither", "path") if loss else (None, None)
+    expected, cause = ("neither", Cause.PATH) if loss else (None, None)
     return Scenario(f"path-{rtt_ms}ms-{loss:.1%}".replace(".0%", "%"), expected, cause, delay_ms=rtt_ms / 2,
                     loss=loss, qlog=True, protected=ROLES, client_rcvbuf=TUNED_RCVBUF,
                     about=f"a path of {rtt_ms} ms round trip dropping {loss:.1%} of the data direction's frames, "
@@ -172,12 +173,12 @@ def _starved(role: str, how: str) -> Scenario:
     is protected (and, with affinity, bound to the other CPU)."""
     other, cpu = ("client", 0) if role == "server" else ("server", 1)
     if how == "contention":
-        return Scenario(f"{role}-contention", f"{role}-limited", "cpu-starved",
+        return Scenario(f"{role}-contention", f"{role}-limited", Cause.CPU_STARVED,
                         cpus=((role, (cpu,)), (other, (1 - cpu,))), hogs=(Hog(cpus=(cpu,)),) * HOGS,
                         protected=(other,),
                         about=f"{role} bound to CPU {cpu} beside {HOGS} busy processes, {other} alone on "
                               f"CPU {1 - cpu}")
-    return Scenario(f"{role}-cpuset", f"{role}-limited", "cpu-starved", cpusets=((role, (cpu,)),),
+    return Scenario(f"{role}-cpuset", f"{role}-limited", Cause.CPU_STARVED, cpusets=((role, (cpu,)),),
                     hogs=(Hog(cpuset_of=role),) * HOGS, protected=(other,),
                     about=f"{role} in a one-CPU cpuset shared with {HOGS} busy processes, {other} free")
 
@@ -188,16 +189,16 @@ def _shared(role: str, how: str) -> Scenario:
     other, cpu = ("client", 0) if role == "server" else ("server", 1)
     apart = ((other, (1 - cpu,)),)
     if how == "contention":
-        return Scenario(f"{role}-contention-shared", f"{role}-limited", "cpu-starved",
+        return Scenario(f"{role}-contention-shared", f"{role}-limited", Cause.CPU_STARVED,
                         cpus=((role, (cpu,)), *apart), hogs=(Hog(cpus=(cpu,)),) * HOGS, own_cgroups=False,
                         about=f"{role} bound to CPU {cpu} beside {HOGS} busy processes, {other} on CPU {1 - cpu}; "
                               "all in the shell's cgroup")
     if how == "cpuset":
-        return Scenario(f"{role}-cpuset-shared", f"{role}-limited", "cpu-starved", cpusets=((role, (cpu,)),),
+        return Scenario(f"{role}-cpuset-shared", f"{role}-limited", Cause.CPU_STARVED, cpusets=((role, (cpu,)),),
                         cpus=apart, hogs=(Hog(cpuset_of=role),) * HOGS, own_cgroups=False,
                         about=f"{role} in a one-CPU cpuset shared with {HOGS} busy processes, {other} on CPU "
                               f"{1 - cpu}; no cgroup of their own otherwise")
-    return Scenario(f"{role}-quota-shared", f"{role}-limited", "cpu-starved",
+    return Scenario(f"{role}-quota-shared", f"{role}-limited", Cause.CPU_STARVED,
                     server_cpu=CAP if role == "server" else None, client_cpu=CAP if role == "client" else None,
                     hogs=(Hog(quota_of=role),) * HOGS, own_cgroups=False,
                     about=f"{role} in a service's cgroup capped at {CAP} of a core, shared with {HOGS} busy "
@@ -205,23 +206,23 @@ def _shared(role: str, how: str) -> Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("server-quota", "server-limited", "cpu-starved", server_cpu=CAP, protected=("client",),
+    Scenario("server-quota", "server-limited", Cause.CPU_STARVED, server_cpu=CAP, protected=("client",),
              about=f"server's cgroup capped at {CAP} of a core"),
-    Scenario("client-quota", "client-limited", "cpu-starved", client_cpu=CAP, protected=("server",),
+    Scenario("client-quota", "client-limited", Cause.CPU_STARVED, client_cpu=CAP, protected=("server",),
              about=f"client's cgroup capped at {CAP} of a core"),
     _starved("server", "contention"),
     _starved("client", "contention"),
     _starved("server", "cpuset"),
     _starved("client", "cpuset"),
-    Scenario("receive-buffer", "client-limited", "receive-buffer", client_rcvbuf=TINY_RCVBUF, protected=ROLES,
+    Scenario("receive-buffer", "client-limited", Cause.RECEIVE_BUFFER, client_rcvbuf=TINY_RCVBUF, protected=ROLES,
              about=f"client's socket held at SO_RCVBUF {TINY_RCVBUF} (the kernel doubles it)"),
-    Scenario("link", "neither", "link", rate_mbit=LINK_RATE_MBIT, qlog=True, protected=ROLES,
+    Scenario("link", "neither", Cause.LINK, rate_mbit=LINK_RATE_MBIT, qlog=True, protected=ROLES,
              about=f"the link shaped to {LINK_RATE_MBIT} Mbit/s (tbf)"),
-    Scenario("application", "neither", "application", app_rate_mbit=APP_RATE_MBIT, qlog=True,
+    Scenario("application", "neither", Cause.APPLICATION, app_rate_mbit=APP_RATE_MBIT, qlog=True,
              protected=ROLES, about=f"the server paces its own writes to {APP_RATE_MBIT} Mbit/s, the link free"),
     Scenario("uncapped", None, about="both free, the link unshaped, no weights: reported as measured"),
     *(_path(rtt, loss) for rtt in (10, 50) for loss in (0.0, 0.005, 0.02)),
-    Scenario("flow-control", "neither", "flow-control", delay_ms=15, client_window=SMALL_WINDOW, qlog=True,
+    Scenario("flow-control", "neither", Cause.FLOW_CONTROL, delay_ms=15, client_window=SMALL_WINDOW, qlog=True,
              protected=ROLES, about=f"the receiver's windows held at {SMALL_WINDOW >> 10} KiB over a 30 ms path"),
     Scenario("scheduling", None, own_cgroups=False,
              about="both free where a shell leaves them, the link unshaped: a multi-threaded runtime's threads "
@@ -229,11 +230,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pinned", None, cpus=(("server", (0,)), ("client", (1,))), own_cgroups=False,
              about="scheduling's transfer with each side bound to a CPU of its own (taskset): what pinning changes"),
     *(_shared(role, how) for how in ("contention", "cpuset", "quota") for role in ROLES),
-    Scenario("busy-host", "both", "cpu-starved", hogs=tuple(Hog(cpus=(c,)) for c in range(2)), own_cgroups=False,
+    Scenario("busy-host", "both", Cause.CPU_STARVED, hogs=tuple(Hog(cpus=(c,)) for c in range(2)), own_cgroups=False,
              about="both free, a busy process bound to each of the host's 2 CPUs; all in the shell's cgroup"),
 )}
 # what the uncapped (`scheduling` scenario) run's cause predicts pinning (the `pinned` scenario) does to goodput
-PINNING_PREDICTS = {"scheduling": "raise", "handoffs": "lower"}
+PINNING_PREDICTS = {c.value: c.about.pinning for c in Cause if c.about.pinning is not None}
 
 
 def pinning_predictions(cause: str | None) -> list[str]:
@@ -288,7 +289,7 @@ class RunResult:
     scenario: str
     stack: str
     expected: str | None
-    expected_cause: str | None = None
+    expected_cause: Cause | None = None
     verdict: str | None = None  # normalised limited_by; None when the report has no verdict
     cause: str | None = None  # the verdict's overall cause
     has_verdict: bool = False

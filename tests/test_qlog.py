@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from qprof.attribution.causes import Cause
 from qprof.attribution.qlog import agreement, read_dir, read_qlog, sender
 from qprof.errors import QprofError
 
@@ -56,12 +57,15 @@ def test_sender_is_the_side_that_sent_most(tmp_path: Path) -> None:
 
 def test_agreement_per_cause(tmp_path: Path) -> None:
     app = read_qlog(qlog(tmp_path / "x_server.sqlog", "server", [state(0, "application_limited"), sent(900, "stream")]))
-    assert agreement("flow-control/application", [], app) == (("application", "flow_control"), True)
-    assert agreement("link", [], app) == (("congestion_control",), False)
-    assert agreement("cpu-starved", ["server"], app) == (("application",), True)  # a slow sender leaves its window
-    assert agreement("cpu-starved", ["client"], app)[1] is False
+    assert agreement((Cause.UNMEASURED_WAITS,), [], app) == (("application", "flow_control"), True)
+    assert agreement((Cause.LINK,), [], app) == (("congestion_control",), False)
+    assert agreement((Cause.CPU_STARVED,), ["server"], app) == (("application",), True)  # a slow sender leaves its window
+    assert agreement((Cause.CPU_STARVED,), ["client"], app)[1] is False
     silent = read_qlog(qlog(tmp_path / "y_server.sqlog", "server", [sent(0, "stream"), sent(5, "stream")]))
-    assert silent.dominant is None and agreement("link", [], silent)[1] is None
+    assert silent.dominant is None and agreement((Cause.LINK,), [], silent)[1] is None
+    # two causes, or one the stack has no word for: it cannot agree or disagree
+    assert agreement((Cause.CPU_BUSY, Cause.CPU_STARVED), ["server", "client"], app) == ((), None)
+    assert agreement((Cause.NO_TRAFFIC,), [], app) == ((), None)
 
 
 def test_damaged_records_are_skipped_not_fatal(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.sampling import Estimate
 from qprof.attribution.transfer import Transfer
-from qprof.attribution.verdict import CAUSES, THRESHOLDS, judge, side_evidence
+from qprof.attribution.causes import Cause, causes_of
+from qprof.attribution.verdict import CAUSES, CHECK_GROUPS, THRESHOLDS, judge, side_evidence
 from qprof.archive.model import NamespaceQueues, ProcReading
 from conftest import examples
 
@@ -374,3 +375,25 @@ def test_a_side_that_moved_nothing_is_named_and_never_judged() -> None:
     v = judge([s for s in sides if s is not None])
     assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
     assert any("client cli (2) moved 40.0 kB of UDP payload, under the 256 kB" in n for n in v.notes)
+
+
+def test_every_cause_is_defined_once_with_its_proof() -> None:
+    """Each cause says what it means and where it is proven: a lab scenario whose verdict must name it
+    (or, for the causes the pinning check decides, the scenario it runs), else the test that makes it."""
+    from lab.scenarios import PINNING_PREDICTS, SCENARIOS
+
+    assert CAUSES == tuple(Cause) and len({c.value for c in Cause}) == len(Cause)
+    for c in Cause:
+        about = c.about
+        assert about.meaning and (about.scenario or about.proof), c
+        if about.scenario is not None:
+            sc = SCENARIOS[about.scenario]
+            assert sc.cause == c or (about.pinning is not None and PINNING_PREDICTS[c] == about.pinning), c
+        assert not about.cpu or about.qlog is None, f"{c}: what a CPU limit's qlog says depends on the side"
+    # every cause a scenario expects is a Cause, and every check group's cause says why it may come second
+    assert all(sc.cause is None or isinstance(sc.cause, Cause) for sc in SCENARIOS.values())
+    assert all(g.cause.about.second_to for g in CHECK_GROUPS)
+    # a joined cause as reports print it reads back as its members; an unknown word as none
+    assert causes_of("cpu-busy+cpu-starved") == (Cause.CPU_BUSY, Cause.CPU_STARVED)
+    assert causes_of("flow-control/application") == (Cause.UNMEASURED_WAITS,) and causes_of(None) == ()
+    assert causes_of("a cause of another version") == ()
