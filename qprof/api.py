@@ -6,9 +6,8 @@
 
 Why a separate entry: studies built these tables by hand from `report
 --format json`. `load` runs the same analysis as `qprof report` (analyse_run)
-and flattens the same JSON report (viewer.json_report.to_dict, with every
-symbol instead of the top few) through viewer.rows, so the numbers are the
-report's. pandas is imported only when load is called (viewer.frames), so
+and flattens the same typed report (viewer.report, with every symbol instead
+of the top few) through viewer.rows, so the numbers are the report's. pandas is imported only when load is called (viewer.frames), so
 the CLI stays fast.
 """
 
@@ -23,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-ALL_SYMBOLS = sys.maxsize  # `top` for to_dict: list every symbol
+    from qprof.viewer.report import Report
+
+ALL_SYMBOLS = sys.maxsize  # `top` for the report: list every symbol
 
 
 @dataclass
@@ -63,17 +64,25 @@ class RunData:
     report: dict[str, Any]
 
 
-def report_of(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]] = (),
-              stack: str | None = None, top: int = ALL_SYMBOLS) -> dict[str, Any]:
-    """The JSON report of one run (what `qprof report --format json` prints, with `top` symbols)."""
+def typed_report(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]] = (),
+                 stack: str | None = None, top: int = ALL_SYMBOLS) -> Report:
+    """The report of one run (viewer.report: what every output renders), with `top` symbols."""
     from qprof.attribution.analysis import analyse_run
     from qprof.attribution.mapping import MappingSet
     from qprof.archive import Run
-    from qprof.viewer.json_report import to_dict
+    from qprof.viewer.report import report_of
 
     r = Run.open(Path(run))
     r.require_stacks()
-    return to_dict(analyse_run(r, MappingSet.load([str(m) for m in mappings]), stack), top)
+    return report_of(analyse_run(r, MappingSet.load([str(m) for m in mappings]), stack), top)
+
+
+def report_of(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]] = (),
+              stack: str | None = None, top: int = ALL_SYMBOLS) -> dict[str, Any]:
+    """The JSON report of one run (what `qprof report --format json` prints, with `top` symbols)."""
+    from qprof.viewer.json_report import to_dict
+
+    return to_dict(typed_report(run, mappings, stack, top))
 
 
 def load(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]] = (),
@@ -85,13 +94,14 @@ def load(run: str | os.PathLike[str], mappings: Sequence[str | os.PathLike[str]]
     (not a run, no folded stacks, an invalid mapping file) raises qprof.errors.QprofError."""
     from qprof.viewer import rows
     from qprof.viewer.frames import frame
+    from qprof.viewer.json_report import to_dict
 
-    report = report_of(run, mappings, stack)
+    report = typed_report(run, mappings, stack)
     return RunData(
         categories=frame(rows.category_rows(report), rows.CATEGORY_COLUMNS),
         symbols=frame(rows.symbol_rows(report), rows.SYMBOL_COLUMNS),
         probes=frame(rows.probe_rows(report), rows.PROBE_COLUMNS),
         verdict=frame(rows.verdict_rows(report), rows.VERDICT_COLUMNS),
         meta=frame([rows.run_row(report)], rows.RUN_COLUMNS),
-        report=report,
+        report=to_dict(report),
     )

@@ -24,6 +24,7 @@ from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Configuration, H
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
+from qprof.viewer.report import report_of
 from conftest import ROOT, edited_meta, examples
 
 DATA = ROOT / "tests" / "data"
@@ -416,7 +417,7 @@ def _fake_run(root: Path) -> Path:
 
 def test_end_to_end_json_contract(tmp_path: Path) -> None:
     run = Run.open(_fake_run(tmp_path))
-    report = to_dict(analyse_run(run, MappingSet.load()))
+    report = to_dict(report_of(analyse_run(run, MappingSet.load())))
     report = json.loads(json.dumps(report))  # it must be plain JSON
     assert report["categories"] == list(CATEGORIES)
     procs = {p["pid"]: p for p in report["processes"]}
@@ -472,7 +473,7 @@ def test_end_to_end_non_time_event(tmp_path: Path) -> None:
     out = _fake_run(tmp_path)
     with edited_meta(out) as meta:
         meta.sampling.event = "cycles"
-    report = to_dict(analyse_run(Run.open(out), MappingSet.load()))
+    report = to_dict(report_of(analyse_run(Run.open(out), MappingSet.load())))
     total = sum(p["cpu_seconds"] for p in report["processes"])
     assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency
     for p in report["processes"]:

@@ -14,7 +14,7 @@ import pytest
 
 import qprof
 from conftest import capture_ngtcp2, edited_meta, qprof as qprof_cli
-from qprof.api import report_of
+from qprof.api import typed_report
 from qprof.archive import Run
 from qprof.viewer.frames import frame
 from qprof.attribution.categories import CATEGORIES
@@ -140,7 +140,7 @@ def test_table_parquet_round_trip(runs: list[Path], tmp_path: Path) -> None:
     out, summary = tmp_path / "t.parquet", tmp_path / "s.parquet"
     qprof_cli("table", *map(str, runs), "--parquet", str(out), "--summary-parquet", str(summary))
     places = R.place_runs([(str(r), Run.open(r).meta) for r in runs])
-    table_rows = [row for r, p in zip(runs, places) for row in R.table_rows(report_of(r, top=1), p)]
+    table_rows = [row for r, p in zip(runs, places) for row in R.table_rows(typed_report(r, top=1), p)]
     pd.testing.assert_frame_equal(pd.read_parquet(out), frame(table_rows, R.TABLE_COLUMNS))
     pd.testing.assert_frame_equal(pd.read_parquet(summary), frame(R.summary_rows(table_rows), R.SUMMARY_COLUMNS))
 

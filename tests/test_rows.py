@@ -11,47 +11,54 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qprof.api import ALL_SYMBOLS, report_of
+from qprof.api import ALL_SYMBOLS, typed_report
 from qprof.archive import Run
 from qprof.archive.model import Configuration, Meta, RecordEntry
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import median, median_ci, min_n
 from qprof.viewer import rows as R
 from qprof.viewer.console import text_console
+from qprof.viewer.json_report import to_dict
+from qprof.viewer.report import Report
 from qprof.viewer.table import render_summary
 from test_archive import CLIENT, SERVER, _fake_run
 from conftest import examples
 
 
 @pytest.fixture
-def report(tmp_path: Path) -> dict:
-    return report_of(_fake_run(tmp_path))
+def report(tmp_path: Path) -> Report:
+    return typed_report(_fake_run(tmp_path))
 
 
 def _keys(rows: list[dict], columns: tuple[str, ...]) -> None:
     assert all(tuple(r) == columns for r in rows)
 
 
-def test_category_rows_add_up_to_the_report(report: dict) -> None:
+def test_category_rows_add_up_to_the_report(report: Report) -> None:
+    doc = to_dict(report)
     rows = R.category_rows(report)
     _keys(rows, R.CATEGORY_COLUMNS)
-    assert len(rows) == len(report["processes"]) * len(CATEGORIES)
-    for p in report["processes"]:
+    assert len(rows) == len(doc["processes"]) * len(CATEGORIES)
+    for p in doc["processes"]:
         mine = [r for r in rows if r["pid"] == p["pid"]]
         assert [r["category"] for r in mine] == list(CATEGORIES)
+        # the same figures as the JSON report, to the last digit: both render the one typed report
+        assert [(r["share"], r["cpu_seconds"]) for r in mine] == \
+            [(p["categories"][c], p["category_cpu_seconds"][c]) for c in CATEGORIES]
         assert sum(r["share"] for r in mine) == pytest.approx(1, abs=5e-6)
         assert sum(r["samples"] for r in mine) == p["samples"]
         assert sum(r["cpu_seconds"] for r in mine) == pytest.approx(p["cpu_seconds"], abs=5e-6)
     srv = {r["category"]: r for r in rows if r["pid"] == SERVER}
     assert srv["Packet I/O"]["samples"] == 4 and srv["Packet I/O"]["stack"] == "ngtcp2"
-    assert srv["Packet I/O"]["role"] == "server" and srv["Packet I/O"]["run"] == report["run"]["path"]
+    assert srv["Packet I/O"]["role"] == "server" and srv["Packet I/O"]["run"] == doc["run"]["path"]
     assert {r["stack"] for r in rows if r["pid"] == CLIENT} == {None}  # only the common mapping matched
 
 
-def test_symbol_rows_cover_every_sample(report: dict) -> None:
+def test_symbol_rows_cover_every_sample(report: Report) -> None:
+    doc = to_dict(report)
     rows = R.symbol_rows(report)
     _keys(rows, R.SYMBOL_COLUMNS)
-    for p in report["processes"]:
+    for p in doc["processes"]:
         mine = [r for r in rows if r["pid"] == p["pid"]]
         assert sum(r["samples"] for r in mine) == p["samples"]
         assert sum(r["share"] for r in mine) == pytest.approx(1, abs=1e-5)
@@ -59,41 +66,44 @@ def test_symbol_rows_cover_every_sample(report: dict) -> None:
 
 
 def test_top_limits_symbols_not_categories(tmp_path: Path) -> None:
-    top1 = report_of(_fake_run(tmp_path), top=1)
-    assert all(len(v) <= 1 for p in top1["processes"] for v in p["top_symbols"].values())
-    assert R.category_rows(top1) == R.category_rows(report_of(tmp_path / "run", top=ALL_SYMBOLS))
+    top1 = typed_report(_fake_run(tmp_path), top=1)
+    assert all(len(v) <= 1 for p in to_dict(top1)["processes"] for v in p["top_symbols"].values())
+    assert R.category_rows(top1) == R.category_rows(typed_report(tmp_path / "run", top=ALL_SYMBOLS))
 
 
-def test_no_probes_no_probe_rows(report: dict) -> None:
-    assert report["packet_io"] is None and R.probe_rows(report) == []
+def test_no_probes_no_probe_rows(report: Report) -> None:
+    doc = to_dict(report)
+    assert doc["packet_io"] is None and R.probe_rows(report) == []
     assert len(set(R.PROBE_COLUMNS)) == len(R.PROBE_COLUMNS)
     assert {"tx_bytes", "rx_datagrams_per_syscall", "gso_sends", "gso_segments_per_gso_send", "gro_enabled",
             "ack_ratio", "drops"} <= set(R.PROBE_COLUMNS)
 
 
-def test_verdict_rows_side_then_overall(report: dict) -> None:
+def test_verdict_rows_side_then_overall(report: Report) -> None:
+    doc = to_dict(report)
     rows = R.verdict_rows(report)
     _keys(rows, R.VERDICT_COLUMNS)
     assert [r["role"] for r in rows] == ["server", "overall"]  # the client has no /proc readings
-    assert {r["limited_by"] for r in rows} == {report["verdict"]["limited_by"]}
+    assert {r["limited_by"] for r in rows} == {doc["verdict"]["limited_by"]}
     assert rows[0]["pid"] == SERVER and rows[1]["pid"] is None
 
 
-def test_run_and_table_rows(report: dict) -> None:
+def test_run_and_table_rows(report: Report) -> None:
+    doc = to_dict(report)
     meta = R.run_row(report)
     assert tuple(meta) == R.RUN_COLUMNS
-    assert meta["samples"] == sum(p["samples"] for p in report["processes"])
+    assert meta["samples"] == sum(p["samples"] for p in doc["processes"])
     assert meta["unwind"] == "dwarf,fp" and meta["frequency"] == 999 and meta["duration_s"] == 10.0
-    (place,) = R.place_runs([(report["run"]["path"], Run.open(report["run"]["path"]).meta)])
+    (place,) = R.place_runs([(doc["run"]["path"], Run.open(doc["run"]["path"]).meta)])
     rows = R.table_rows(report, place)
     _keys(rows, R.TABLE_COLUMNS)
     assert [(r["pid"], r["category"], r["share"]) for r in rows] == \
         [(r["pid"], r["category"], r["share"]) for r in R.category_rows(report)]
     assert {r["unwind"] for r in rows if r["pid"] == CLIENT} == {"dwarf"}
-    assert {r["verdict"] for r in rows} == {report["verdict"]["limited_by"]}
-    assert {r["cause"] for r in rows} == {report["verdict"]["cause"]} and {r["scope"] for r in rows} == {"system"}
+    assert {r["verdict"] for r in rows} == {doc["verdict"]["limited_by"]}
+    assert {r["cause"] for r in rows} == {doc["verdict"]["cause"]} and {r["scope"] for r in rows} == {"system"}
     assert {r["mappings"] for r in rows if r["pid"] == SERVER} == {", ".join(
-        f"{m['name']} {m['version']}" for m in next(p for p in report["processes"] if p["pid"] == SERVER)["mappings"])}
+        f"{m['name']} {m['version']}" for m in next(p for p in doc["processes"] if p["pid"] == SERVER)["mappings"])}
     # made by `attach` (no configuration recorded): placed by its directory's name, and it says so
     assert {(r["configuration"], r["setting"], r["repetition"], r["configuration_recorded"]) for r in rows} == \
         {("run", "run", None, False)}

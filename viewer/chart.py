@@ -97,7 +97,7 @@ def _nice_max(x: float) -> float:
     """The axis top: the first of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 or 10 times a power of ten at or above x."""
     if x <= 0:
         return 1.0
-    e = 10 ** math.floor(math.log10(x))
+    e: float = 10 ** math.floor(math.log10(x))
     return next(m * e for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * e >= x * 0.999)
 
 
@@ -244,21 +244,21 @@ def chart_svg(bars_: Sequence[Bar], title: str = "qprof: CPU time by category",
                        'sides moved (record with the packetio probes, or over TCP)</text>')
         _axis(out, panel.top, panel.tick, left, width - RIGHT, base)
         for b, bx, vals in zip(bars_, xs, panel.values):
-            cum, k = 0.0, _scale(vals, panel)
+            cum, scale = 0.0, _scale(vals, panel)
             for c in CATEGORIES:
                 ci = vals.get(c)
                 if ci is None or not ci.median:
                     continue
-                h = PANEL_H * ci.median * k / panel.top
+                h = PANEL_H * ci.median * scale / panel.top
                 y = base - PANEL_H * cum / panel.top - h
                 tip = _tip(b, c, ci, panel.unit, panel.tick if panel.tick != ".0%" else ".1%")
                 out.append(f'<rect class="seg" x="{bx:.1f}" y="{y:.2f}" width="{BAR_W}" height="{h:.2f}" '
                            f'fill="{category_colour(c)}" data-tip="{xml_attr(tip)}"><title>{xml_text(tip)}'
                            f'</title></rect>')
                 if ci.low is not None and ci.high is not None:
-                    _whisker(out, bx + BAR_W / 2, base - PANEL_H * (cum + ci.low * k) / panel.top,
-                             base - PANEL_H * (cum + ci.high * k) / panel.top)
-                cum += ci.median * k
+                    _whisker(out, bx + BAR_W / 2, base - PANEL_H * (cum + ci.low * scale) / panel.top,
+                             base - PANEL_H * (cum + ci.high * scale) / panel.top)
+                cum += ci.median * scale
         for b, bx in zip(bars_, xs):  # the labels, turned, ending under their bar
             _turned(out, b.label, bx + BAR_W / 2, base)
     _goodput_panel(out, bars_, xs, TOP + len(panels) * panel_h + 22, left, width - RIGHT)

@@ -44,7 +44,8 @@ def _side_line(p: ProcessDiff) -> str:
         kinds = [f"{kind} {n / 1e6:,.1f} MB" for kind, n in (("UDP", s.udp_bytes), ("TCP", s.tcp_bytes)) if n]
         return " + ".join(kinds) or "bytes not counted"
 
-    per = lambda s: "" if s.gb is None else f", {s.cpu_seconds / s.gb:.3f} CPU s/GB"  # noqa: E731
+    def per(s: Side) -> str:
+        return "" if s.gb is None else f", {s.cpu_seconds / s.gb:.3f} CPU s/GB"
     return "\n".join(f"  {n}: pid {s.pid} {s.comm}, {s.cpu_seconds:.3f} CPU s ({s.samples:,} samples), {moved(s)}"
                      f"{per(s)}" for n, s in (("A", a), ("B", b)))
 
@@ -95,7 +96,8 @@ def _symbol_table(rows: list[Change], per_gb: bool) -> Table:
 
 
 def render_diff(d: RunDiff, console: Console) -> None:
-    say = lambda text, style="": console.print(Text(text, style=style))  # noqa: E731  (no markup)
+    def say(text: str, style: str = "") -> None:  # no markup
+        console.print(Text(text, style=style))
     say(f"qprof diff  A: {d.path_a}  B: {d.path_b}", "bold")
     for m in d.method:  # first, before any figure it moves
         who = f" for {m.where[0]}" if m.where else ""

@@ -65,14 +65,14 @@ class Attributed:
 
     @functools.cached_property
     def table_rows(self) -> list[dict[str, Any]]:
-        """One row per run x process x category (viewer.rows), from each analysis's report and each run's
+        """One row per run x process x category (viewer.rows), from each analysis's report (viewer.report) and each run's
         place among the runs (its recorded configuration): made once for the table, its summary and the
         chart alike."""
         from qprof.viewer import rows as R
-        from qprof.viewer.json_report import to_dict
+        from qprof.viewer.report import report_of
 
         places = R.place_runs([(str(run.path), run.meta) for run in self.runs])
-        return [row for a, place in zip(self.analyses, places) for row in R.table_rows(to_dict(a, 1), place)]
+        return [row for a, place in zip(self.analyses, places) for row in R.table_rows(report_of(a, 1), place)]
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,14 @@ class _Text:
                 for i, a in enumerate(result.analyses)]
 
     def render(self, result: Attributed) -> Rendered:
+        from qprof.viewer.report import report_of
         from qprof.viewer.terminal import render, render_verdict
         from qprof.viewer.timeline import render_timeline
 
         buf = io.StringIO()
         console = _console(self.request, buf)
         for a, tl in zip(result.analyses, self.lines(result)):
-            render(a, console, self.request.top, self.request.verbose)
+            render(report_of(a, self.request.top, tl), console, self.request.top, self.request.verbose)
             if tl is not None:
                 render_timeline(tl, console)
         v = verdict_of(result.analyses)
@@ -141,10 +142,11 @@ class _Text:
 class _Json(_Text):
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.json_report import merged_dict, to_dict
+        from qprof.viewer.report import report_of
 
         lines = self.lines(result)
         analyses, top = result.analyses, self.request.top
-        doc = to_dict(analyses[0], top, lines[0]) if len(analyses) == 1 else merged_dict(analyses, top, lines)
+        doc = to_dict(report_of(analyses[0], top, lines[0])) if len(analyses) == 1 else merged_dict(analyses, top, lines)
         return Rendered(json.dumps(doc, indent=1) + "\n")
 
 

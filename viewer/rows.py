@@ -1,11 +1,11 @@
-"""Flat rows (one dict per row, fixed columns) from the JSON report: what DataFrames and tables are made of.
+"""Flat rows (one dict per row, fixed columns) from the typed report: what DataFrames and tables are made of.
 
-Why from the JSON report (viewer.json_report.to_dict) and not from the
-analysis objects: the report is the one place numbers are computed and
-rounded, so `qprof.load`, `qprof table` and `qprof report --format json` show
-the same figures for the same run. Pure functions of dicts (and, for a
-table, of each run's recorded configuration: place_runs): no pandas here
-(viewer.frames makes DataFrames of them), so they are cheap to test.
+Why from the report (viewer.report) and not from the analysis objects: the
+report is the one place numbers are rounded, so `qprof.load`, `qprof table`,
+`qprof report` and its JSON show the same figures for the same run. Pure
+functions of the report (and, for a table, of each run's recorded
+configuration: place_runs): no pandas here (viewer.frames makes DataFrames of
+them), so they are cheap to test.
 
 Every builder returns rows whose keys are exactly its *_COLUMNS tuple, in that
 order; a value the run does not have (no probes, no roles) is None.
@@ -17,16 +17,17 @@ import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from qprof.archive import schema
-from qprof.archive.model import Meta, Sampling
+from qprof.archive.model import Meta
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.method import MethodDifference
 from qprof.attribution.packetio import ProcessPacketIO
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
-from qprof.attribution.verdict import SideEvidence
+from qprof.attribution.verdict import SideEvidence, Verdict
+from qprof.viewer.report import Report, the_goodput
 
 Row = dict[str, Any]
 _REP = re.compile(r"rep-(\d+)")
@@ -38,13 +39,14 @@ _GSO_KEYS = tuple(ProcessPacketIO(0).gso)
 _GRO_KEYS = tuple(ProcessPacketIO(0).gro)
 
 
-_ESTIMATED = ("tx.datagrams", "tx.bytes", "rx.datagrams", "rx.bytes")  # report keys of estimates with intervals
+_ESTIMATED = ("tx.datagrams", "tx.bytes", "rx.datagrams", "rx.bytes")  # estimates with intervals
 
 
-def _estimate_columns(estimates: dict[str, Any]) -> Row:
+def _estimate_columns(p: ProcessPacketIO) -> Row:
     out: Row = {}
     for k in _ESTIMATED:
-        low, high = (estimates.get(k) or {}).get("interval") or (None, None)
+        e = p.estimates.get(k)
+        low, high = (e.interval() if e is not None else None) or (None, None)
         out[f"{k.replace('.', '_')}_low"], out[f"{k.replace('.', '_')}_high"] = low, high
     return out
 
@@ -60,7 +62,8 @@ PROBE_COLUMNS = ("run", "pid", "comm", "role", "tid",
                  # how the per-process counts were taken, and the 95% intervals of sampled ones
                  "counted", *(f"{k.replace('.', '_')}_{end}" for k in _ESTIMATED for end in ("low", "high")))
 # per side: its facts and cause, the findings that decided it as `reasons` (every finding is in the JSON)
-_EVIDENCE = tuple(f.name for f in fields(SideEvidence) if f.name != "findings") + ("reasons",)
+_EVIDENCE_FIELDS = tuple(f.name for f in fields(SideEvidence) if f.name != "findings")
+_EVIDENCE = _EVIDENCE_FIELDS + ("reasons",)
 VERDICT_COLUMNS = ("run", "limited_by", *_EVIDENCE, "summary", "notes")
 RUN_COLUMNS = ("run", "status", "start_time", "duration_s", "stop_reason", "hostname", "cpus", "cpu_model",
                "kernel", "event", "frequency", "unwind", "probes", "stack", "perf", "samples", "cpu_seconds",
@@ -88,62 +91,53 @@ def _joined(items: Iterable[Any], sep: str = ",") -> str | None:
     return text or None
 
 
-def process_stack(process: dict[str, Any]) -> str | None:
-    """The QUIC stack(s) whose mapping file the process was read with (auto-detected or --stack)."""
-    return _joined((m["name"] for m in process.get("mappings", []) if m.get("kind") == "stack"), "+")
-
-
-def _run_path(report: dict[str, Any]) -> str:
-    return str(report["run"]["path"])
-
-
-def category_rows(report: dict[str, Any]) -> list[Row]:
+def category_rows(report: Report) -> list[Row]:
     """One row per process x category: share of its sampled CPU time, CPU seconds, samples."""
-    run = _run_path(report)
-    return [_shape({"run": run, "pid": p["pid"], "comm": p["comm"], "role": p["role"], "stack": process_stack(p),
-                    "category": c, "share": p["categories"][c], "cpu_seconds": p["category_cpu_seconds"][c],
-                    "samples": p["category_samples"][c]}, CATEGORY_COLUMNS)
-            for p in report["processes"] for c in CATEGORIES]
+    return [_shape({"run": report.run.path, "pid": p.pid, "comm": p.comm, "role": p.role, "stack": p.stack,
+                    "category": c, "share": p.figures.categories[c], "cpu_seconds": p.figures.category_cpu_seconds[c],
+                    "samples": p.figures.category_samples[c]}, CATEGORY_COLUMNS)
+            for p in report.processes for c in CATEGORIES]
 
 
-def symbol_rows(report: dict[str, Any]) -> list[Row]:
+def symbol_rows(report: Report) -> list[Row]:
     """One row per process x category x leaf symbol (self time), as many as the report lists."""
-    run = _run_path(report)
-    return [_shape({"run": run, "pid": p["pid"], "comm": p["comm"], "role": p["role"], "category": c, **s},
-                   SYMBOL_COLUMNS)
-            for p in report["processes"] for c in CATEGORIES for s in p["top_symbols"][c]]
+    return [_shape({"run": report.run.path, "pid": p.pid, "comm": p.comm, "role": p.role, "category": c,
+                    "symbol": s.symbol, "dso": s.dso, "samples": s.samples, "share": s.share,
+                    "cpu_seconds": s.cpu_seconds}, SYMBOL_COLUMNS)
+            for p in report.processes for c in CATEGORIES for s in p.figures.top_symbols[c]]
 
 
 def _direction_columns(tx: dict[str, Any], rx: dict[str, Any]) -> Row:
     return {**{f"tx_{k}": v for k, v in tx.items()}, **{f"rx_{k}": v for k, v in rx.items()}}
 
 
-def probe_rows(report: dict[str, Any]) -> list[Row]:
+def probe_rows(report: Report) -> list[Row]:
     """Probe counters per process (tid None) and per thread: packets, bytes and calls each way,
     GSO/GRO, ACK ratio, drops at its ports; per process whether the counts are exact or sampled and the
     sampled ones' 95% intervals. No rows when the run had no probes."""
-    pio = report.get("packet_io")
-    if not pio:
+    if report.packet_io is None:
         return []
-    run = _run_path(report)
-    who = {p["pid"]: p for p in report["processes"]}
+    who = {p.pid: p for p in report.processes}
     rows = []
-    for pid_s, p in pio["processes"].items():
-        pid = int(pid_s)
-        base = {"run": run, "pid": pid, "comm": who.get(pid, {}).get("comm"), "role": who.get(pid, {}).get("role")}
-        rows.append(_shape({**base, "tid": None, **_direction_columns(p["tx"], p["rx"]),
-                            **{_offload_column("gso", k): v for k, v in p["gso"].items()},
-                            **{_offload_column("gro", k): v for k, v in p["gro"].items()},
-                            "ack_ratio": p["ack_ratio"], "drops": sum(p["drops"].values()),
-                            "drop_reasons": _joined(f"{r}={n}" for r, n in sorted(p["drops"].items())),
-                            "ports": _joined(p["ports"]), "counted": p.get("counted"),
-                            **_estimate_columns(p.get("estimates") or {})}, PROBE_COLUMNS))
-        for tid, t in p["threads"].items():
-            rows.append(_shape({**base, "tid": int(tid), **_direction_columns(t["tx"], t["rx"])}, PROBE_COLUMNS))
+    for pid, p in sorted(report.packet_io.processes.items()):
+        seen = who.get(pid)
+        base = {"run": report.run.path, "pid": pid, "comm": seen.comm if seen else None,
+                "role": seen.role if seen else None}
+        rows.append(_shape({**base, "tid": None, **_direction_columns(p.tx.to_json(), p.rx.to_json()),
+                            **{_offload_column("gso", k): v for k, v in p.gso.items()},
+                            **{_offload_column("gro", k): v for k, v in p.gro.items()},
+                            "ack_ratio": p.ack_ratio, "drops": sum(p.drops.values()),
+                            "drop_reasons": _joined(f"{r}={n}" for r, n in sorted(p.drops.items())),
+                            "ports": _joined(sorted(p.ports)), "counted": "exact" if p.exact else "sampled",
+                            **_estimate_columns(p)}, PROBE_COLUMNS))
+        for tid, (tx, rx) in sorted(p.threads.items()):
+            rows.append(_shape({**base, "tid": tid, **_direction_columns(tx.to_json(), rx.to_json())}, PROBE_COLUMNS))
     return rows
 
 
 def _flat(value: Any) -> Any:
+    if isinstance(value, StrEnum):
+        return str(value)
     if isinstance(value, dict):
         return _joined((f"{k}={v}" for k, v in value.items()), ";")
     if isinstance(value, list):
@@ -151,57 +145,44 @@ def _flat(value: Any) -> Any:
     return value
 
 
-def verdict_rows(report: dict[str, Any]) -> list[Row]:
-    """One row per judged side (role) with its evidence, then one row with role "overall"; none without roles."""
-    v = report.get("verdict")
-    if not v:
+def _judged(v: Verdict) -> list[SideEvidence]:
+    """The verdict's sides, one per role (the JSON report keys its evidence by role)."""
+    return list({s.role: s for s in v.sides}.values())
+
+
+def verdict_rows(report: Report) -> list[Row]:
+    """One row per judged side (role) with its evidence as the report shows it, then one row with role
+    "overall"; none without roles."""
+    v = report.verdict
+    if v is None:
         return []
-    run = _run_path(report)
-    common = {"run": run, "limited_by": v["limited_by"], "summary": v["summary"], "notes": _joined(v["notes"], " | ")}
-    rows = [_shape({**common, **{k: _flat(x) for k, x in ev.items()}}, VERDICT_COLUMNS) for ev in v["evidence"].values()]
-    rows.append(_shape({**common, "role": "overall", "cause": v.get("cause"),
-                        "cpu_limited": str(v.get("cause", "")).startswith("cpu")}, VERDICT_COLUMNS))
+    common = {"run": report.run.path, "limited_by": v.limited_by, "summary": v.summary,
+              "notes": _joined(v.notes, " | ")}
+    rows = []
+    for side in _judged(v):
+        shown = side.rounded()
+        evidence = {name: _flat(getattr(shown, name)) for name in _EVIDENCE_FIELDS}
+        rows.append(_shape({**common, **evidence, "reasons": _flat(shown.reasons)}, VERDICT_COLUMNS))
+    rows.append(_shape({**common, "role": "overall", "cause": v.cause, "cpu_limited": v.cpu_limited},
+                       VERDICT_COLUMNS))
     return rows
 
 
-def _goodputs(report: dict[str, Any]) -> dict[int, float]:
-    """Each process's goodput, as the report computed it once (its `transfer`: attribution.transfer)."""
-    return {p["pid"]: p["transfer"]["gbps"] for p in report["processes"]
-            if (p.get("transfer") or {}).get("gbps") is not None}
-
-
-def _the_goodput(sides: Iterable[tuple[str | None, float]]) -> float | None:
-    """A run's goodput from its processes' (role, goodput): its client's (the receiving end of a
-    download; the largest, if several), else the largest process's. The one rule for the report's
-    runs and the table's."""
-    sides = list(sides)
-    client = [g for role, g in sides if role == "client"]
-    return max(client or [g for _, g in sides], default=None)
-
-
-def run_goodput(report: dict[str, Any]) -> float | None:
-    """The run's goodput (`_the_goodput`) from its report."""
-    goodputs = _goodputs(report)
-    return _the_goodput((p.get("role"), goodputs[p["pid"]]) for p in report["processes"] if p["pid"] in goodputs)
-
-
-def run_row(report: dict[str, Any]) -> Row:
+def run_row(report: Report) -> Row:
     """The run's metadata: when, how long, where, how it was sampled, what it ran, how fast, the verdict."""
-    r = report["run"]
-    host, sampling = r.get("host") or {}, r.get("sampling") or {}
-    procs = report["processes"]
+    r, procs = report.run, report.processes
     return _shape({
-        "run": _run_path(report), "status": r.get("status"), "start_time": r.get("start_time"),
-        "duration_s": r.get("duration_s"), "stop_reason": r.get("stop_reason"), "hostname": host.get("hostname"),
-        "cpus": host.get("cpus"), "cpu_model": host.get("cpu_model"), "kernel": host.get("kernel"),
-        "event": sampling.get("event"), "frequency": sampling.get("frequency"),
-        "unwind": _joined(sorted({u.get("mode") for u in (r.get("unwinding") or {}).values() if u.get("mode")})),
-        "probes": _joined(r.get("probes") or []), "stack": _joined(sorted({s for p in procs
-                                                                            if (s := process_stack(p))}), "+"),
-        "perf": (r.get("tools") or {}).get("perf"),
-        "samples": sum(p["samples"] for p in procs), "cpu_seconds": round(sum(p["cpu_seconds"] for p in procs), 6),
-        "goodput_gbps": run_goodput(report),
-        "verdict": (report.get("verdict") or {}).get("limited_by"),
+        "run": r.path, "status": r.status, "start_time": r.start_time, "duration_s": r.duration_s,
+        "stop_reason": r.stop_reason, "hostname": r.host.hostname, "cpus": r.host.cpus,
+        "cpu_model": r.host.cpu_model, "kernel": r.host.kernel, "event": r.sampling.event,
+        "frequency": r.sampling.frequency,
+        "unwind": _joined(sorted({u.mode for u in r.unwinding.values() if u.mode})),
+        "probes": _joined(r.probes), "stack": _joined(sorted({s for p in procs if (s := p.stack)}), "+"),
+        "perf": r.tools.get("perf"),
+        "samples": sum(p.figures.samples for p in procs),
+        "cpu_seconds": round(sum(p.figures.cpu_seconds for p in procs), 6),
+        "goodput_gbps": report.goodput_gbps,
+        "verdict": report.verdict.limited_by if report.verdict is not None else None,
     }, RUN_COLUMNS)
 
 
@@ -276,28 +257,27 @@ def place_runs(runs: Sequence[tuple[str, Meta]]) -> list[TableRun]:
     return [TableRun(path, labels[key], setting, rep, key[0] == "recorded") for path, key, _, setting, rep in keyed]
 
 
-def table_rows(report: dict[str, Any], run: TableRun) -> list[Row]:
+def table_rows(report: Report, run: TableRun) -> list[Row]:
     """`qprof table`'s rows for one run: one per process x category, with the run's place among the
     table's runs (`run`: place_runs) and its metadata beside."""
     meta = run_row(report)
-    unwinding = report["run"].get("unwinding") or {}
-    pio = (report.get("packet_io") or {}).get("processes") or {}
-    goodputs = _goodputs(report)
-    verdict = report.get("verdict") or {}
-    limited = {ev["pid"]: ev["cpu_limited"] for ev in (verdict.get("evidence") or {}).values()}
-    scope = schema.decode(Sampling, report["run"].get("sampling") or {}).scope_mode
-    mappings = {p["pid"]: _joined((f"{m['name']} {m['version']}" for m in p.get("mappings", [])), ", ")
-                for p in report["processes"]}
+    pio = report.packet_io.processes if report.packet_io is not None else {}
+    verdict = report.verdict
+    limited = {ev.pid: ev.cpu_limited for ev in _judged(verdict)} if verdict is not None else {}
+    procs = {p.pid: p for p in report.processes}
     rows = []
     for c in category_rows(report):
-        io = pio.get(str(c["pid"]))
+        p = procs[c["pid"]]
+        io, unwinding = pio.get(p.pid), report.run.unwinding.get(p.pid)
         rows.append(_shape({**meta, **c, "configuration": run.configuration, "setting": run.setting,
-                            "repetition": run.repetition, "scope": scope, "cause": verdict.get("cause"),
-                            "mappings": mappings.get(c["pid"]), "configuration_recorded": run.recorded,
-                            "unwind": (unwinding.get(str(c["pid"])) or {}).get("mode"),
-                            "tx_bytes": io["tx"]["bytes"] if io else None, "rx_bytes": io["rx"]["bytes"] if io else None,
-                            "goodput_gbps": goodputs.get(c["pid"]), "cpu_limited": limited.get(c["pid"])},
-                           TABLE_COLUMNS))
+                            "repetition": run.repetition, "scope": report.run.sampling.scope_mode,
+                            "cause": verdict.cause if verdict is not None else None,
+                            "mappings": _joined((f"{m['name']} {m['version']}" for m in p.mappings), ", "),
+                            "configuration_recorded": run.recorded,
+                            "unwind": unwinding.mode if unwinding is not None else None,
+                            "tx_bytes": io.tx.bytes if io is not None else None,
+                            "rx_bytes": io.rx.bytes if io is not None else None,
+                            "goodput_gbps": p.goodput_gbps, "cpu_limited": limited.get(p.pid)}, TABLE_COLUMNS))
     return rows
 
 
@@ -329,7 +309,7 @@ class ConfigurationSummary:
 
     configuration: str
     runs: int
-    goodput: MedianCI  # Gbit/s: each run's (`_the_goodput`)
+    goodput: MedianCI  # Gbit/s: each run's (viewer.report.the_goodput)
     verdicts: tuple[tuple[str, int], ...]  # (verdict (cause), runs), most frequent first
 
     @property
@@ -350,7 +330,7 @@ def configuration_summaries(rows: list[Row]) -> dict[str, ConfigurationSummary]:
         procs.setdefault(r["configuration"], {}).setdefault(r["run"], {}).setdefault(r["pid"], r)
     out = {}
     for conf, runs in procs.items():
-        goodputs = [g for ps in runs.values() if (g := _the_goodput((p["role"], p["goodput_gbps"]) for p in ps.values()
+        goodputs = [g for ps in runs.values() if (g := the_goodput((p["role"], p["goodput_gbps"]) for p in ps.values()
                                                                     if p["goodput_gbps"] is not None)) is not None]
         seen = Counter(_verdict(next(iter(ps.values()))) for ps in runs.values())
         out[conf] = ConfigurationSummary(conf, len(runs), median_ci(goodputs),

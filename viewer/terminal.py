@@ -1,4 +1,10 @@
-"""The terminal report (rich): per process and thread, category shares, CPU seconds, top symbols."""
+"""The terminal report (rich): per process and thread, category shares, CPU seconds, top symbols.
+
+It renders the typed report (viewer.report) the JSON report and the tables render, and the analysis it was
+made from for the detail only the terminal shows. Its figures are printed with fewer digits than the
+report keeps, formatted from the exact value: rounding the report's 6-place figure again would move a
+half-way value (a share of 0.0185004 kept as 0.0185 prints 1.8%, not 1.9%).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
-from qprof.attribution.analysis import Analysis
 from qprof.attribution.services import ServiceView
 from qprof.attribution.verdict import Verdict
 from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
@@ -21,6 +26,7 @@ from qprof.attribution.threads import ThreadView
 from qprof.attribution.waits import CLOSURE, ON_CPU, STATES, WAIT_KINDS, WallClock, WallSplit
 from qprof.archive.model import ObjectSymbols
 from qprof.attribution.tcp import ProcessTcp
+from qprof.viewer.report import Report
 
 # One colour per category, the flame graphs' hue families (viewer.palette).
 COLOURS = TERMINAL
@@ -388,12 +394,14 @@ def _cpu_line(p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -
     say(line)
 
 
-def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = False) -> None:
+def render(report: Report, console: Console, top: int = 5, verbose: bool = False) -> None:
     """The report; `verbose` adds the method notes and the mapping files each process was read with."""
+    analysis = report.analysis
     profile, pio = analysis.profile, analysis.packet_io
     info = profile.run.meta
     s, host = info.sampling, info.host
-    say = lambda text, style=None: console.print(Text(text, style=style or ""))  # noqa: E731  (no markup)
+    def say(text: str, style: str | None = None) -> None:  # no markup
+        console.print(Text(text, style=style or ""))
     say(f"qprof report {profile.run.path}", "bold")
     say(f"  {s.event} at {s.frequency} Hz, {'?' if info.duration_s is None else info.duration_s} s "
         f"({info.stop_reason or 'no stop reason recorded'}); kernel {host.kernel}, {host.cpu_model}")
@@ -440,10 +448,10 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
         _symbols_line(p, info.symbols, say, verbose)
         _skid_note(p, say, verbose)
         console.print(_symbols_table(p, top, verbose))
-        view = analysis.threads.get(p.pid)
-        if view is not None and len(view.threads) > 1:
-            console.print(_threads_table(view, p, profile))
-            _thread_notes(view, p, profile, say)
+        threads = analysis.threads.get(p.pid)
+        if threads is not None and len(threads.threads) > 1:
+            console.print(_threads_table(threads, p, profile))
+            _thread_notes(threads, p, profile, say)
         wall = analysis.wall.get(p.pid)
         if wall is not None:
             console.print(_wall_table(wall))
@@ -459,7 +467,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
             _packet_io_notes(udp, say)
         if tcp is not None and tcp.moved:
             _tcp_line(tcp, say)
-        cr = getattr(analysis, "crypto", None)
+        cr = analysis.crypto
         if cr is not None and p.pid in cr.processes:
             _crypto_section(cr.processes[p.pid], say, console)
     for e in profile.empty_targets:
@@ -467,7 +475,7 @@ def render(analysis: Analysis, console: Console, top: int = 5, verbose: bool = F
     if pio is not None:
         console.print()
         _run_wide(pio, say)
-    if getattr(analysis, "crypto", None) is not None:
+    if analysis.crypto is not None:
         _crypto_cost(analysis.crypto, say)
     if analysis.recommendations:
         console.print()
