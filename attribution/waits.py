@@ -27,7 +27,7 @@ from typing import Any
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.profile import Breakdown
 from qprof.attribution.threads import ThreadView
-from qprof.probes.waits.maps import STATES, WaitMaps
+from qprof.probes.waits.maps import STATES as STATES, WaitMaps
 
 ON_CPU, RUNNABLE = "on_cpu", "runnable"
 WAIT_KINDS: tuple[str, ...] = tuple(s for s in STATES if s not in (ON_CPU, RUNNABLE))

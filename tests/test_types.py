@@ -1,4 +1,4 @@
-"""The archive and attribution layers type-check strictly (mypy --strict, configured in pyproject.toml).
+"""The archive, attribution and viewer layers type-check strictly (mypy --strict, configured in pyproject.toml).
 
 The typed records between the layers are what keeps a field's meaning in one place; a checker is what
 keeps callers honest about them (None where a figure may be unknown, a list where one was written).
@@ -15,7 +15,7 @@ from conftest import ROOT
 
 # the packages installed from the folders (setup.py)
 FOLDERS = ("probes", "collectors", "archive", "attribution", "mappings", "viewer")
-STRICT = ["-p", "qprof.archive", "-p", "qprof.attribution"]
+STRICT = ["-p", "qprof.archive", "-p", "qprof.attribution", "-p", "qprof.viewer"]
 
 
 def test_archive_and_attribution_type_check_strictly(tmp_path: Path) -> None:
