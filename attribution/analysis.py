@@ -15,7 +15,7 @@ from qprof.attribution.tcp import TcpIO, analyse as analyse_tcp
 from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer, transfer, working
 from qprof.attribution.qlog import SenderRecord
-from qprof.attribution.verdict import SideEvidence, Verdict, judge, side_evidence
+from qprof.attribution.verdict import SideEvidence, Verdict, judge, service_evidence, side_evidence
 from qprof.attribution.waits import WallClock, wall_clock
 from qprof.archive import Run
 from qprof.archive.model import Meta, ProbeRecord
@@ -94,8 +94,14 @@ def analyse_run(run: Run, mappings: MappingSet, stack: str | None = None, visit:
              if ev is not None]
     for ev in sides:
         ev.round_trip_ms = rtts[ev.pid].ms if ev.pid in rtts else None
+    views = services(info, profile)
+    for view in views:  # a service of many processes is also judged as one side
+        mine = {m.pid for m in view.members}
+        whole = service_evidence([ev for ev in sides if ev.pid in mine], view.service.name)
+        if whole is not None:
+            sides.append(whole)
     return Analysis(profile, pio, recs, crypto, sides, observer_cpu(info, probes), tcp, threads=threads,
-                    transfers=transfers, wall=wall, round_trips=rtts, services=services(info, profile))
+                    transfers=transfers, wall=wall, round_trips=rtts, services=views)
 
 
 def _datagrams(pio: PacketIO | None, pid: int) -> float | None:

@@ -213,6 +213,8 @@ class SideEvidence:
     scheduling_wait: float | None = None  # working threads' runnable + thread-wait share of their wall time
     round_trip_ms: float | None = None  # the path's round trip its own datagrams' timing shows (attribution.rtt)
     no_traffic: str | None = None  # what it lacked when it moved too little to be judged (then never limiting)
+    service: str | None = None  # a followed service judged as one side (service_evidence): its cgroup
+    members: list[int] = field(default_factory=list)  # ... and the processes it sums
     set_aside: str | None = None  # why a cause its checks met is not the verdict's (another limit binds)
     cause: Cause | None = None  # what limits this side, or None
     cpu_limited: bool = False
@@ -282,8 +284,16 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {"limited_by": self.limited_by, "cause": self.cause, "summary": self.summary,
-                "evidence": {s.role: s.to_json() for s in self.sides},
+                "evidence": {_evidence_key(s, self.sides): s.to_json() for s in self.sides},
                 "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
+
+
+def _evidence_key(s: SideEvidence, sides: list[SideEvidence]) -> str:
+    """Its key in the JSON evidence: the role where one side holds it, else the role and the process (or
+    the service) apart."""
+    if s.service is not None:
+        return f"{s.role} service {s.service}"
+    return s.role if sum(o.role == s.role and o.service is None for o in sides) == 1 else f"{s.role} {s.pid}"
 
 
 def _mode(values: list[Any]) -> Any:
@@ -470,6 +480,59 @@ def _capacity(ev: SideEvidence, rs: list[ProcReading], pid: int, host_cpus: int,
                                f"no cgroup of its own for CPU pressure ({ESTIMATE_NOTE})")
     if ev.stalled is not None and ev.stalled + ev.process_cpu_cores > 0:
         ev.stall_ratio = ev.stalled / (ev.stalled + ev.process_cpu_cores)
+
+
+def service_evidence(members: list[SideEvidence], service: str) -> SideEvidence | None:
+    """A side made of many processes (a followed service's workers, attach --cgroup) judged as one, beside
+    each of them: 4 workers each on a CPU half the time on a 2-CPU host are each far from a limit, the
+    service holds both CPUs. Its CPU is its processes' summed on-CPU cores, its stall their summed stalls
+    (each the time that process wanted a CPU and had none), against the CPUs any of them may use; its
+    drops and goodput are their sums. Threads' waits for one another, and whether a process was starved,
+    stay per process. None when fewer than two of them moved enough traffic to be judged."""
+    judged = [m for m in members if m.no_traffic is None and m.window_s >= MIN_WINDOW_S]
+    if len(judged) < 2:
+        return None
+    top = max(judged, key=lambda m: m.busiest_on_cpu)
+    ev = SideEvidence(top.role, top.pid, f"service {service} ({len(judged)} processes)",
+                      max(m.window_s for m in judged), "each process's own window", service=service,
+                      members=[m.pid for m in judged])
+    ev.busiest_tid, ev.busiest_thread = top.busiest_tid, top.busiest_thread
+    ev.busiest_on_cpu, ev.busiest_runqueue, ev.busiest_blocked = (top.busiest_on_cpu, top.busiest_runqueue,
+                                                                  top.busiest_blocked)
+    ev.threads = sum(m.threads for m in judged)
+    ev.process_cpu_cores = sum(m.process_cpu_cores for m in judged)
+    ev.process_runqueue_cores = sum(m.process_runqueue_cores for m in judged)
+    ev.usable_cpus = sorted({c for m in judged for c in m.usable_cpus})
+    same = {(m.capacity_cores, m.capacity_from) for m in judged}
+    if len(same) == 1:  # one cgroup, one cpuset, one quota: what each may use is what all may
+        ev.capacity_cores, ev.capacity_from = same.pop()
+    else:
+        ev.capacity_cores = float(max(1, len(ev.usable_cpus)))
+        ev.capacity_from = f"the CPUs its processes may use (CPU {','.join(map(str, ev.usable_cpus))})"
+    stalls = [m.stalled for m in judged if m.stalled is not None]
+    if len(stalls) == len(judged):
+        # in cores (1.00: one process stalled all the time): what it wanted beyond what it got. The
+        # stall tests of one process (a share of the time, and of its demand) have no sum: each
+        # process is tested for them on its own
+        ev.stalled, ev.stalled_from = sum(stalls), "its processes' stalls summed, in cores"
+    longest = max(judged, key=lambda m: m.window_s)
+    ev.cpus_busy, ev.host_pressure_some = longest.cpus_busy, longest.host_pressure_some
+    throttled = [m for m in judged if m.throttled_periods is not None]
+    if throttled:
+        worst = max(throttled, key=lambda m: m.throttled_periods or 0.0)
+        ev.throttled_periods, ev.throttled_s, ev.quota_cores = worst.throttled_periods, worst.throttled_s, worst.quota_cores
+    ev.drops = sum(m.drops for m in judged)
+    ev.receive_drops = sum(m.receive_drops for m in judged)
+    received = [m.received_datagrams for m in judged if m.received_datagrams is not None]
+    if received:
+        ev.received_datagrams = sum(received)
+        total = ev.received_datagrams + ev.receive_drops
+        ev.receive_drop_share = ev.receive_drops / total if total > 0 else None
+    rates = [m.goodput_gbps for m in judged if m.goodput_gbps is not None]
+    ev.goodput_gbps = sum(rates) if rates else None
+    ev.sends = any(m.sends for m in judged) if any(m.sends is not None for m in judged) else None
+    _judge(ev)
+    return ev
 
 
 ESTIMATE_NOTE = "within 0.1 of PSI for one usable CPU, up to twice it for several, in runs of qprof's tests"
@@ -730,7 +793,11 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     causes: tuple[Cause, ...]
     if culprits:
         causes = tuple(sorted({s.cause for s in culprits if s.cause is not None}))
-        summary = "; ".join(f"{s.role} is {s.cause}: {'; '.join(s.reasons)}" for s in culprits)
+        # a limited service speaks for its processes: each of them is in the notes
+        told = [s for s in culprits
+                if s.service is not None or not any(a.service is not None and s.pid in a.members for a in culprits)]
+        summary = "; ".join(f"{s.role}{f' service {s.service}' if s.service else ''} is {s.cause}: "
+                            f"{'; '.join(s.reasons)}" for s in told)
     elif queued:
         causes = (Cause.LINK,)
         summary = "the link limits: " + "; ".join(f.text for f in queued)

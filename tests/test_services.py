@@ -152,6 +152,9 @@ def test_a_worker_replaced_mid_run_is_followed_and_nothing_of_the_service_change
     print(f"\nworkers {sorted(truth)} (new {new} joined at {members[new]['joined_s']} s): received "
           f"{ {p: d for p, (d, _) in truth.items()} }; disagreeing: {bad}")
     assert not bad
+    evidence = report["verdict"]["evidence"]  # each process judged, and the service as one side
+    assert {f"server {p}" for p in [*workers, new]} | {f"server service {name.name}", "client"} <= set(evidence)
+    assert sorted(evidence[f"server service {name.name}"]["members"]) == sorted([*workers, new])
     text = qprof("report", str(run)).stdout
     assert f"server service {name.name}: 6 processes, 1 joined during the run, 1 exited" in text
 

@@ -11,7 +11,7 @@ from qprof.attribution.packetio import PacketIO, ProcessPacketIO
 from qprof.attribution.sampling import Estimate
 from qprof.attribution.transfer import Transfer
 from qprof.attribution.causes import Cause, causes_of
-from qprof.attribution.verdict import CAUSES, CHECK_GROUPS, THRESHOLDS, judge, side_evidence
+from qprof.attribution.verdict import CAUSES, CHECK_GROUPS, THRESHOLDS, judge, service_evidence, side_evidence
 from qprof.archive.model import NamespaceQueues, ProcReading
 from conftest import examples
 
@@ -82,6 +82,28 @@ def test_busy_server_thread_is_server_limited_cpu_busy() -> None:
     v = verdict(readings(1, 10, 0.97, 0.0), readings(2, 10, 0.6, 0.05))
     assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
     assert "busiest thread" in v.summary and "90%" in v.summary
+
+
+def test_a_service_whose_workers_together_fill_the_cpus_limits() -> None:
+    """A server with a worker per core (attach --cgroup): four workers each on a CPU 48% of the time, none
+    near a limit on its own, together on 1.92 of the host's 2 CPUs: the service is cpu-busy, the run
+    server-limited, and the summary speaks for the service, each worker judged in the evidence."""
+    workers = [11, 12, 13, 14]
+    rs = typed(merge(*(readings(p, 10, 0.48, 0.02, cpu_idle=(0.03, 0.03)) for p in workers),
+                     readings(2, 10, 0.05, 0.0)))
+    sides = [s for p in workers if (s := side_evidence(rs, p, "server", "worker", 2, None)) is not None]
+    assert len(sides) == 4 and not any(s.cpu_limited for s in sides)
+    whole = service_evidence(sides, "/svc")
+    assert whole is not None and whole.members == workers
+    client = side_evidence(rs, 2, "client", "cli", 2, None)
+    assert client is not None
+    v = judge([*sides, whole, client])
+    assert (v.limited_by, v.cause) == ("server-limited", "cpu-busy")
+    assert v.summary.startswith("server service /svc is cpu-busy: process on a CPU 1.92 cores of 2.00")
+    assert set(v.to_json()["evidence"]) == {"server 11", "server 12", "server 13", "server 14",
+                                           "server service /svc", "client"}
+    alone = service_evidence(sides[:1], "/svc")
+    assert alone is None, "one process judged is judged as itself"
 
 
 def test_one_thread_waiting_half_its_runnable_time_is_starved() -> None:
