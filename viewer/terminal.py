@@ -408,8 +408,15 @@ def render(report: Report, console: Console, top: int = 5, verbose: bool = False
     if info.status != "complete":
         say(f"  archive is {info.status}: {info.incomplete_reason or 'collection did not finish'}; "
             "shown is what was collected", "yellow")
+    # a service's workers share a program and its unwinding: one line for all of them
+    alike: dict[tuple[str, str | None, str | None], list[int]] = {}
     for t in info.targets:
-        say(f"  pid {t.pid} {t.comm}: {t.unwind} unwinding ({t.unwind_reason})")
+        alike.setdefault((t.comm, t.unwind, t.unwind_reason), []).append(t.pid)
+    for t in info.targets:
+        pids = alike.pop((t.comm, t.unwind, t.unwind_reason), [])
+        if pids:
+            who = f"pid {pids[0]}" if len(pids) == 1 else f"pids {', '.join(map(str, pids))}"
+            say(f"  {who} {t.comm}: {t.unwind} unwinding ({t.unwind_reason})")
         if len(t.images) > 1:
             say("    exec'd: " + " -> ".join(f"{i.comm} ({i.exe}, {i.unwind}, from {i.since_s:g} s)"
                                             for i in t.images), "dim")
