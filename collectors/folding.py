@@ -5,7 +5,7 @@ turning a capture into stacks, and it is single-threaded. Each perf data file
 is cut into time slices with about as many of the targets' samples each
 (collectors.perfdata.prepare, in the pass that repairs the file anyway); one
 `perf script --time` per slice runs at once per CPU, and each one's text is
-folded as it streams in (collectors.streamfold), in this process, by a select
+folded as it streams in (collectors.perfscript), in this process, by a select
 loop: nothing waits for a whole slice and no sample text is held beyond its
 slice's distinct stacks.
 Slices are merged in time order, so the records, their order and the parse
@@ -25,15 +25,15 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qprof import runfiles
 from qprof.collectors import debuginfo, mapfiles
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
-from qprof.collectors.perfscript import ParseStats
+from qprof.collectors.perfscript import ParseStats, StreamFolder
 from qprof.archive.stacks import StackKey, StackRecord, add_counts, records, write_stacks
 from qprof.archive.model import SampleGroup
-from qprof.collectors.streamfold import StreamFolder
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 
@@ -100,7 +100,7 @@ def run_slices(perf: str, specs: list[SliceSpec], jobs: int, nice: int = 0
 
 def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[StackRecord], ParseStats]:
     """Records of consecutive slices as one fold of the whole text: same keys summed, first-occurrence order."""
-    acc: dict[StackKey, list] = {}
+    acc: dict[StackKey, list[Any]] = {}
     stats = ParseStats()
     for part, st in parts:
         for r in part:

@@ -1,20 +1,38 @@
-"""Parse `perf script` text into samples, streaming, one sample at a time.
+"""Turn `perf script` text into folded stacks: qprof's one reader of perf's samples.
 
 qprof runs `perf script` with a fixed field list (see PERF_SCRIPT_FIELDS) so the
-format is known; the parser still tolerates what real captures contain:
+format is known; the reader still tolerates what real captures contain:
 `[unknown]` symbols and DSOs, deleted mappings (`(/path (deleted))`), symbol
 names with spaces and parentheses (demangled C++), comm names with spaces,
 kernel-only and user-only stacks, and samples without any frame. Lines it
 cannot read are counted, never fatal: one odd frame must not lose a capture.
+
+The grammar, a line at a time: a blank (or whitespace-only) line ends a sample;
+a line that is not tab-led and reads as a header (`parse_header`) starts one;
+any other line is a frame of the open sample (`parse_frame`), or, when it is not
+a frame or no sample is open, an unreadable line (counted in ParseStats).
+
+Why the reader works on whole samples: parsing perf script's text line by line
+in Python cost 1.4 us a line (about 17 lines a DWARF sample), more than perf
+script took to write it. Most samples repeat a stack seen before, down to the
+instruction addresses, so StreamFolder cuts the text at blank lines and counts
+each distinct (header without time and period, frame lines) text: only its
+first occurrence is parsed, and only from the leaf down to a tail of frame lines
+seen before (each distinct line is classified once). A piece of text that is not
+one sample of that shape (two headers without a blank line between them, a
+whitespace-only separator, a header with an event name after the period, lines
+before any header, a sample longer than `max_block`) is read with the grammar
+above a line at a time, by the same line classification: both ways give one
+result, tests/test_perfscript.py checks it against a plain line reader.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Iterable, NamedTuple
 
-from qprof.archive.stacks import KERNEL_DSO, UNKNOWN, Frame, Sample
+from qprof.archive.stacks import BIN_S, KERNEL_DSO, UNKNOWN, Frame, StackRecord, add_counts, records, widen
 
 # Fields requested from `perf script -F`; the header regex below matches them.
 PERF_SCRIPT_FIELDS = "comm,pid,tid,time,period,ip,sym,dso"
@@ -23,6 +41,7 @@ PERF_SCRIPT_FIELDS = "comm,pid,tid,time,period,ip,sym,dso"
 # truncated DWARF user stack), not kernel addresses.
 _KERNEL_SPACE_START = 0xFFFF800000000000
 _PERF_CONTEXT_MARKERS = 0xFFFFFFFFFFFFF000
+BIN_NS = round(BIN_S * 1e9)  # a time bin in ns: a sample's bin is its time // BIN_NS
 
 # "<comm> <pid>/<tid> [<time>:] <period>" with comm possibly containing spaces; an
 # optional "<event>:" tail is accepted for captures made with more fields.
@@ -34,18 +53,20 @@ _SYMOFF = re.compile(r"\+0x[0-9a-fA-F]+$")
 # mapping rules match the plain name. `@plt` stubs are lower case and stay.
 _SYMVER = re.compile(r"@@?[A-Z][A-Z0-9_]*_[0-9][0-9.]*$")
 
-def time_bin(stamp: str) -> int | None:
-    """perf's "SECONDS.FRACTION" (a trailing ":" allowed) -> its BIN_S bin (tenths of a second), without
-    float rounding."""
-    whole, dot, frac = stamp.rstrip(":").partition(".")
-    if not (dot and whole.isdigit() and whole.isascii() and frac[:1].isdigit() and frac[:1].isascii()):
-        return None
-    return int(whole) * 10 + int(frac[0])
+
+class Header(NamedTuple):
+    """A sample's first line: who ran and how much CPU the sample stands for."""
+
+    comm: str
+    pid: int
+    tid: int
+    period: int
+    time_ns: int | None  # None when perf printed no time (or one qprof cannot read exactly)
 
 
 def time_ns(stamp: str) -> int | None:
-    """perf's "SECONDS.FRACTION" (a trailing ":" allowed) -> nanoseconds, without float rounding."""
-    whole, dot, frac = stamp.rstrip(":").partition(".")
+    """perf's "SECONDS.FRACTION" -> nanoseconds, without float rounding; None for anything else."""
+    whole, dot, frac = stamp.partition(".")
     if not (dot and whole.isdigit() and whole.isascii() and frac.isdigit() and frac.isascii()):
         return None
     return int(whole) * 1_000_000_000 + int(frac[:9].ljust(9, "0"))
@@ -53,7 +74,7 @@ def time_ns(stamp: str) -> int | None:
 
 @dataclass
 class ParseStats:
-    """What the parser met; reported so that silently dropped data is visible."""
+    """What the reader met; reported so that silently dropped data is visible."""
 
     samples: int = 0
     bad_lines: int = 0
@@ -126,78 +147,275 @@ def parse_frame(line: str) -> Frame | None:
     return (sym, dso)
 
 
-def parse_header(line: str) -> tuple[str, int, int, int, int | None] | None:
-    """Parse a sample's first line into (comm, pid, tid, period, time bin or None)."""
-    got = _parse_header(line)
-    return None if got is None else got[:5]
-
-
-def _parse_header(line: str) -> tuple[str, int, int, int, int | None, int | None] | None:
-    """parse_header and the sample's time in ns (or None)."""
+def parse_header(line: str) -> Header | None:
+    """Parse a sample's first line; None when it is not a header."""
     m = _HEADER.match(line)
     if m is None:
         return None
     stamp = m.group("time")
-    return (m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")),
-            time_bin(stamp) if stamp else None, time_ns(stamp) if stamp else None)
+    return Header(m.group("comm").strip(), int(m.group("pid")), int(m.group("tid")), int(m.group("period")),
+                  time_ns(stamp) if stamp else None)
 
 
-class LineParser:
-    """The sample reader's state machine, one line at a time (a line without its newline).
+def fold_text(text: str, stats: ParseStats | None = None) -> list[StackRecord]:
+    """A whole text's folded records (tests, small inputs): what feeding it in pieces gives."""
+    folder = StreamFolder(stats)
+    folder.feed(text)
+    return folder.finish()
 
-    A header line starts a sample, tab-indented frame lines extend it, a blank
-    line (or the next header, or the end) finishes it. `parse_samples` drives it
-    over a whole stream; the block folder (collectors.streamfold) drives it over
-    the rare samples its fast path does not take, so both read text the same way.
+
+class _Blank:
+    """The class of a line that ends a sample (empty or whitespace only)."""
+
+
+_BLANK = _Blank()
+_MISSING = object()
+Body = tuple[tuple[Frame, ...], tuple[str, ...]]  # a frame text's frames and its unreadable lines
+Slot = list[Any]  # [samples, period, unreadable lines to count again per sample, {time bin: period}, [first ns, last ns] or None]
+
+
+class StreamFolder:
+    """Feed perf script text in pieces of any size (`feed`), then `finish` for the folded records.
+
+    The result is that of reading the text a line at a time with the grammar in the module's
+    docstring and folding the samples (archive.stacks.add_counts): same records in the same
+    (first-occurrence) order, same statistics, wherever the text is cut into pieces.
+
+    Memory is bounded: the distinct texts are folded and forgotten every `max_texts` distinct
+    texts (or 8 x max_texts cached tails), so what is held is the folded stacks (they grow with
+    distinct stacks, not with samples) plus a bounded number of sample texts. A sample text
+    longer than `max_block` characters (perf script writes none; garbage without blank lines
+    could) is read a line at a time as it arrives.
     """
 
-    __slots__ = ("stats", "_header", "_frames")
-
-    def __init__(self, stats: ParseStats | None = None) -> None:
+    def __init__(self, stats: ParseStats | None = None, max_texts: int = 16384, max_block: int = 1 << 20) -> None:
         self.stats = stats if stats is not None else ParseStats()
-        self._header: tuple[str, int, int, int, int | None, int | None] | None = None
-        self._frames: list[Frame] = []
+        self.max_texts = max_texts
+        self.max_block = max_block
+        self._carry = ""  # text after the last blank line seen (or, reading a line at a time, after the last line)
+        # the sample open while reading a line at a time: its header and frames so far
+        self._open: tuple[Header, list[Frame]] | None = None
+        # (head, frame text) -> Slot for texts the fast path counts; samples read a line at a time are
+        # kept under their fold key, in the same dict, so that first-occurrence order survives.
+        # The head is the header without its time and period.
+        self._texts: dict[object, Slot] = {}
+        self._heads: dict[str, tuple[str, int, int] | None] = {}  # head -> (comm, pid, tid), None: not a header
+        # frame text (from a line to the end) -> (frames, unreadable lines), None: it ends or starts a sample
+        self._bodies: dict[str, Body | None] = {}
+        self._lines: dict[str, Frame | _Blank | None] = {}  # a line's class (headers are not kept)
+        self._folded: dict[tuple[int, int, str, tuple[Frame, ...]], list[Any]] = {}
+        self._fast = 0  # samples counted by the fast path since the last flush
 
-    def _take(self) -> Sample | None:
-        header = self._header
-        if header is None:
-            return None
-        self.stats.samples += 1
-        sample = Sample(header[1], header[2], header[0], header[3], tuple(self._frames), header[4], header[5])
-        self._header, self._frames = None, []
-        return sample
+    # -- input
+    def feed(self, chunk: str) -> None:
+        text = self._carry + chunk if self._carry else chunk
+        self._carry = ""
+        if self._open is not None:  # an over-long sample: its lines up to the blank line that ends it
+            end = text.find("\n\n")
+            if end < 0:
+                self._lines_of(text)
+                return
+            self._read(text[:end].split("\n"))
+            self._close()
+            text = text[end + 2:]
+        end = text.rfind("\n\n")
+        if end < 0:
+            if len(text) > self.max_block:
+                self._lines_of(text)
+            else:
+                self._carry = text
+            return
+        self._blocks(text[:end])
+        self._carry = text[end + 2:]
+        if len(self._carry) > self.max_block:
+            self.feed("")
 
-    def line(self, line: str) -> Sample | None:
-        """Consume one line; return the sample it completes, if any."""
+    def finish(self) -> list[StackRecord]:
+        """End of the text: fold what is left and return the records in first-occurrence order."""
+        if self._open is not None:
+            self._read(self._carry.split("\n"))
+            self._close()
+        elif self._carry:
+            self._blocks(self._carry)
+        self._carry = ""
+        self._flush()
+        return records(self._folded)
+
+    def _lines_of(self, text: str) -> None:
+        """Read the whole lines of `text` a line at a time (the sample they are in stays open); keep the rest."""
+        nl = text.rfind("\n")
+        if nl >= 0:
+            self._read(text[:nl].split("\n"))
+        self._carry = text[nl + 1:]
+
+    # -- the fast path: one dictionary look-up per sample that repeats a known text
+    def _blocks(self, text: str) -> None:
+        texts = self._texts
+        bad = self.stats.bad
+        fast = 0
+        for block in text.split("\n\n"):
+            if not block:
+                continue
+            block = block.strip("\n")
+            first, _, body = block.partition("\n")
+            head, sep, period = first.rstrip().rpartition(" ")
+            ns = None
+            if head.rstrip().endswith(":"):
+                # "comm pid/tid  TIME:" -> "comm pid/tid" and the time in ns
+                before, _, stamp = head.rstrip().rpartition(" ")
+                ns = time_ns(stamp[:-1])
+                if ns is not None:
+                    head = before.rstrip()
+            slot = texts.get((head, body))
+            if slot is not None and period.isdigit() and period.isascii():
+                n = int(period)
+                slot[0] += 1
+                slot[1] += n
+                if ns is not None:
+                    per_bin = slot[3]
+                    when = ns // BIN_NS
+                    per_bin[when] = per_bin.get(when, 0) + n
+                    span = slot[4]
+                    if span is None:
+                        slot[4] = [ns, ns]
+                    elif ns < span[0]:
+                        span[0] = ns
+                    elif ns > span[1]:
+                        span[1] = ns
+                fast += 1
+                if slot[2]:
+                    for line in slot[2]:
+                        bad(line)
+                continue
+            fast += self._first_sight(block, head, sep, period, body, ns)
+        self._fast += fast
+
+    def _first_sight(self, block: str, head: str, sep: str, period: str, body: str, ns: int | None) -> int:
+        """A text not seen since the last flush: parse it once, or read the block a line at a time
+        when it is not one sample of the usual shape."""
+        if not block:
+            return 0
+        who = self._heads.get(head, _MISSING)
+        if who is _MISSING:
+            # the header's fields other than the period depend on the text before the period only
+            parsed = parse_header(head + " 0") if sep == " " and not head.startswith("\t") else None
+            who = self._heads[head] = None if parsed is None else (parsed.comm, parsed.pid, parsed.tid)
+        frames = self._parse_body(body) if who is not None else None
+        if frames is None or not (period.isdigit() and period.isascii()):
+            self._read(block.split("\n"))
+            self._close()
+            return 0
+        for line in frames[1]:
+            self.stats.bad(line)
+        n = int(period)
+        self._texts[(head, body)] = [1, n, frames[1], {} if ns is None else {ns // BIN_NS: n},
+                                     None if ns is None else [ns, ns]]
+        if len(self._texts) >= self.max_texts or len(self._bodies) >= 8 * self.max_texts:
+            self._fast += 1
+            self._flush()
+            return 0
+        return 1
+
+    def _line(self, line: str) -> "Frame | Header | _Blank | None":
+        """A line's class in the grammar: a frame, a header, a blank line, or None (unreadable)."""
+        lines = self._lines
+        if line in lines:
+            return lines[line]
+        got: Frame | _Blank | None
         if not line.strip():
-            sample = self._take()
-            self._header, self._frames = None, []
-            return sample
-        # Frames are tab-indented; headers start with the (right-aligned) comm.
-        parsed = None if line[0] == "\t" else _parse_header(line)
-        if parsed is None:
-            frame = parse_frame(line)
-            if frame is None or self._header is None:
+            got = _BLANK
+        else:
+            header = None if line[0] == "\t" else parse_header(line)
+            if header is not None:
+                return header  # it carries a time: not worth keeping
+            got = parse_frame(line)
+        lines[line] = got
+        return got
+
+    def _parse_body(self, body: str) -> Body | None:
+        """Frame lines -> (frames, unreadable lines); None when a line ends or starts a sample.
+
+        Stacks that differ only near the leaf share their callers' text: the body is
+        parsed line by line from the top only until a known tail (a cached suffix), so
+        a new stack costs a few look-ups, not one per frame."""
+        bodies = self._bodies
+        empty: Body = ((), ())
+        if not body:
+            bodies[body] = empty
+            return empty
+        heads: list[tuple[str, str]] = []  # (line, text from the line on), leaf first
+        text = body
+        tail = bodies.get(text, _MISSING)
+        while tail is _MISSING:
+            line, nl, rest = text.partition("\n")
+            heads.append((line, text))
+            if not nl:
+                tail = empty
+                break
+            text = rest
+            tail = bodies.get(text, _MISSING)
+        got: Body | None = tail  # type: ignore[assignment]
+        for line, text in reversed(heads):
+            if got is not None:
+                kind = self._line(line)
+                if kind is None:
+                    got = (got[0], (line, *got[1]))
+                elif isinstance(kind, (_Blank, Header)):
+                    got = None
+                else:
+                    got = ((kind, *got[0]), got[1])
+            bodies[text] = got
+        return got
+
+    # -- a line at a time, and the fold
+    def _read(self, lines: Iterable[str]) -> None:
+        """The grammar, a line at a time; the sample open at the end stays open."""
+        for line in lines:
+            kind = self._line(line)
+            if isinstance(kind, _Blank):
+                self._close()
+            elif isinstance(kind, Header):
+                self._close()
+                self._open = (kind, [])
+            elif kind is None or self._open is None:
                 self.stats.bad(line)
             else:
-                self._frames.append(frame)
-            return None
-        sample = self._take()  # previous sample had no blank line after it
-        self._header, self._frames = parsed, []
-        return sample
+                self._open[1].append(kind)
 
-    def end(self) -> Sample | None:
-        """The end of the text: the sample still open, if any."""
-        return self._take()
+    def _close(self) -> None:
+        """Count the open sample, if any."""
+        if self._open is None:
+            return
+        h, frames = self._open
+        self._open = None
+        self.stats.samples += 1
+        key = (h.pid, h.tid, h.comm, tuple(frames))
+        slot = self._texts.get(key)
+        if slot is None:
+            slot = self._texts[key] = [1, h.period, (), {}, None]
+        else:
+            slot[0] += 1
+            slot[1] += h.period
+        if h.time_ns is not None:
+            when = h.time_ns // BIN_NS
+            slot[3][when] = slot[3].get(when, 0) + h.period
+            slot[4] = widen(slot[4], (h.time_ns, h.time_ns))
 
-
-def parse_samples(lines: Iterable[str], stats: ParseStats | None = None) -> Iterator[Sample]:
-    """Yield samples from perf script lines; unreadable lines are counted in `stats`."""
-    parser = LineParser(stats)
-    for raw in lines:
-        sample = parser.line(raw.rstrip("\n"))
-        if sample is not None:
-            yield sample
-    sample = parser.end()
-    if sample is not None:
-        yield sample
+    def _flush(self) -> None:
+        """Fold the distinct texts into records and forget them (bounded memory)."""
+        folded = self._folded
+        for key, (n, period, _bad, bins, span) in self._texts.items():
+            if len(key) == 2:  # type: ignore[arg-type]  # (head, body): the fast path's text
+                comm_pid_tid = self._heads[key[0]]  # type: ignore[index]
+                frames = self._bodies[key[1]]  # type: ignore[index]
+                assert comm_pid_tid is not None and frames is not None
+                comm, pid, tid = comm_pid_tid
+                key = (pid, tid, comm, frames[0])
+            add_counts(folded, key, n, period, bins.items(), None if span is None else (span[0], span[1]))
+        self.stats.samples += self._fast
+        self._fast = 0
+        self._texts.clear()
+        self._heads.clear()
+        self._bodies.clear()
+        if len(self._lines) > 4 * self.max_texts:
+            self._lines.clear()

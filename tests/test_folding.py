@@ -17,8 +17,8 @@ from qprof.collectors import debuginfo, perfdata
 from qprof.archive import Run
 from qprof.collectors.folding import SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, time_slices
 from qprof.collectors.perf import script_command
-from qprof.collectors.perfscript import ParseStats, Sample, parse_samples
-from qprof.archive.stacks import fold, read_stacks
+from qprof.collectors.perfscript import ParseStats, StreamFolder
+from qprof.archive.stacks import Sample, fold, read_stacks
 from qprof.errors import QprofError
 
 # ---------------------------------------------------------------- pure parts
@@ -179,13 +179,16 @@ def test_parallel_fold_equals_sequential(capture: Path, tmp_path: Path) -> None:
     per_slice = [st_.samples for _, st_ in parts]
     assert len(per_slice) == 3 and all(n > 0.05 * sum(per_slice) for n in per_slice), per_slice
 
-    # the previous implementation: one perf script over the whole file, the line parser, fold (over
-    # the same build-id cache the run's symbols were prepared in)
+    # the plain way: one perf script over the whole file, folded whole (over the same build-id cache
+    # the run's symbols were prepared in)
     ref_stats = ParseStats()
     with subprocess.Popen(script_command(perf, data, group.pids, buildid_dir=debuginfo.cache_root()),
                           stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, errors="replace") as p:
-        reference = fold(parse_samples(p.stdout, ref_stats))  # type: ignore[arg-type]
+        assert p.stdout is not None
+        folder = StreamFolder(ref_stats)
+        folder.feed(p.stdout.read())
+        reference = folder.finish()
     assert p.returncode == 0 and ref_stats.samples > 1000
 
     counts = {}
