@@ -152,6 +152,46 @@ def kernel_features() -> dict[str, str | int | float | bool | None]:
 
 
 @dataclass(frozen=True)
+class CgroupLine:
+    """One line of /proc/PID/cgroup: a hierarchy's id, its controllers, the process's path in it. On
+    cgroup v2 the one line is `0::/path` (id 0, no controllers); a v1 hierarchy names its controllers
+    (`4:cpu,cpuacct:/path`) or itself (`1:name=systemd:/path`)."""
+
+    hierarchy: int
+    controllers: tuple[str, ...]
+    path: str
+
+    @property
+    def unified(self) -> bool:
+        """The cgroup v2 line."""
+        return self.hierarchy == 0 and not self.controllers
+
+    def __str__(self) -> str:
+        return f"{self.hierarchy}:{','.join(self.controllers)}:{self.path}"
+
+
+def parse_cgroups(text: str) -> list[CgroupLine]:
+    """The lines of a /proc/PID/cgroup text; a line not of that form is skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0].isdigit():
+            out.append(CgroupLine(int(parts[0]), tuple(c for c in parts[1].split(",") if c), parts[2]))
+    return out
+
+
+def cgroups_of(pid: int) -> list[CgroupLine]:
+    """The cgroups the process is in, one per hierarchy; [] once it is gone. The one reader of
+    /proc/PID/cgroup: the sampling cgroup's setup, the /proc readings (quota, cpuset, pressure) and
+    the target's record all go through it."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return parse_cgroups(text)
+
+
+@dataclass(frozen=True)
 class Hierarchy:
     """The cgroup hierarchy perf resolves `-G NAME` against (tools/perf/util/cgroup.c does the same lookup)."""
 
@@ -160,17 +200,9 @@ class Hierarchy:
 
     def path_of(self, pid: int) -> str | None:
         """The pid's cgroup path in this hierarchy, or None (gone, or not in it)."""
-        try:
-            text = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            return None
-        for line in text.splitlines():
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            if (self.version == "v1" and "perf_event" in parts[1].split(",")) or \
-                    (self.version == "v2" and parts[0] == "0" and parts[1] == ""):
-                return parts[2]
+        for line in cgroups_of(pid):
+            if (self.version == "v1" and "perf_event" in line.controllers) or (self.version == "v2" and line.unified):
+                return line.path
         return None
 
 

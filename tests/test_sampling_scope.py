@@ -15,7 +15,7 @@ import pytest
 from conftest import qprof
 from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers
 from qprof.archive.procfs import outer_path
-from qprof.probes.features import find_hierarchy
+from qprof.probes.features import cgroups_of, find_hierarchy, parse_cgroups
 
 BUSY = [sys.executable, "-c", "while True: pass"]
 
@@ -179,3 +179,22 @@ def test_outer_path_strips_only_qprofs_child() -> None:
     assert outer_path(f"/{PREFIX}12-345-0") == "/"
     assert outer_path("/a/qprof-sample-x") == "/a/qprof-sample-x"
     assert outer_path("/system.slice/x.service") == "/system.slice/x.service"
+
+
+def test_proc_cgroup_lines_parse_once_for_every_reader() -> None:
+    """/proc/PID/cgroup in both versions: the v1 hierarchies name their controllers (or themselves),
+    v2 is the one `0::` line; a line of another form is skipped."""
+    v1 = parse_cgroups("12:cpu,cpuacct:/a/qprof-sample-1-2-0\n4:perf_event:/p\n1:name=systemd:/s\nbad line\n"
+                       "x:cpu:/no\n0::/u\n")
+    assert [(c.hierarchy, c.controllers, c.path, c.unified) for c in v1] == [
+        (12, ("cpu", "cpuacct"), "/a/qprof-sample-1-2-0", False), (4, ("perf_event",), "/p", False),
+        (1, ("name=systemd",), "/s", False), (0, (), "/u", True)]
+    assert [str(c) for c in v1] == ["12:cpu,cpuacct:/a/qprof-sample-1-2-0", "4:perf_event:/p", "1:name=systemd:/s",
+                                    "0::/u"]
+    me = cgroups_of(os.getpid())
+    assert me and [str(c) for c in me] == Path("/proc/self/cgroup").read_text().splitlines()
+    h = find_hierarchy()
+    if h is not None:
+        assert h.path_of(os.getpid()) == next(c.path for c in me
+                                              if (c.unified if h.version == "v2" else "perf_event" in c.controllers))
+    assert cgroups_of(4194303) == [] and (h is None or h.path_of(4194303) is None)
