@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from qprof.archive import procfs, schema
+from qprof.archive import identity, schema
 from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading, SampleGroup)
 from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_header, read_stacks
@@ -55,6 +55,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def write_meta(out: Path, meta: Meta) -> None:
     """meta.json from its record, atomically: the one way the archive's metadata is written."""
     write_json_atomic(out / META, schema.encode(meta))
+
+
+def proc_line(reading: ProcReading) -> str:
+    """A reading as its line of proc.jsonl (what Run.proc_readings reads back), newline included."""
+    return json.dumps(schema.encode(reading), separators=(",", ":")) + "\n"
 
 
 def create_run_dir(path: Path) -> Path:
@@ -97,7 +102,7 @@ def release_space(out: Path) -> None:
 def effective_status(meta: Meta) -> tuple[str, str | None]:
     """(status, reason) as a reader should see it: a run still marked "collecting" whose
     collector is gone (killed, or the machine rebooted) is incomplete."""
-    if meta.status == STATUS_COLLECTING and not (meta.collector is not None and procfs.identity_alive(meta.collector)):
+    if meta.status == STATUS_COLLECTING and not (meta.collector is not None and identity.identity_alive(meta.collector)):
         return STATUS_INCOMPLETE, "qprof stopped while collecting (killed?): what was written is kept"
     return meta.status, meta.incomplete_reason
 
@@ -187,7 +192,7 @@ class Run:
         owner's perf data goes through `perf script` without being asked for."""
         collector = self.meta.collector
         recorded_boot = collector.boot_id if collector is not None else None
-        if recorded_boot is None or recorded_boot != procfs.process_identity(os.getpid()).boot_id:
+        if recorded_boot is None or recorded_boot != identity.boot_id():
             return "it was recorded on another host or before a reboot"
         owner = self.path.stat().st_uid
         if owner != os.geteuid():
@@ -287,4 +292,5 @@ class Run:
         if why is not None:
             raise QprofError(f"{p}:{n}: not a /proc reading ({why}); the file was changed after qprof wrote it: "
                              f"restore it, or drop the line (sed -i {n}d {p}) to report without it")
-        return ProcReading.from_json(obj)
+        reading: ProcReading = schema.decode(ProcReading, obj)
+        return reading

@@ -3,7 +3,7 @@
 archive/schema.py checks a document's shape once, when a run is opened; the records here are
 built from the checked document and are what attribution and the viewer read: Meta and the records
 under it (meta.json: one model, written by the session and read back with schema.decode),
-ProcReading (each line of proc.jsonl, `from_json`), ProbeRecord (probes.json, with
+ProcReading (each line of proc.jsonl: one model, built by collectors.procfs), ProbeRecord (probes.json, with
 the packetio group's own typed record, probes.packetio.maps.PacketioMaps), and LiveData, the
 session's raw view of one second for the live panel. Both sides import them from here, the layer
 between them, never from the collectors themselves. Fields absent from older archives get the
@@ -52,24 +52,19 @@ class LiveData:
     targets: tuple["Target", ...]
 
 
-# ---- /proc readings (proc.jsonl): one line per interval, checked against schema.PROC_READING -------
+# ---- /proc readings (proc.jsonl): one line per interval -------------------------------------------
+# One model both ways, as meta.json: collectors.procfs builds these records from the live /proc, the
+# session adds the byte totals (collectors.traffic) and appends the line (archive.proc_line:
+# schema.encode), readers get them back (Run.proc_readings: schema.decode) after the line was checked
+# against the shape derived from them (schema.PROC_READING). Fields absent from older archives take
+# the defaults below.
 
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _pid_keyed(obj: Any) -> dict[int, Any]:
-    """{"1234": x} -> {1234: x} (the schema checked that the keys are decimal numbers)."""
-    return {int(k): v for k, v in obj.items()} if isinstance(obj, dict) else {}
+# A map field whose older archives wrote null for "nothing here" (a process gone when its cgroup was
+# read): null values are accepted and read as absent; the writer leaves such keys out.
+NULL_IS_ABSENT = {"null_is_absent": True}
+# A record field whose fields are written beside its parent's, not under a key of its own (the
+# byte totals, which proc.jsonl has always held at the top level of a reading).
+INLINE = {"inline": True}
 
 
 @dataclass(frozen=True)
@@ -81,49 +76,34 @@ class ThreadReading:
     comm: str
     utime_s: float
     stime_s: float
-    state: str | None = None
-    on_cpu_s: float | None = None
-    run_delay_s: float | None = None
-    syscall: str | None = None
-    cpu: int = -1
+    state: str | None = field(default=None, metadata=NEVER_NULL)  # R, S, D... (/proc/PID/task/TID/stat)
+    on_cpu_s: float | None = None  # schedstat: on a CPU ...
+    run_delay_s: float | None = None  # ... and runnable, waiting for one (precise, unlike ticks)
+    syscall: str | None = None  # the system call it sits in when blocked (a number), or "running"
+    cpu: int = -1  # the CPU it last ran on
     voluntary: int | None = None  # context switches so far: it blocked (someone had to wake it) ...
     involuntary: int | None = None  # ... and it was preempted while it could still run
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ThreadReading":
-        cpu = d.get("cpu")
-        return cls(int(d["tid"]), str(d["comm"]), float(d["utime_s"]), float(d["stime_s"]), d.get("state"),
-                   _num(d.get("on_cpu_s")), _num(d.get("run_delay_s")), d.get("syscall"),
-                   cpu if isinstance(cpu, int) else -1, _int(d.get("voluntary")), _int(d.get("involuntary")))
 
 
 @dataclass(frozen=True)
 class CgroupReading:
     """The CPU cgroup a process is in: its quota and cumulative throttling."""
 
-    path: str | None
     nr_periods: float
     nr_throttled: float
     throttled_s: float
+    path: str | None = field(default=None, metadata=NEVER_NULL)
     quota_cores: float | None = None
-    version: str | None = None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "CgroupReading":
-        return cls(d.get("path"), float(d["nr_periods"]), float(d["nr_throttled"]), float(d["throttled_s"]),
-                   _num(d.get("quota_cores")), d.get("version"))
+    version: str | None = field(default=None, metadata=NEVER_NULL)  # "v1" (the cpu controller) or "v2"
 
 
 @dataclass(frozen=True)
 class Pressure:
-    """Cumulative CPU stall seconds (PSI): some task waiting, all tasks waiting."""
+    """Cumulative CPU stall seconds (PSI): some task waiting, all tasks waiting (a kernel may give
+    only the first)."""
 
-    some_s: float | None
-    full_s: float | None
-
-    @classmethod
-    def from_json(cls, d: Any) -> "Pressure | None":
-        return cls(_num(d.get("some_s")), _num(d.get("full_s"))) if isinstance(d, dict) else None
+    some_s: float | None = field(default=None, metadata=NEVER_NULL)
+    full_s: float | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass(frozen=True)
@@ -136,41 +116,52 @@ class Limits:
     pressure: Pressure | None = None
     pressure_procs: int | None = None
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Limits":
-        return cls(d.get("cpus_allowed"), d.get("cpuset"), Pressure.from_json(d.get("pressure")),
-                   d.get("pressure_procs"))
+
+@dataclass(frozen=True)
+class Traffic:
+    """The bytes each target moved so far (collectors.traffic), per pid: (sent, received)."""
+
+    tcp: dict[int, tuple[float, float]] = field(default_factory=dict)
+    udp: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # CLOCK_MONOTONIC time the udp totals count up to (None: the reading's `mono`)
+    udp_through: float | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass(frozen=True)
 class ProcReading:
-    """One /proc reading of the targets (archive.procfs.reading, plus the byte totals of
+    """One /proc reading of the targets (collectors.procfs.reading, plus the byte totals of
     collectors.traffic), keyed by pid."""
 
     mono: float  # CLOCK_MONOTONIC seconds, the clock of the samples (stacks.SAMPLE_CLOCK)
     threads: dict[int, list[ThreadReading]]
     t: float | None = None  # wall clock
-    cgroups: dict[int, CgroupReading] = field(default_factory=dict)
+    cgroups: dict[int, CgroupReading] = field(default_factory=dict, metadata=NULL_IS_ABSENT)
     limits: dict[int, Limits] = field(default_factory=dict)
     pressure: Pressure | None = None  # the host's
-    tcp: dict[int, tuple[float, float]] = field(default_factory=dict)  # pid -> bytes (sent, received) so far
-    udp: dict[int, tuple[float, float]] = field(default_factory=dict)
     cpu_idle: dict[int, float] = field(default_factory=dict)  # CPU -> idle + iowait seconds since boot
-    udp_through: float | None = None  # CLOCK_MONOTONIC time the udp totals count up to (None: `mono`)
+    traffic: Traffic = field(default_factory=Traffic, metadata=INLINE)
+
+    # the byte totals as the analysis reads them (attribution.timeline)
+    @property
+    def tcp(self) -> dict[int, tuple[float, float]]:
+        return self.traffic.tcp
+
+    @property
+    def udp(self) -> dict[int, tuple[float, float]]:
+        return self.traffic.udp
+
+    @property
+    def udp_through(self) -> float | None:
+        return self.traffic.udp_through
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ProcReading":
-        """A reading as written to proc.jsonl; `d` conforms to schema.PROC_READING."""
-        def moved(obj: Any) -> dict[int, tuple[float, float]]:
-            return {pid: (float(v[0]), float(v[1])) for pid, v in _pid_keyed(obj).items() if len(v) == 2}
+    def from_json(cls, doc: dict[str, Any]) -> "ProcReading":
+        """A proc.jsonl line already checked against schema.PROC_READING, read as Run.proc_readings
+        reads it (schema.decode); for callers that hold a line's JSON."""
+        from qprof.archive import schema  # schema derives its shapes from this module
 
-        return cls(float(d["mono"]),
-                   {pid: [ThreadReading.from_json(t) for t in ts] for pid, ts in _pid_keyed(d["threads"]).items()},
-                   _num(d.get("t")),
-                   {pid: CgroupReading.from_json(c) for pid, c in _pid_keyed(d.get("cgroups")).items() if c},
-                   {pid: Limits.from_json(lim) for pid, lim in _pid_keyed(d.get("limits")).items()},
-                   Pressure.from_json(d.get("pressure")), moved(d.get("tcp")), moved(d.get("udp")),
-                   {cpu: float(v) for cpu, v in _pid_keyed(d.get("cpu_idle")).items()}, _num(d.get("udp_through")))
+        reading: ProcReading = schema.decode(cls, doc)
+        return reading
 
 
 # ---- meta.json: what was profiled, how, on what host ----------------------------------------------
@@ -421,6 +412,14 @@ class Meta:
 
 
 # ---- probes.json: the probe groups' programs and maps, socket and queue readings; schema.PROBES -----
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 @dataclass(frozen=True)

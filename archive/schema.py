@@ -7,7 +7,8 @@ present they have this type), and a mismatch is one line naming the file and the
 field: `meta.json: targets[0].pid must be an integer`. NaN and Infinity, which
 Python's json accepts but JSON does not, are refused while parsing (`loads`).
 
-A document written from a typed record (meta.json from archive.model.Meta) has its
+A document written from a typed record (meta.json from archive.model.Meta, each line of
+proc.jsonl from ProcReading, tcp.json from TcpRecord) has its
 shape derived from the record's type hints (`shape_of`) and is read back by the same
 hints (`decode`): the record is the one description of the document.
 """
@@ -22,7 +23,8 @@ import types
 import typing
 from typing import Any
 
-from qprof.archive.model import CryptoFindings, HostSnapshot, TcpRecord, UdpSocket
+from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, CryptoFindings, HostSnapshot, ProcReading,
+                                 TcpRecord, UdpSocket)
 
 from qprof.errors import QprofError
 
@@ -72,13 +74,16 @@ class Anything(Of):
 
 
 class List(Of):
-    def __init__(self, item: Any) -> None:
+    """A JSON list whose items have one shape; `length`: of exactly that many items."""
+
+    def __init__(self, item: Any, length: int | None = None) -> None:
         self.item = spec(item)
-        self.desc = "a list"
+        self.length = length
+        self.desc = "a list" if length is None else f"a list of {length}"
 
     def check(self, value: Any, where: str) -> str | None:
-        if not isinstance(value, list):
-            return f"{where} must be a list"
+        if not isinstance(value, list) or (self.length is not None and len(value) != self.length):
+            return f"{where} must be {self.desc}"
         for i, v in enumerate(value):
             bad = self.item.check(v, f"{where}[{i}]")
             if bad:
@@ -174,25 +179,47 @@ def _fields(cls: type) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
+def _marked(f: dataclasses.Field[Any], marker: dict[str, bool]) -> bool:
+    """The field carries one of the model's markers (NEVER_NULL, NULL_IS_ABSENT, INLINE)."""
+    return all(f.metadata.get(k) == v for k, v in marker.items())
+
+
 def _field_shape(f: dataclasses.Field[Any], hint: Any) -> Of:
     """A field marked `never_null` (model.NEVER_NULL) is `X | None` only so that older archives may
-    lack it: the key may be absent, but when written it holds an X, never null."""
-    if f.metadata.get("never_null") and _is_union(hint):
+    lack it: the key may be absent, but when written it holds an X, never null. A map marked
+    `null_is_absent` (model.NULL_IS_ABSENT) takes null values, which older archives wrote for none."""
+    if _marked(f, NEVER_NULL) and _is_union(hint):
         rest = [o for o in _args(hint) if o is not type(None)]
         return shape_of(rest[0] if len(rest) == 1 else typing.Union[tuple(rest)])
+    if _marked(f, NULL_IS_ABSENT):
+        key, value = _args(hint)
+        return MapOf(Either(T(None), shape_of(value)), numbered=key is int)
     return shape_of(hint)
+
+
+def _record_shape(cls: type) -> Obj:
+    h = _hints(cls)
+    fields: dict[str, Of] = {}
+    required: list[str] = []
+    for f in _fields(cls):
+        if _marked(f, INLINE):
+            inner = _record_shape(h[f.name])
+            fields.update(inner.fields)
+            required += inner.required
+            continue
+        fields[f.name] = _field_shape(f, h[f.name])
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+    return Obj(fields, required=tuple(required))
 
 
 @functools.lru_cache(maxsize=None)
 def shape_of(hint: Any) -> Of:
     """The JSON shape a record type is written in: a dataclass is an object whose fields without a
     default are required; `X | None` may be null; lists and tuples are lists; `dict[int, X]` has
-    decimal-number keys."""
+    decimal-number keys; `tuple[X, X]` is a list of exactly two."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        h = _hints(hint)
-        return Obj({f.name: _field_shape(f, h[f.name]) for f in _fields(hint)},
-                   required=tuple(f.name for f in _fields(hint) if f.default is dataclasses.MISSING
-                                  and f.default_factory is dataclasses.MISSING))
+        return _record_shape(hint)
     if hint is Any:
         return Anything()
     if _is_union(hint):
@@ -201,6 +228,8 @@ def shape_of(hint: Any) -> Of:
             return T(*(None if o is type(None) else o for o in opts))
         return Either(*(T(None) if o is type(None) else shape_of(o) for o in opts))
     origin = typing.get_origin(hint)
+    if origin is tuple and _args(hint)[-1] is not Ellipsis:
+        return List(shape_of(_args(hint)[0]), length=len(_args(hint)))
     if origin in (list, tuple):
         return List(shape_of(_args(hint)[0]))
     if origin is dict:
@@ -216,7 +245,9 @@ def decode(hint: Any, value: Any) -> Any:
     document lacks (an older archive) take the record's defaults; fields it does not know are left."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         h = _hints(hint)
-        return hint(**{f.name: decode(h[f.name], value[f.name]) for f in _fields(hint) if f.name in value})
+        return hint(**{f.name: decode(h[f.name], value) if _marked(f, INLINE) else
+                       _decode_field(f, h[f.name], value[f.name])
+                       for f in _fields(hint) if _marked(f, INLINE) or f.name in value})
     if hint is Any or hint in (int, str, bool, type(None)):
         return value
     if hint is float:
@@ -239,12 +270,24 @@ def decode(hint: Any, value: Any) -> Any:
     raise TypeError(f"cannot decode {hint!r}")
 
 
+def _decode_field(f: dataclasses.Field[Any], hint: Any, value: Any) -> Any:
+    if _marked(f, NULL_IS_ABSENT):
+        value = {k: v for k, v in value.items() if v is not None}
+    return decode(hint, value)
+
+
 def encode(record: Any) -> Any:
     """A record as its JSON document (int keys become decimal strings when dumped); a `never_null`
-    field left None is left out, as older archives lack it."""
+    field left None is left out, as older archives lack it; an `inline` record's fields join its parent's."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: encode(v) for f in dataclasses.fields(record)
-                for v in [getattr(record, f.name)] if not (v is None and f.metadata.get("never_null"))}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(record):
+            v = getattr(record, f.name)
+            if _marked(f, INLINE):
+                out.update(encode(v))
+            elif not (v is None and _marked(f, NEVER_NULL)):
+                out[f.name] = encode(v)
+        return out
     if isinstance(record, (list, tuple)):
         return [encode(v) for v in record]
     if isinstance(record, dict):
@@ -287,28 +330,7 @@ PROBES = Obj({
 })
 
 TCP = shape_of(TcpRecord)
-# cumulative bytes [sent, received] per target pid since the run started (collectors.traffic)
-_TRAFFIC = MapOf([NUM], numbered=True)
-
-# fields that readers index: a reading lacking one is damaged, and skipped
-_THREAD = ("tid", "comm", "utime_s", "stime_s")
-_CGROUP = ("nr_periods", "nr_throttled", "throttled_s")
-PROC_READING = Obj({
-    "t": NUM, "mono": NUM, "tcp": _TRAFFIC, "udp": _TRAFFIC, "udp_through": NUM,
-    "threads": MapOf([Obj({"tid": INT, "comm": STR, "state": STR, "utime_s": NUM, "stime_s": NUM,
-                           "on_cpu_s": OPT_NUM, "run_delay_s": OPT_NUM, "syscall": OPT_STR, "cpu": INT,
-                           "voluntary": OPT_INT, "involuntary": OPT_INT},
-                          required=_THREAD)],
-                     numbered=True),
-    "cgroups": MapOf(Either(T(None), Obj({"version": STR, "path": STR, "quota_cores": OPT_NUM,
-                                          "nr_periods": NUM, "nr_throttled": NUM, "throttled_s": NUM},
-                                         required=_CGROUP)),
-                     numbered=True),
-    "limits": MapOf(Obj({"cpus_allowed": Either(T(None), [INT]), "cpuset": Either(T(None), [INT]),
-                         "pressure": Either(T(None), MapOf(NUM)), "pressure_procs": OPT_INT}), numbered=True),
-    "pressure": Either(T(None), MapOf(NUM)),
-    "cpu_idle": MapOf(NUM, numbered=True),
-}, required=("mono", "threads"))
+PROC_READING = shape_of(ProcReading)  # a line of proc.jsonl
 
 
 def _no_constant(name: str) -> Any:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab packa
 from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
 from qprof import runfiles  # noqa: E402
 from qprof import archive
-from qprof.archive.procfs import descendants
+from qprof.collectors.procfs import descendants
 from qprof.archive.model import STATUS_COMPLETE
 from qprof.collectors.session import AttachOptions, AttachSession
 from qprof.units import parse_size

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from qprof.collectors.probing import enable_bpf_stats, program_stats
-from qprof.archive.procfs import descendants
+from qprof.collectors.procfs import descendants
 from qprof.probes.bpftrace import BpftraceProcess
 
 LOOP_C = r"""

@@ -53,7 +53,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from qprof.archive import schema
-from qprof.archive.procfs import DELETED
+from qprof.collectors.procfs import DELETED
 from qprof.probes import gopclntab
 from qprof.collectors.elf import build_id_of
 from qprof.collectors.mapfiles import SAME, ObjectView

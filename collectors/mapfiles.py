@@ -34,8 +34,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from qprof import runfiles
-from qprof.archive import procfs
-from qprof.archive.procfs import MappedFile
+from qprof.collectors import procfs
+from qprof.collectors.procfs import MappedFile
 from qprof.collectors.elf import build_id_of
 
 # where the host's file at the mapped path stands against the file the target maps

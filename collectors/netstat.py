@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any
 
-from qprof.archive import procfs
+from qprof.collectors import procfs
 from qprof.collectors.netns import by_netns, netns_id
 from qprof.collectors.sockdiag import INET_DIAG_SKMEMINFO, InetDiag
 from qprof.probes.sockets import snmp_table, socket_fds

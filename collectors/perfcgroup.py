@@ -57,9 +57,9 @@ import sys
 import time
 from pathlib import Path
 
-from qprof.archive.procfs import SAMPLING_CGROUP_NAME as _NAME
-from qprof.archive.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
-from qprof.archive.procfs import process_identity
+from qprof.archive.identity import process_identity
+from qprof.collectors.procfs import SAMPLING_CGROUP_NAME as _NAME
+from qprof.collectors.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
 from qprof.probes.children import born_ignoring
 from qprof.probes.features import Hierarchy
 

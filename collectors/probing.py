@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof import archive
-from qprof.archive import procfs
+from qprof.collectors import procfs
 from qprof.collectors import netstat
 from qprof.errors import QprofError
 from qprof.probes import btf

@@ -18,7 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from qprof.archive import procfs
+from qprof.archive.identity import process_identity
+from qprof.collectors import procfs
 from qprof.archive.model import Service
 from qprof.errors import QprofError
 from qprof.probes.features import Hierarchy, find_hierarchy, pressure_hierarchy
@@ -132,7 +133,7 @@ def _ours(pid: int, since: int) -> bool:
     at: int | None = pid
     for _ in range(64):  # a chain of parents, not a loop: pids are reused only after exit
         if at == me:
-            started = procfs.process_identity(below).start_ticks
+            started = process_identity(below).start_ticks
             return below == me or (started is not None and started >= since)
         if at is None or at <= 1:
             return False

@@ -19,12 +19,11 @@ Order of events, each leaving the archive readable if qprof dies right there:
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -32,8 +31,8 @@ from typing import Any, Callable
 from qprof import runfiles
 from qprof.version import __version__
 from qprof import archive
-from qprof.archive import procfs
-from qprof.collectors import chunks, debuginfo, elf, mapfiles, netstat, sysinfo
+from qprof.archive.identity import is_alive, process_identity
+from qprof.collectors import chunks, debuginfo, elf, mapfiles, netstat, procfs, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
@@ -336,7 +335,7 @@ class AttachSession:
         """Re-read live targets at the end: libraries loaded since the start; keep the plan."""
         assert self.meta is not None
         for t in self.meta.targets:
-            if t.pid in pids and procfs.is_alive(t.pid):
+            if t.pid in pids and is_alive(t.pid):
                 fresh = self._describe(t.pid)
                 if fresh.exe:
                     self._renew(t, fresh)
@@ -353,7 +352,7 @@ class AttachSession:
                               [SampleGroup(m, p, runfiles.perf_data(m)) for m, p in groups.items()],
                               opts.chunk_bytes, opts.keep_raw),
             targets=targets, requested_duration_s=opts.duration, probes=list(opts.probes),
-            collector=procfs.process_identity(os.getpid()), services=list(opts.services))
+            collector=process_identity(os.getpid()), services=list(opts.services))
         archive.write_meta(out, meta)
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
         self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status, follow=bool(opts.services))
@@ -388,7 +387,7 @@ class AttachSession:
         meta.duration_s = round(time.monotonic() - start, 3)
         meta.end_time = _now()
         meta.stop_reason = self._stop_reason
-        meta.exited = [p for p in opts.pids if not procfs.is_alive(p)]
+        meta.exited = [p for p in opts.pids if not is_alive(p)]
         self.status(f"stopping ({self._stop_reason})")
         self.probes.stop()
         self._last_reading(out)
@@ -581,15 +580,15 @@ class AttachSession:
         """One reading after the probes stopped: their last print holds the final UDP totals (the one
         before it may be a second old, half of a short transfer), and the sockets closed at the end."""
         assert self.probes is not None and self.traffic is not None
-        reading = procfs.reading(self.opts.pids)
-        reading.update(self.traffic.finish(time.monotonic(), self.probes.live_maps()))
+        reading = replace(procfs.reading(self.opts.pids),
+                          traffic=self.traffic.finish(time.monotonic(), self.probes.live_maps()))
         with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
-            procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
+            procf.write(archive.proc_line(reading))
 
     def _poll(self, out: Path, start: float) -> None:
         opts = self.opts
         next_reading = 0.0
-        reading: dict[str, Any] = {}
+        reading: ProcReading | None = None
         next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
         idle = IdleWatch(opts.pids, opts.until_idle) if opts.until_idle is not None else None
         with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
@@ -599,32 +598,32 @@ class AttachSession:
                     self._follow_services(out, now - start)
                     self.follow_exec(out, now - start)
                     self._new_objects()
-                    mapfiles.keep_jit_maps(out, [p for p in opts.pids if procfs.is_alive(p)])  # a private /tmp goes with its process
+                    mapfiles.keep_jit_maps(out, [p for p in opts.pids if is_alive(p)])  # a private /tmp goes with its process
                     reading = procfs.reading(opts.pids)
                     if self.probes is not None:  # new output lines only: the probes print once a second
                         self._probe_maps = self.probes.live_maps()
                     if self.traffic is not None:
-                        reading.update(self.traffic.poll(now, self._probe_maps))
-                    procf.write(json.dumps(reading, separators=(",", ":")) + "\n")
+                        reading = replace(reading, traffic=self.traffic.poll(now, self._probe_maps))
+                    procf.write(archive.proc_line(reading))
                     procf.flush()
                     next_reading = now + opts.proc_interval
                     if idle is not None:
-                        idle.see(ProcReading.from_json(reading))
+                        idle.see(reading)
                 if self.probes is not None:
                     self.probes.tick()  # every poll tick: the statistics window is 0.1 s
                     if now >= next_sockets:
                         self.probes.poll_sockets()
                 if now >= next_sockets:
                     next_sockets = now + SOCKET_INTERVAL
-                    if self.on_tick is not None:
-                        self.on_tick(LiveData(now - start, opts.duration, ProcReading.from_json(reading),
+                    if self.on_tick is not None and reading is not None:
+                        self.on_tick(LiveData(now - start, opts.duration, reading,
                                               self._probe_maps, netstat.softirq_seconds(),
                                               tuple(self.meta.targets if self.meta else ())))
                 if self._stop_reason:
                     return
                 if opts.duration is not None and now - start >= opts.duration:
                     self._stop_reason = "duration reached"
-                elif not any(procfs.is_alive(p) for p in opts.pids) and (self.followed is None or
+                elif not any(is_alive(p) for p in opts.pids) and (self.followed is None or
                                                                           self.followed.empty()):
                     self._stop_reason = "every target exited"
                 elif idle is not None and idle.ended():
@@ -681,7 +680,8 @@ class IdleWatch:
             if not r.threads.get(pid):
                 continue
             cpu = self._cpu(r, pid) - self._cpu(prev, pid)
-            moved = any(tot.get(pid) != before.get(pid) for tot, before in ((r.udp, prev.udp), (r.tcp, prev.tcp)))
+            moved = any(tot.get(pid) != before.get(pid)
+                        for tot, before in ((r.traffic.udp, prev.traffic.udp), (r.traffic.tcp, prev.traffic.tcp)))
             if cpu > IDLE_CORES * dt or moved:
                 self._active_at[pid] = r.mono
 

@@ -13,11 +13,11 @@ sampling windows estimate each process's bytes (probes/packetio/windows.py);
 their running totals, as the probes last printed them, are sampled at each
 poll, so the time series costs nothing more.
 
-Each poll returns {"tcp": {pid: [sent, received]}, "udp": {pid: [sent, received]},
-"udp_through": mono} (cumulative bytes since the start; the UDP totals count up to
-`udp_through`, the end of the probes' last whole sampling period, up to ~1.5 s
-before the reading), which the session writes into that moment's /proc
-reading: one time series, one clock (CLOCK_MONOTONIC).
+Each poll returns a `Traffic` record (archive.model): per target, the cumulative bytes
+(sent, received) since the start, TCP and UDP; the UDP totals count up to `udp_through`,
+the end of the probes' last whole sampling period, up to ~1.5 s before the reading.
+The session puts it into that moment's /proc reading: one time series, one clock
+(CLOCK_MONOTONIC).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof import archive
+from qprof.archive.model import Traffic
 from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
 from qprof.probes.packetio.maps import Windows
@@ -66,14 +67,14 @@ def _counters(s: TcpSocket) -> dict[str, int] | None:
     return {k: int(v or 0) for k, v in vals.items()}
 
 
-def udp_totals(maps: dict[str, Any]) -> tuple[dict[int, list[float]], float | None]:
+def udp_totals(maps: dict[str, Any]) -> tuple[dict[int, tuple[float, float]], float | None]:
     """Per process, the packetio windows' running estimates of UDP bytes sent and received, and the
     CLOCK_MONOTONIC time they count up to (None from a loader that did not say)."""
     w = Windows.from_json(maps.get("@windows"))
     if w is None or "tx_bytes" not in w.series or "rx_bytes" not in w.series:
         return {}, None
     tx, rx = w.series.index("tx_bytes"), w.series.index("rx_bytes")
-    return ({int(k): [round(g.sum[tx]), round(g.sum[rx])] for k, g in w.groups.items() if k.isdigit()},
+    return ({int(k): (round(g.sum[tx]), round(g.sum[rx])) for k, g in w.groups.items() if k.isdigit()},
             w.through_mono)
 
 
@@ -92,7 +93,7 @@ class TrafficRecorder:
     _dumps: int = 0
     _next_dump: dict[str, float] = field(default_factory=dict)
 
-    def start(self, now: float) -> dict[str, Any]:
+    def start(self, now: float) -> Traffic:
         """Open sock_diag in each target's namespace and take the first counters."""
         self.follow(self.pids)
         return self.poll(now, {})
@@ -116,7 +117,7 @@ class TrafficRecorder:
             self.errors.append(msg)
             self.status(f"warning: {msg}")
 
-    def poll(self, now: float, udp_maps: dict[str, Any], final: bool = False) -> dict[str, Any]:
+    def poll(self, now: float, udp_maps: dict[str, Any], final: bool = False) -> Traffic:
         """One reading of the targets' TCP sockets; the cumulative bytes per target, both kinds.
         A namespace is dumped when a target's socket there is open, when its TCP socket counts moved
         (a socket opened or closed), at least every FULL_DUMP_S, and at the first and `final` poll;
@@ -163,15 +164,14 @@ class TrafficRecorder:
                         self.unowned["bytes_received"] += counters["bytes_received"]
                     continue
                 t.last, t.last_time, t.closed = counters, now, True
-        tcp: dict[str, list[int]] = {}
+        tcp: dict[int, tuple[float, float]] = {}
         for t in self.tracked.values():
-            moved = t.moved()
-            acc = tcp.setdefault(str(t.pid), [0, 0])
-            acc[0] += moved[0]
-            acc[1] += moved[1]
+            sent, received = t.moved()
+            before = tcp.get(t.pid, (0, 0))
+            tcp[t.pid] = (before[0] + sent, before[1] + received)
         totals, through = udp_totals(udp_maps)
-        udp = {str(p): v for p, v in totals.items() if p in self.pids}
-        return {k: v for k, v in (("tcp", tcp), ("udp", udp), ("udp_through", through if udp else None)) if v}
+        udp = {p: v for p, v in totals.items() if p in self.pids}
+        return Traffic(tcp, udp, through if udp else None)
 
     def record(self) -> dict[str, Any]:
         lost = sum(d.lost_events for d in self.diags.values())
@@ -180,7 +180,7 @@ class TrafficRecorder:
                 "sockets": [t.to_json() for t in self.tracked.values()], "unowned_closed": self.unowned,
                 "lost_destroy_events": lost, "errors": self.errors, "namespaces": sorted(self.diags)}
 
-    def finish(self, now: float, udp_maps: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, now: float, udp_maps: dict[str, Any]) -> Traffic:
         """A last reading (sockets closed at the end), the record written to tcp.json, sockets closed."""
         last = self.poll(now, udp_maps, final=True)
         archive.write_json_atomic(self.out / runfiles.TCP, self.record())

@@ -92,12 +92,13 @@ def run_checks(pid: int | None = None) -> list[Check]:
 
 
 def _target_checks(pid: int) -> list[Check]:
-    from qprof.archive import procfs
+    from qprof.archive.identity import is_alive
+    from qprof.collectors import procfs
     from qprof.collectors import elf
     from qprof.collectors.session import choose_unwind
 
     out: list[Check] = []
-    if not procfs.is_alive(pid):
+    if not is_alive(pid):
         return [Check(f"pid {pid}", False, "no such process", f"check it with `ps -p {pid}`", "sampling")]
     target = procfs.target_info(pid)
     mode, why = choose_unwind("auto", elf.object_info(target.exe) if target.exe else None)

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from qprof.archive import procfs
+from qprof.collectors import procfs
 from qprof.probes.sockets import socket_inodes
 from qprof.errors import QprofError
 

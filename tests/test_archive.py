@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,12 @@ from qprof.attribution.analysis import analyse_run
 from qprof import archive
 from qprof.archive import schema
 from qprof.archive import Run, create_run_dir
-from qprof.archive.procfs import REDACTED, redact_cmdline
+from qprof.collectors import procfs
+from qprof.collectors.procfs import REDACTED, redact_cmdline
 from qprof.archive.model import (STATUS_COMPLETE, ChunkSummary, Configuration, Host, Image, MappedObject, Meta, Nic,
                                      ObjectSymbols, ParseSummary, PressureSource, ProcessIdentity, ProcReading,
-                                     RecordEntry, SampleGroup, Sampling, SamplingScope, Target)
+                                     RecordEntry, SampleGroup, Sampling, SamplingScope, Target, CgroupReading, Limits,
+                                     Pressure, ThreadReading, Traffic)
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks, write_stacks
 from qprof.errors import QprofError
 from qprof.viewer.json_report import to_dict
@@ -285,13 +289,58 @@ def test_typed_records_of_an_archive_with_only_required_fields() -> None:
     assert probes.programs["packetio"].cpu_s is None and probes.packetio().windows is None
 
 
+def test_a_live_reading_is_written_and_read_back_as_the_same_record(tmp_path: Path) -> None:
+    """proc.jsonl is one model both ways: what the live reader builds (this process, its threads,
+    cgroup, limits, the CPUs' idle time) with the session's byte totals is what a report reads."""
+    archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
+    me = os.getpid()
+    live = replace(procfs.reading([me, 4194303]), traffic=Traffic({me: (10, 20)}, {me: (1200, 0)}, 5.5))
+    assert live.threads[me] and live.threads[4194303] == [] and 4194303 not in live.cgroups
+    assert live.cpu_idle and live.limits[me].cpus_allowed
+    (tmp_path / runfiles.PROC).write_text(archive.proc_line(live) + archive.proc_line(ProcReading(2.0, {})))
+    back = list(Run.open(tmp_path).proc_readings())
+    assert back == [live, ProcReading(2.0, {})]
+    assert (back[0].tcp, back[0].udp, back[0].udp_through) == ({me: (10.0, 20.0)}, {me: (1200.0, 0.0)}, 5.5)
+
+
+def test_proc_lines_as_earlier_qprof_wrote_them_still_read(tmp_path: Path) -> None:
+    """The byte totals at the top level of a reading, a cgroup of a process gone written as null,
+    a PSI file with only its `some` line, threads without state, CPU or switches."""
+    archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
+    line = ('{"t":7.5,"mono":3,"threads":{"5":[{"tid":5,"comm":"s","state":"R","utime_s":1,"stime_s":0.5,'
+            '"on_cpu_s":1.6,"run_delay_s":null,"syscall":"running","cpu":1}],"6":[]},'
+            '"cgroups":{"5":{"version":"v2","path":"/a","quota_cores":null,"nr_periods":4,"nr_throttled":1,'
+            '"throttled_s":0.25},"6":null},"limits":{"5":{"cpus_allowed":[0,1],"cpuset":null,'
+            '"pressure":{"some_s":0.5},"pressure_procs":1}},"pressure":{"some_s":2.0,"full_s":1.0},'
+            '"cpu_idle":{"0":10.5,"1":11},"tcp":{"5":[100,200]},"udp":{"5":[7,8]},"udp_through":2.5}')
+    (tmp_path / runfiles.PROC).write_text(line + "\n")
+    (r,) = Run.open(tmp_path).proc_readings()
+    assert r == ProcReading(
+        3.0, {5: [ThreadReading(5, "s", 1.0, 0.5, "R", 1.6, None, "running", 1)], 6: []}, t=7.5,
+        cgroups={5: CgroupReading(4.0, 1.0, 0.25, "/a", None, "v2")},
+        limits={5: Limits([0, 1], None, Pressure(0.5), 1)}, pressure=Pressure(2.0, 1.0),
+        cpu_idle={0: 10.5, 1: 11.0}, traffic=Traffic({5: (100.0, 200.0)}, {5: (7.0, 8.0)}, 2.5))
+    # written again, it is the same document but for the null cgroup, left out, and the switches
+    # this older line lacks, written as unknown
+    again = json.loads(archive.proc_line(r))
+    old = json.loads(line)
+    del old["cgroups"]["6"]
+    old["threads"]["5"][0].update(voluntary=None, involuntary=None)
+    assert again == old
+    for bad in ('"tcp":{"5":[100,200,300]}', '"tcp":{"x":[1,2]}', '"cgroups":{"5":{"path":"/a"}}',
+                '"limits":{"5":{"pressure":{"some_s":null}}}'):
+        (tmp_path / runfiles.PROC).write_text(line[:-1] + "," + bad + "}\n" + line + "\n")
+        with pytest.raises(QprofError, match=r"proc.jsonl:1: not a /proc reading"):
+            list(Run.open(tmp_path).proc_readings())
+
+
 def test_proc_readings_skip_a_cut_last_line_and_name_any_other_bad_one(tmp_path: Path) -> None:
     """A kill cuts the last line only: that one is left out; a bad line before it means the file was
     changed, and every figure from the readings could be off."""
     archive.write_meta(tmp_path, Meta(status=STATUS_COMPLETE))
     whole = {"t": 1, "mono": 1, "threads": {}}
     (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + '\n{"t": 2, "mono": 2, "thr')
-    assert list(Run.open(tmp_path).proc_readings()) == [ProcReading.from_json(whole)]
+    assert list(Run.open(tmp_path).proc_readings()) == [ProcReading(1.0, {}, t=1.0)]
     for bad in ("[1]", '{"t": 1}', "\x00garbage"):
         (tmp_path / runfiles.PROC).write_text(json.dumps(whole) + f"\n{bad}\n" + json.dumps(whole) + "\n")
         with pytest.raises(QprofError, match=r"proc.jsonl:2: not a /proc reading .*sed -i 2d"):

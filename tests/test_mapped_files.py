@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import ROOT, qprof
-from qprof.archive import procfs
-from qprof.archive.procfs import MappedFile, ns_pid, parse_maps
+from qprof.collectors import procfs
+from qprof.collectors.procfs import MappedFile, ns_pid, parse_maps
 from qprof.collectors import mapfiles
 from qprof.collectors.mapfiles import ABSENT, DIFFERENT, MISC_MMAP_BUILD_ID, SAME, stamp_mmap2, view_of
 

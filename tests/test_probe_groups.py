@@ -72,8 +72,9 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
 
 # Product modules by layer, in the order data flows, and the layers each may import. The archive
 # (archive/) is the contract between collection and analysis: the collectors write it, attribution and
-# the viewer read it, and neither side imports the other. procfs sits with it: a leaf reader of
-# /proc the archive reader asks whether a run's collector still lives.
+# the viewer read it, and neither side imports the other. identity sits with it: the one live /proc
+# question the archive reader asks (whether a run's collector still lives); every other /proc read is
+# a collector's (collectors.procfs).
 SHARED = {"qprof.errors", "qprof.readlimits", "qprof.runfiles", "qprof.version"}  # leaves every layer uses
 LAYERS = ("probes", "collectors", "archive", "attribution", "viewer", "qprof")
 MAY_IMPORT = {
@@ -148,7 +149,8 @@ def test_the_rule_catches_arrows_against_the_flow() -> None:
                              ("qprof.cli", "qprof.viewer.terminal")]) == []
     wrong = [("qprof.attribution.live", "qprof.collectors.session"),  # analysis from a collector
              ("qprof.archive", "qprof.collectors.chunks"),  # the archive from a collector
-             ("qprof.probes.doctor", "qprof.archive.procfs"),
+             ("qprof.probes.doctor", "qprof.archive.identity"),
+             ("qprof.archive", "qprof.collectors.procfs"),
              ("qprof.viewer.terminal", "qprof.cli"),
              ("qprof.demo", "lab.scenarios"),
              ("qprof.collectors.session", "qprof.api"),

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import qprof
 from qprof.collectors.perfcgroup import PREFIX, cleanup_leftovers
-from qprof.archive.procfs import outer_path
+from qprof.collectors import procfs
+from qprof.collectors.procfs import outer_path
 from qprof.probes.features import cgroups_of, find_hierarchy, parse_cgroups
 
 BUSY = [sys.executable, "-c", "while True: pass"]
@@ -183,7 +184,8 @@ def test_outer_path_strips_only_qprofs_child() -> None:
 
 def test_proc_cgroup_lines_parse_once_for_every_reader() -> None:
     """/proc/PID/cgroup in both versions: the v1 hierarchies name their controllers (or themselves),
-    v2 is the one `0::` line; a line of another form is skipped."""
+    v2 is the one `0::` line; a line of another form is skipped. Each reader picks from the same
+    parse: perf's hierarchy, the CPU quota's cgroup, the cpuset, the pressure."""
     v1 = parse_cgroups("12:cpu,cpuacct:/a/qprof-sample-1-2-0\n4:perf_event:/p\n1:name=systemd:/s\nbad line\n"
                        "x:cpu:/no\n0::/u\n")
     assert [(c.hierarchy, c.controllers, c.path, c.unified) for c in v1] == [
@@ -191,6 +193,9 @@ def test_proc_cgroup_lines_parse_once_for_every_reader() -> None:
         (1, ("name=systemd",), "/s", False), (0, (), "/u", True)]
     assert [str(c) for c in v1] == ["12:cpu,cpuacct:/a/qprof-sample-1-2-0", "4:perf_event:/p", "1:name=systemd:/s",
                                     "0::/u"]
+    assert procfs._cpu_cgroup(v1) == ("v1", "/a")  # the quota is its parent's: qprof's child holds none
+    assert procfs._cpu_cgroup(parse_cgroups("0::/x.slice/qprof-sample-1-2-3\n")) == ("v2", "/x.slice")
+    assert procfs._cpu_cgroup(parse_cgroups("")) is None
     me = cgroups_of(os.getpid())
     assert me and [str(c) for c in me] == Path("/proc/self/cgroup").read_text().splitlines()
     h = find_hierarchy()

@@ -100,14 +100,14 @@ def test_recorder_counts_a_process_in_another_namespace(kernel_facing: None, tmp
         child.stdin.flush()
         assert child.stdout.readline().strip() == "sent"
         mid = rec.poll(time.monotonic(), {})
-        assert mid["tcp"][str(child.pid)] == [N, N]  # both ends are the child's: N out, N in
+        assert mid.tcp[child.pid] == (N, N)  # both ends are the child's: N out, N in
         assert rec.record()["dumps"] == 2
         child.stdin.write("close\n")
         child.stdin.flush()
         child.wait(10)
         time.sleep(0.1)
         last = rec.finish(time.monotonic(), {})
-        sent, received = last["tcp"][str(child.pid)]
+        sent, received = last.tcp[child.pid]
         assert sent == N and N <= received <= N + 2  # a FIN each way
         record = (tmp_path / "tcp.json").read_text()
         assert '"closed": true' in record and rec.errors == []

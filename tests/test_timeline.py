@@ -101,7 +101,7 @@ def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None
     run = ngtcp2_capture("gso")
     final, through = udp_totals(json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"])
     last = json.loads((run / runfiles.PROC).read_text().splitlines()[-1])
-    assert final and {int(p): v for p, v in last["udp"].items()} == final
+    assert final and {int(p): tuple(v) for p, v in last["udp"].items()} == final
     assert through is not None and last["udp_through"] == through <= last["mono"]
     targets = json.loads(qprof("report", str(run), "--format", "json", "--timeline").stdout)["timeline"]["targets"]
     for t in targets:

@@ -1,8 +1,11 @@
-"""Read what /proc says about a target: identity, mapped objects, per-thread CPU time.
+"""Read what the live /proc says about a target: identity, mapped objects, per-thread CPU time, its
+cgroup's quota and pressure; one reading of them all is a line of proc.jsonl (`reading`).
 
 Only what a report needs is kept: no environment, no file contents, and
 cmdline option values that look like secrets are redacted before they reach
-the archive.
+the archive. The records read here are the archive's own (archive.model: ProcReading and its
+parts, Target): what the session writes is what a report reads back. A process's identity (boot,
+start time), which the archive reader also asks about, is archive.identity's.
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from qprof.archive.model import ProcessIdentity, Target
+from qprof.archive.identity import PID_MAX_LIMIT, is_zombie, read_proc, stat_fields
+from qprof.archive.model import CgroupReading, Limits, Pressure, ProcReading, Target, ThreadReading
 from qprof.errors import QprofError
+from qprof.probes.features import CgroupLine, cgroups_of
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 
 _SECRET_WORDS = r"[\w.-]*(token|key|passw(or)?d|passwd|secret|credential|auth)[\w.-]*"
 _SECRET_OPT = re.compile(rf"(?i)^-{{1,2}}{_SECRET_WORDS}$")
@@ -58,36 +61,17 @@ def check_pid(pid: int) -> None:
     except PermissionError:
         raise QprofError(f"not allowed to inspect pid {pid}: run qprof as root "
                          "(perf needs CAP_PERFMON and CAP_SYS_PTRACE for other users' processes)") from None
-    if _is_zombie(pid):
+    if is_zombie(pid):
         raise QprofError(f"pid {pid} has already exited (zombie): attach while it runs")
-
-
-def _is_zombie(pid: int) -> bool:
-    stat = _read(f"/proc/{pid}/stat")
-    return stat is not None and _stat_fields(stat)[1][0] == "Z"
 
 
 def parent_of(pid: int) -> int | None:
     """A process's parent pid (None: gone)."""
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/stat")
     try:
-        return int(_stat_fields(stat)[1][1]) if stat is not None else None
+        return int(stat_fields(stat)[1][1]) if stat is not None else None
     except (IndexError, ValueError):
         return None
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _stat_fields(stat: str) -> tuple[str, list[str]]:
-    """Split /proc/*/stat into (comm, fields from state on); comm may hold ')' and spaces."""
-    lpar, rpar = stat.find("("), stat.rfind(")")
-    return stat[lpar + 1 : rpar], stat[rpar + 2 :].split()
 
 
 DELETED = " (deleted)"  # what /proc/PID/maps (and perf) append to a mapped file's path once it is unlinked
@@ -136,7 +120,7 @@ def parse_maps(text: str) -> list[MappedFile]:
 
 def mapped_files(pid: int) -> list[MappedFile]:
     """The files mapped executable into the process (none once it is gone)."""
-    return parse_maps(_read(f"/proc/{pid}/maps") or "")
+    return parse_maps(read_proc(f"/proc/{pid}/maps") or "")
 
 
 def mapped_objects(pid: int) -> list[str]:
@@ -157,48 +141,38 @@ def ns_pid(status: str | None) -> int | None:
 def target_info(pid: int) -> Target:
     """Identity of a target for the archive (no environment is read); its objects, which only the
     collectors describe (collectors.elf), are left to them: mapped_objects(pid)."""
-    raw = _read(f"/proc/{pid}/cmdline") or ""
+    raw = read_proc(f"/proc/{pid}/cmdline") or ""
     argv = [a for a in raw.split("\0") if a]
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         exe = None
-    return Target(pid, (_read(f"/proc/{pid}/comm") or "").strip(), exe=exe, cmdline=redact_cmdline(argv),
-                  threads={int(t["tid"]): str(t["comm"]) for t in thread_times(pid)},
-                  cgroup=(_read(f"/proc/{pid}/cgroup") or "").strip().splitlines())
+    return Target(pid, (read_proc(f"/proc/{pid}/comm") or "").strip(), exe=exe, cmdline=redact_cmdline(argv),
+                  threads={t.tid: t.comm for t in thread_times(pid)}, cgroup=[str(c) for c in cgroups_of(pid)])
 
 
-def thread_times(pid: int) -> list[dict[str, Any]]:
+def thread_times(pid: int) -> list[ThreadReading]:
     """Cumulative CPU and run-queue time per thread, read now; empty once the process is gone."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[ThreadReading] = []
     for t in tids:
-        stat = _read(f"/proc/{pid}/task/{t}/stat")
+        stat = read_proc(f"/proc/{pid}/task/{t}/stat")
         if stat is None:
             continue
-        comm, f = _stat_fields(stat)
-        sched = (_read(f"/proc/{pid}/task/{t}/schedstat") or "").split()
-        sc = (_read(f"/proc/{pid}/task/{t}/syscall") or "").split()
-        switches = _switches(_read(f"/proc/{pid}/task/{t}/status"))
-        out.append({
-            "tid": int(t),
-            "comm": comm,
-            "state": f[0],
-            "utime_s": int(f[11]) / CLK_TCK,
-            "stime_s": int(f[12]) / CLK_TCK,
-            # schedstat: ns on a CPU, ns runnable but waiting for one (precise, unlike ticks)
-            "on_cpu_s": int(sched[0]) / 1e9 if len(sched) >= 2 else None,
-            "run_delay_s": int(sched[1]) / 1e9 if len(sched) >= 2 else None,
-            # the system call it sits in when blocked (a number), or "running"
-            "syscall": sc[0] if sc else None,
-            "cpu": int(f[36]) if len(f) > 36 else -1,
-            # it gave up its CPU to wait (a sleep someone must wake: a handoff when it waits for its own
-            # threads), and it was taken off a CPU while it could still run (preempted)
-            "voluntary": switches[0], "involuntary": switches[1],
-        })
+        comm, f = stat_fields(stat)
+        sched = (read_proc(f"/proc/{pid}/task/{t}/schedstat") or "").split()
+        sc = (read_proc(f"/proc/{pid}/task/{t}/syscall") or "").split()
+        voluntary, involuntary = _switches(read_proc(f"/proc/{pid}/task/{t}/status"))
+        out.append(ThreadReading(
+            int(t), comm, utime_s=int(f[11]) / CLK_TCK, stime_s=int(f[12]) / CLK_TCK, state=f[0],
+            # schedstat: ns on a CPU, ns runnable but waiting for one
+            on_cpu_s=int(sched[0]) / 1e9 if len(sched) >= 2 else None,
+            run_delay_s=int(sched[1]) / 1e9 if len(sched) >= 2 else None,
+            syscall=sc[0] if sc else None, cpu=int(f[36]) if len(f) > 36 else -1,
+            voluntary=voluntary, involuntary=involuntary))
     return out
 
 
@@ -223,18 +197,15 @@ def outer_path(path: str) -> str:
     return (head or "/") if SAMPLING_CGROUP_NAME.match(leaf) else path
 
 
-def _cgroup_path(pid: int) -> tuple[str, str] | None:
-    """(version, path) of the cgroup that governs the process's CPU time."""
-    text = _read(f"/proc/{pid}/cgroup") or ""
+def _cpu_cgroup(cgroups: list[CgroupLine]) -> tuple[str, str] | None:
+    """(version, path) of the cgroup that governs the process's CPU time: the v1 cpu controller's,
+    else the v2 one's (qprof's own sampling child holds no quota: its parent's)."""
     v2 = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if "cpu" in parts[1].split(","):
-            return "v1", outer_path(parts[2])
-        if parts[0] == "0":
-            v2 = outer_path(parts[2])  # qprof's own sampling child holds no quota
+    for c in cgroups:
+        if "cpu" in c.controllers:
+            return "v1", outer_path(c.path)
+        if c.hierarchy == 0:
+            v2 = outer_path(c.path)
     return ("v2", v2) if v2 is not None else None
 
 
@@ -247,29 +218,27 @@ def _kv(text: str | None) -> dict[str, int]:
     return out
 
 
-def cgroup_cpu(pid: int) -> dict[str, Any] | None:
-    """CPU quota and throttling of the target's cgroup (v1 cpu controller or v2 cpu.max)."""
-    found = _cgroup_path(pid)
+def cgroup_cpu(cgroups: list[CgroupLine]) -> CgroupReading | None:
+    """CPU quota and throttling of the cgroup a process is in (v1 cpu controller or v2 cpu.max)."""
+    found = _cpu_cgroup(cgroups)
     if found is None:
         return None
     version, path = found
     if version == "v1":
         base = f"/sys/fs/cgroup/cpu{path}"
-        quota = int((_read(f"{base}/cpu.cfs_quota_us") or "-1").strip() or -1)
-        period = int((_read(f"{base}/cpu.cfs_period_us") or "100000").strip() or 100000)
-        stat = _kv(_read(f"{base}/cpu.stat"))
+        quota = int((read_proc(f"{base}/cpu.cfs_quota_us") or "-1").strip() or -1)
+        period = int((read_proc(f"{base}/cpu.cfs_period_us") or "100000").strip() or 100000)
+        stat = _kv(read_proc(f"{base}/cpu.stat"))
         throttled = stat.get("throttled_time", 0) / 1e9
     else:
-        base = next((f"{root}{path}" for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
-                     if os.path.exists(f"{root}{path}/cpu.stat")), f"/sys/fs/cgroup{path}")
-        q, _, per = (_read(f"{base}/cpu.max") or "max 100000").strip().partition(" ")
+        base = next((f"{root}{path}" for root in _V2_ROOTS if os.path.exists(f"{root}{path}/cpu.stat")),
+                    f"/sys/fs/cgroup{path}")
+        q, _, per = (read_proc(f"{base}/cpu.max") or "max 100000").strip().partition(" ")
         quota, period = (-1 if q == "max" else int(q)), int(per or 100000)
-        stat = _kv(_read(f"{base}/cpu.stat"))
+        stat = _kv(read_proc(f"{base}/cpu.stat"))
         throttled = stat.get("throttled_usec", 0) / 1e6
-    return {"version": version, "path": path,
-            "quota_cores": quota / period if quota > 0 and period > 0 else None,
-            "nr_periods": stat.get("nr_periods", 0), "nr_throttled": stat.get("nr_throttled", 0),
-            "throttled_s": throttled}
+    return CgroupReading(stat.get("nr_periods", 0), stat.get("nr_throttled", 0), throttled, path=path,
+                         quota_cores=quota / period if quota > 0 and period > 0 else None, version=version)
 
 
 def cpu_list(text: str | None) -> list[int] | None:
@@ -286,66 +255,75 @@ def cpu_list(text: str | None) -> list[int] | None:
     return out
 
 
-def _pressure(text: str | None) -> dict[str, float] | None:
-    """A PSI file's cumulative stall times: {"some_s": ..., "full_s": ...}."""
-    out = {}
+def _pressure(text: str | None) -> Pressure | None:
+    """A PSI file's cumulative stall times (`some` and `full` lines; a kernel may give only `some`)."""
+    found: dict[str, float] = {}
     for line in (text or "").splitlines():
         kind, _, rest = line.partition(" ")
         total = next((kv[6:] for kv in rest.split() if kv.startswith("total=")), None)
         if kind in ("some", "full") and total and total.isdigit():
-            out[f"{kind}_s"] = int(total) / 1e6
-    return out or None
+            found[kind] = int(total) / 1e6
+    return Pressure(found.get("some"), found.get("full")) if found else None
 
 
 _V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 
 
-def cpu_limits(pid: int) -> dict[str, Any]:
+def cpu_limits(pid: int, cgroups: list[CgroupLine]) -> Limits:
     """What bounds the process's CPU beside a quota: its affinity, its cpuset's CPUs, and the CPU
     pressure (PSI) of its v2 cgroup with how many processes share that cgroup (one: qprof's child
     of its own, collectors.perfcgroup)."""
-    out: dict[str, Any] = {"cpus_allowed": None, "cpuset": None, "pressure": None, "pressure_procs": None}
-    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+    cpus_allowed: list[int] | None = None
+    cpuset: list[int] | None = None
+    pressure: Pressure | None = None
+    procs: int | None = None
+    for line in (read_proc(f"/proc/{pid}/status") or "").splitlines():
         if line.startswith("Cpus_allowed_list:"):
-            out["cpus_allowed"] = cpu_list(line.split(":", 1)[1])
-    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if "cpuset" in parts[1].split(","):
-            out["cpuset"] = cpu_list(_read(f"/sys/fs/cgroup/cpuset{parts[2]}/cpuset.effective_cpus"))
-        elif parts[0] == "0":
+            cpus_allowed = cpu_list(line.split(":", 1)[1])
+    for c in cgroups:
+        if "cpuset" in c.controllers:
+            cpuset = cpu_list(read_proc(f"/sys/fs/cgroup/cpuset{c.path}/cpuset.effective_cpus"))
+        elif c.hierarchy == 0:
             # the cpuset is the outer cgroup's (qprof's child has no controller); the pressure is of the
             # cgroup it is in, qprof's child included: that child holds only this target
-            path, outer = parts[2], outer_path(parts[2])
+            path, outer = c.path, outer_path(c.path)
             for root in _V2_ROOTS:
                 base = f"{root}{path.rstrip('/')}"
-                if out["cpuset"] is None and os.path.exists(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"):
-                    out["cpuset"] = cpu_list(_read(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"))
+                if cpuset is None and os.path.exists(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"):
+                    cpuset = cpu_list(read_proc(f"{root}{outer.rstrip('/')}/cpuset.cpus.effective"))
                 if path != "/" and os.path.exists(f"{base}/cpu.pressure"):
-                    out["pressure"] = _pressure(_read(f"{base}/cpu.pressure"))
-                    out["pressure_procs"] = len((_read(f"{base}/cgroup.procs") or "").split())
+                    pressure = _pressure(read_proc(f"{base}/cpu.pressure"))
+                    procs = len((read_proc(f"{base}/cgroup.procs") or "").split())
                     break
-    return out
+    return Limits(cpus_allowed, cpuset, pressure, procs)
 
 
-def reading(pids: list[int]) -> dict[str, Any]:
-    """One timestamped /proc reading for all targets (a line of proc.jsonl), with the host's CPU
-    pressure (PSI, absent on kernels without it) and each CPU's idle time: whether the CPUs a
-    stalled target may use were saturated, or idle while it waited (attribution.verdict)."""
-    return {"t": time.time(), "mono": time.monotonic(),
-            "threads": {str(p): thread_times(p) for p in pids},
-            "cgroups": {str(p): cgroup_cpu(p) for p in pids},
-            "limits": {str(p): cpu_limits(p) for p in pids},
-            "pressure": _pressure(_read("/proc/pressure/cpu")),
-            "cpu_idle": {cpu: (t[3] + t[4]) / CLK_TCK for cpu, t in cpu_ticks().items() if len(t) > 4}}
+def reading(pids: list[int]) -> ProcReading:
+    """One timestamped /proc reading for all targets (a line of proc.jsonl, without the byte totals
+    the session adds), with the host's CPU pressure (PSI, absent on kernels without it) and each
+    CPU's idle time: whether the CPUs a stalled target may use were saturated, or idle while it
+    waited (attribution.verdict). A target gone has no threads, no cgroup and no limits."""
+    t, mono = time.time(), time.monotonic()
+    threads: dict[int, list[ThreadReading]] = {}
+    cgroups: dict[int, CgroupReading] = {}
+    limits: dict[int, Limits] = {}
+    for p in pids:
+        threads[p] = thread_times(p)
+        lines = cgroups_of(p)
+        cg = cgroup_cpu(lines)
+        if cg is not None:
+            cgroups[p] = cg
+        limits[p] = cpu_limits(p, lines)
+    return ProcReading(mono, threads, t=t, cgroups=cgroups, limits=limits,
+                       pressure=_pressure(read_proc("/proc/pressure/cpu")),
+                       cpu_idle={int(cpu): (v[3] + v[4]) / CLK_TCK for cpu, v in cpu_ticks().items() if len(v) > 4})
 
 
 def cpu_ticks() -> dict[str, list[int]]:
     """Each CPU's /proc/stat line since boot, in clock ticks (user nice system idle iowait irq
     softirq steal ...), by CPU number; {} if unreadable."""
     out: dict[str, list[int]] = {}
-    for ln in (_read("/proc/stat") or "").splitlines():
+    for ln in (read_proc("/proc/stat") or "").splitlines():
         name, _, cols = ln.partition(" ")
         if name.startswith("cpu") and name[3:].isdigit():
             try:
@@ -369,32 +347,3 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             continue
     return out
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _boot_id() -> str:
-    return (_read("/proc/sys/kernel/random/boot_id") or "").strip()
-
-
-def process_identity(pid: int) -> ProcessIdentity:
-    """What tells this process apart from a later one with the same pid: boot and start time."""
-    stat = _read(f"/proc/{pid}/stat")
-    start = int(_stat_fields(stat)[1][19]) if stat else None
-    return ProcessIdentity(pid, start, _boot_id())
-
-
-def identity_alive(ident: ProcessIdentity) -> bool:
-    """Is the process `process_identity` described still running (same boot, same start)?"""
-    pid = ident.pid
-    if ident.boot_id != _boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
-        return False
-    return process_identity(pid).start_ticks == ident.start_ticks

@@ -1,0 +1,66 @@
+"""Which process wrote a run, and whether it still runs: the one live /proc question the archive asks.
+
+A run's meta.json says "collecting" until its collector rewrites it at the end; a reader must tell a
+collector still at work from one that was killed (the run is then incomplete), and a pid reused
+after a reboot or by a later process from the collector itself. A process is told apart by its boot
+and its start time (`ProcessIdentity`). The collectors record identities with the same functions
+(collectors.procfs reads everything else of /proc), so the two sides compare like with like.
+"""
+
+from __future__ import annotations
+
+import os
+
+from qprof.archive.model import ProcessIdentity
+
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
+
+
+def read_proc(path: str) -> str | None:
+    """A /proc (or /sys) file's text; None when it cannot be read (the process is gone, no such file)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def stat_fields(stat: str) -> tuple[str, list[str]]:
+    """Split /proc/*/stat into (comm, fields from state on); comm may hold ')' and spaces."""
+    lpar, rpar = stat.find("("), stat.rfind(")")
+    return stat[lpar + 1 : rpar], stat[rpar + 2 :].split()
+
+
+def is_zombie(pid: int) -> bool:
+    stat = read_proc(f"/proc/{pid}/stat")
+    return stat is not None and stat_fields(stat)[1][0] == "Z"
+
+
+def is_alive(pid: int) -> bool:
+    """The process runs (a zombie has exited; a process we may not signal still runs)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not is_zombie(pid)
+
+
+def boot_id() -> str:
+    return (read_proc("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def process_identity(pid: int) -> ProcessIdentity:
+    """What tells this process apart from a later one with the same pid: boot and start time."""
+    stat = read_proc(f"/proc/{pid}/stat")
+    start = int(stat_fields(stat)[1][19]) if stat else None
+    return ProcessIdentity(pid, start, boot_id())
+
+
+def identity_alive(ident: ProcessIdentity) -> bool:
+    """Is the process `process_identity` described still running (same boot, same start)?"""
+    pid = ident.pid
+    if ident.boot_id != boot_id() or not 0 < pid <= PID_MAX_LIMIT or not is_alive(pid):
+        return False
+    return process_identity(pid).start_ticks == ident.start_ticks
