@@ -8,7 +8,11 @@ timestamped file is therefore complete. A background thread folds each finished
 chunk with the same path as a whole run (collectors.folding: KSYMBOL retyping,
 `perf script` in time slices, streamed folding) into one table of distinct stacks, rewrites stacks.jsonl.gz
 with a header naming the chunks it holds (one atomic rename: a chunk is never
-counted twice), then deletes the chunk unless raw data is kept (--keep-raw).
+counted twice), then deletes the chunk unless raw data is kept (--keep-raw). The
+last pass (after perf stopped; `report --refold`) folds every chunk left and
+writes the file once, then deletes those chunks: each write is the whole table,
+so writing it after each chunk made a long run's refold cost grow with the
+square of its chunks.
 
 What stays on disk: the chunk perf is writing (<= SIZE), chunks waiting to be
 folded (<= the raw budget: past it the oldest waiting chunk is dropped and
@@ -181,9 +185,17 @@ class ChunkFolder:
         waiting.sort(key=lambda pg: pg[0].name)
         if not final:
             self._enforce_budget(waiting)
+        done: list[Path] = []
         for i, (path, group) in enumerate(waiting):
             if path.exists():
                 self._fold_chunk(path, group, final or self._behind(waiting[i:]))
+                done.append(path)
+                if not final:
+                    self._saved(done)
+                    done = []
+        # the last pass (the end of attach, --refold: every chunk at once) writes the stacks file once,
+        # not after each chunk: each write is the whole table, so a long run's refold paid it per chunk
+        self._saved(done)
 
     def _pids_known(self, chunk: Path) -> bool:
         """Whether every target in the chunk is in its group's pids (folding keeps only those): the
@@ -233,10 +245,18 @@ class ChunkFolder:
         st.merge(chunk)
         st.stats.absorb(stats)
         st.folded.append(path.name)
+        _return_free_memory()
+
+    def _saved(self, chunks: list[Path]) -> None:
+        """Write the stacks file that holds these folded chunks, then delete their raw data (unless kept):
+        a chunk is gone only once the file that counts it is on disk, so a kill at any moment loses none
+        and counts none twice."""
+        if not chunks:
+            return
         self._save()
         if not self.keep_raw:
-            path.unlink(missing_ok=True)
-        _return_free_memory()
+            for path in chunks:
+                path.unlink(missing_ok=True)
 
     def _save(self) -> None:
         self.state.save(self.out / runfiles.STACKS)

@@ -17,8 +17,9 @@ in Python cost 1.4 us a line (about 17 lines a DWARF sample), more than perf
 script took to write it. Most samples repeat a stack seen before, down to the
 instruction addresses, so StreamFolder cuts the text at blank lines and counts
 each distinct (header without time and period, frame lines) text: only its
-first occurrence is parsed, and only from the leaf down to a tail of frame lines
-seen before (each distinct line is classified once). A piece of text that is not
+first occurrence is parsed, a look-up per frame line met before (DWARF stacks
+often differ only in the leaf's address; each distinct line is classified
+once). A piece of text that is not
 one sample of that shape (two headers without a blank line between them, a
 whitespace-only separator, a header with an event name after the period, lines
 before any header, a sample longer than `max_block`) is read with the grammar
@@ -169,8 +170,6 @@ class _Blank:
 
 
 _BLANK = _Blank()
-_MISSING = object()
-Body = tuple[tuple[Frame, ...], tuple[str, ...]]  # a frame text's frames and its unreadable lines
 Slot = list[Any]  # [samples, period, unreadable lines to count again per sample, {time bin: period}, [first ns, last ns] or None]
 
 
@@ -182,8 +181,9 @@ class StreamFolder:
     (first-occurrence) order, same statistics, wherever the text is cut into pieces.
 
     Memory is bounded: the distinct texts are folded and forgotten every `max_texts` distinct
-    texts (or 8 x max_texts cached tails), so what is held is the folded stacks (they grow with
-    distinct stacks, not with samples) plus a bounded number of sample texts. A sample text
+    texts (and the frame lines met, past 4 x max_texts of them), so what is held is the folded
+    stacks (they grow with distinct stacks, not with samples) plus a bounded number of sample
+    texts. A sample text
     longer than `max_block` characters (perf script writes none; garbage without blank lines
     could) is read a line at a time as it arrives.
     """
@@ -195,14 +195,12 @@ class StreamFolder:
         self._carry = ""  # text after the last blank line seen (or, reading a line at a time, after the last line)
         # the sample open while reading a line at a time: its header and frames so far
         self._open: tuple[Header, list[Frame]] | None = None
-        # (head, frame text) -> Slot for texts the fast path counts; samples read a line at a time are
-        # kept under their fold key, in the same dict, so that first-occurrence order survives.
-        # The head is the header without its time and period.
+        # (head, frame text) -> Slot + [its fold key] for texts the fast path counts; samples read a line
+        # at a time are kept under their fold key, in the same dict, so that first-occurrence order
+        # survives. The head is the header without its time and period.
         self._texts: dict[object, Slot] = {}
         self._heads: dict[str, tuple[str, int, int] | None] = {}  # head -> (comm, pid, tid), None: not a header
-        # frame text (from a line to the end) -> (frames, unreadable lines), None: it ends or starts a sample
-        self._bodies: dict[str, Body | None] = {}
-        self._lines: dict[str, Frame | _Blank | None] = {}  # a line's class (headers are not kept)
+        self._frames: dict[str, Frame] = {}  # a frame line met before -> its frame
         self._folded: dict[tuple[int, int, str, tuple[Frame, ...]], list[Any]] = {}
         self._fast = 0  # samples counted by the fast path since the last flush
 
@@ -259,10 +257,11 @@ class StreamFolder:
             block = block.strip("\n")
             first, _, body = block.partition("\n")
             head, sep, period = first.rstrip().rpartition(" ")
+            head = head.rstrip()
             ns = None
-            if head.rstrip().endswith(":"):
+            if head[-1:] == ":":
                 # "comm pid/tid  TIME:" -> "comm pid/tid" and the time in ns
-                before, _, stamp = head.rstrip().rpartition(" ")
+                before, _, stamp = head.rpartition(" ")
                 ns = time_ns(stamp[:-1])
                 if ns is not None:
                     head = before.rstrip()
@@ -295,77 +294,67 @@ class StreamFolder:
         when it is not one sample of the usual shape."""
         if not block:
             return 0
-        who = self._heads.get(head, _MISSING)
-        if who is _MISSING:
-            # the header's fields other than the period depend on the text before the period only
+        heads = self._heads
+        if head in heads:
+            who = heads[head]
+        else:  # the header's fields other than the period depend on the text before the period only
             parsed = parse_header(head + " 0") if sep == " " and not head.startswith("\t") else None
-            who = self._heads[head] = None if parsed is None else (parsed.comm, parsed.pid, parsed.tid)
-        frames = self._parse_body(body) if who is not None else None
-        if frames is None or not (period.isdigit() and period.isascii()):
-            self._read(block.split("\n"))
-            self._close()
-            return 0
-        for line in frames[1]:
+            who = heads[head] = None if parsed is None else (parsed.comm, parsed.pid, parsed.tid)
+        if who is None or not (period.isdigit() and period.isascii()):
+            return self._by_line(block)
+        parts = body.split("\n") if body else []
+        unreadable: tuple[str, ...] = ()
+        try:  # every line a frame met before: one look-up each (DWARF stacks differ at the leaf's address)
+            frames = tuple([self._frames[line] for line in parts])
+        except KeyError:  # a line not met before: classified once
+            known = self._frames
+            found: list[Frame] = []
+            bad: list[str] = []
+            for line in parts:
+                frame = known.get(line)
+                if frame is None:
+                    kind = self._line(line)
+                    if kind is None:
+                        bad.append(line)
+                        continue
+                    if isinstance(kind, (_Blank, Header)):
+                        return self._by_line(block)
+                    frame = kind
+                found.append(frame)
+            frames, unreadable = tuple(found), tuple(bad)
+        for line in unreadable:
             self.stats.bad(line)
         n = int(period)
-        self._texts[(head, body)] = [1, n, frames[1], {} if ns is None else {ns // BIN_NS: n},
-                                     None if ns is None else [ns, ns]]
-        if len(self._texts) >= self.max_texts or len(self._bodies) >= 8 * self.max_texts:
+        comm, pid, tid = who
+        self._texts[(head, body)] = [1, n, unreadable, {} if ns is None else {ns // BIN_NS: n},
+                                     None if ns is None else [ns, ns], (pid, tid, comm, frames)]
+        if len(self._texts) >= self.max_texts:
             self._fast += 1
             self._flush()
             return 0
         return 1
 
+    def _by_line(self, block: str) -> int:
+        """A block that is not one sample of the usual shape: the grammar a line at a time."""
+        self._read(block.split("\n"))
+        self._close()
+        return 0
+
     def _line(self, line: str) -> "Frame | Header | _Blank | None":
         """A line's class in the grammar: a frame, a header, a blank line, or None (unreadable)."""
-        lines = self._lines
-        if line in lines:
-            return lines[line]
-        got: Frame | _Blank | None
+        frame = self._frames.get(line)
+        if frame is not None:
+            return frame
         if not line.strip():
-            got = _BLANK
-        else:
-            header = None if line[0] == "\t" else parse_header(line)
+            return _BLANK
+        if line[0] != "\t":
+            header = parse_header(line)
             if header is not None:
-                return header  # it carries a time: not worth keeping
-            got = parse_frame(line)
-        lines[line] = got
-        return got
-
-    def _parse_body(self, body: str) -> Body | None:
-        """Frame lines -> (frames, unreadable lines); None when a line ends or starts a sample.
-
-        Stacks that differ only near the leaf share their callers' text: the body is
-        parsed line by line from the top only until a known tail (a cached suffix), so
-        a new stack costs a few look-ups, not one per frame."""
-        bodies = self._bodies
-        empty: Body = ((), ())
-        if not body:
-            bodies[body] = empty
-            return empty
-        heads: list[tuple[str, str]] = []  # (line, text from the line on), leaf first
-        text = body
-        tail = bodies.get(text, _MISSING)
-        while tail is _MISSING:
-            line, nl, rest = text.partition("\n")
-            heads.append((line, text))
-            if not nl:
-                tail = empty
-                break
-            text = rest
-            tail = bodies.get(text, _MISSING)
-        got: Body | None = tail  # type: ignore[assignment]
-        for line, text in reversed(heads):
-            if got is not None:
-                kind = self._line(line)
-                if kind is None:
-                    got = (got[0], (line, *got[1]))
-                elif isinstance(kind, (_Blank, Header)):
-                    got = None
-                else:
-                    got = ((kind, *got[0]), got[1])
-            bodies[text] = got
-        return got
+                return header
+        frame = parse_frame(line)
+        if frame is not None:
+            self._frames[line] = frame
+        return frame
 
     # -- a line at a time, and the fold
     def _read(self, lines: Iterable[str]) -> None:
@@ -404,18 +393,13 @@ class StreamFolder:
     def _flush(self) -> None:
         """Fold the distinct texts into records and forget them (bounded memory)."""
         folded = self._folded
-        for key, (n, period, _bad, bins, span) in self._texts.items():
-            if len(key) == 2:  # type: ignore[arg-type]  # (head, body): the fast path's text
-                comm_pid_tid = self._heads[key[0]]  # type: ignore[index]
-                frames = self._bodies[key[1]]  # type: ignore[index]
-                assert comm_pid_tid is not None and frames is not None
-                comm, pid, tid = comm_pid_tid
-                key = (pid, tid, comm, frames[0])
-            add_counts(folded, key, n, period, bins.items(), None if span is None else (span[0], span[1]))
+        for key, slot in self._texts.items():
+            n, period, _bad, bins, span = slot[:5]
+            add_counts(folded, slot[5] if len(slot) > 5 else key, n, period, bins.items(),
+                       None if span is None else (span[0], span[1]))
         self.stats.samples += self._fast
         self._fast = 0
         self._texts.clear()
         self._heads.clear()
-        self._bodies.clear()
-        if len(self._lines) > 4 * self.max_texts:
-            self._lines.clear()
+        if len(self._frames) > 4 * self.max_texts:
+            self._frames.clear()

@@ -113,6 +113,22 @@ def test_a_damaged_stacks_file_says_refold_and_refold_re_creates_it(capture: Pat
     assert totals(run) == totals(capture)
 
 
+def test_the_last_pass_writes_the_stacks_file_once(capture: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every chunk folded at the end (attach's last pass, --refold) is written in one stacks file, not
+    one rewrite of the whole table per chunk; the result is the same."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    assert len(chunk_files(run, "perf-dwarf.data", include_current=True)) >= 3
+    writes: list[Path] = []
+    save = FoldState.save
+    monkeypatch.setattr(FoldState, "save", lambda self, path: (writes.append(path), save(self, path))[1])
+    (run / "stacks.jsonl.gz").unlink()
+    ChunkFolder(require_perf(), run, groups(run), keep_raw=True).finish()
+    assert writes == [run / "stacks.jsonl.gz"]
+    assert totals(run) == totals(capture)
+
+
 def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Path) -> None:
     """As if qprof was killed after folding two chunks (deleted once folded): report reads those
     two and warns; --refold adds the others; nothing is counted twice."""
@@ -121,8 +137,9 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
     (run / "stacks.jsonl.gz").unlink()
     folder = ChunkFolder(require_perf(), run, groups(run))
-    for c in chunks[:2]:
+    for c in chunks[:2]:  # as the background passes fold them: each saved, then deleted
         folder._fold_chunk(c, groups(run)[0], urgent=True)
+        folder._saved([c])
     assert not chunks[0].exists() and not chunks[1].exists()
     with edited_meta(run) as meta:
         meta.status = STATUS_COLLECTING  # its collector is long gone
