@@ -49,11 +49,15 @@ class Analysis:
         return verdict_of([self])
 
     @property
+    def targets_cpu_s(self) -> float:
+        """The targets' CPU seconds from /proc (0 when not known)."""
+        return sum(p.proc_cpu_seconds or 0.0 for p in self.profile.processes)
+
+    @property
     def observer_share(self) -> tuple[float, float | None]:
         """(CPU seconds qprof ran beside the targets, that as a share of the targets' CPU seconds from
         /proc; None when theirs is not known)."""
-        spent = sum(self.observer_cpu_s.values())
-        targets = sum(p.proc_cpu_seconds or 0.0 for p in self.profile.processes)
+        spent, targets = sum(self.observer_cpu_s.values()), self.targets_cpu_s
         return spent, (spent / targets if targets > 0 else None)
 
 

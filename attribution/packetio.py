@@ -194,6 +194,35 @@ def _fill(pair: tuple[Direction, Direction], totals: Mapping[str, float]) -> Non
             setattr(d, attr, getattr(d, attr) + int(round(totals[name])))
 
 
+def _fill_threads(proc: ProcessPacketIO, totals: Mapping[str, float], sums: dict[int, list[float]],
+                  series: list[str]) -> None:
+    """The process's estimated totals shared among its threads in proportion to what each was seen doing
+    in the windows, in whole counts that add up to the process's. Each thread estimated on its own would
+    not add up: a thread first seen in a later window is scaled to the kernel's counters from there on."""
+    index = {name: i for i, name in enumerate(series)}
+    for name, (direction, attr) in _COUNTERS.items():
+        if name not in totals or name not in index:
+            continue
+        parts = apportion(int(round(totals[name])), {tid: s[index[name]] for tid, s in sums.items()})
+        for tid, n in parts.items():
+            d = proc.thread(tid)[0 if direction == "tx" else 1]
+            setattr(d, attr, getattr(d, attr) + n)
+
+
+def apportion(total: int, weights: dict[int, float]) -> dict[int, int]:
+    """`total` split in proportion to `weights` into whole parts that sum to it (largest remainder);
+    all zero when nothing was seen."""
+    w = sum(v for v in weights.values() if v > 0)
+    if w <= 0 or total == 0:
+        return {k: 0 for k in weights}
+    sign, whole = (1 if total > 0 else -1), abs(total)
+    raw = {k: whole * max(v, 0.0) / w for k, v in weights.items()}
+    out = {k: int(x) for k, x in raw.items()}
+    for k in sorted(raw, key=lambda k: (out[k] - raw[k], k))[:whole - sum(out.values())]:
+        out[k] += 1
+    return {k: sign * v for k, v in out.items()}
+
+
 def _rx_dgrams(t: Mapping[str, float]) -> float:
     return t["rx_msgs"] - t["rx_gro_skbs"] + t["rx_gro_dgrams"]
 
@@ -281,12 +310,11 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
         proc.ports |= rec.ports.get(pid, set())
         sample = _sample(w, str(pid)) if w is not None else None
         if w is not None and sample is not None:
-            _fill((proc.tx, proc.rx), sample.totals(list(sample.sum)))
-            for group in w.groups:
-                p, _, t = group.partition(",")
-                ts = _sample(w, group) if t and p == str(pid) else None
-                if ts is not None:
-                    _fill(proc.thread(int(t)), ts.totals(list(ts.sum)))
+            totals = sample.totals(list(sample.sum))
+            _fill((proc.tx, proc.rx), totals)
+            mine = {int(t): w.groups[g].sum for g in w.groups
+                    for p, _, t in [g.partition(",")] if t and p == str(pid)}
+            _fill_threads(proc, totals, mine, list(w.series))
         for rx in [proc.rx] + [t[1] for t in proc.threads.values()]:
             rx.finish_rx()
         if sample is not None:

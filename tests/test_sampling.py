@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
+from qprof.attribution.packetio import apportion
 from qprof.attribution.sampling import MIN_SEEN, Estimate, GroupSample, t975
 from qprof.probes.packetio import windows
 from qprof.probes.packetio.sampler import NetnsCounters
@@ -328,3 +329,18 @@ def test_namespace_counters_move_with_one_datagram() -> None:
         after = counters.read()
     d = dict(zip(windows.AUX, (b - a for a, b in zip(before, after))))
     assert d["mib_out"] >= 1 and d["mib_in"] >= 1 and d["ip_out_octets"] >= 1028, d
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.integers(-10**9, 10**9), st.dictionaries(st.integers(0, 64), st.floats(0, 1e9), max_size=8))
+def test_a_process_estimate_shared_among_its_threads_adds_up(total: int, seen: dict[int, float]) -> None:
+    """Each thread's packet figures are its share of its process's estimate, in whole counts: summed over
+    the threads they are the process's figure exactly (rows, the thread table), never off by rounding
+    or by a thread first seen in a later window."""
+    parts = apportion(total, seen)
+    assert set(parts) == set(seen)
+    if any(v > 0 for v in seen.values()):
+        assert sum(parts.values()) == total
+        assert all(p == 0 for t, p in parts.items() if seen[t] <= 0)
+    else:
+        assert all(p == 0 for p in parts.values())

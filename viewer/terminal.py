@@ -423,7 +423,7 @@ def render(report: Report, console: Console, top: int = 5, verbose: bool = False
     if analysis.observer_cpu_s:
         spent, share = analysis.observer_share
         say(f"  what qprof ran beside the targets: {spent:.2f} CPU s"
-            + (f", {share:.1%} of the targets' {spent / share:.2f}" if share is not None else "")
+            + (f", {share:.1%} of the targets' {analysis.targets_cpu_s:.2f}" if share is not None else "")
             + " (" + ", ".join(f"{k} {v:.2f}" for k, v in analysis.observer_cpu_s.items())
             + "; the probes' programs run in the targets and are in their samples)")
     if host.nics:
