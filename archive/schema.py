@@ -321,7 +321,8 @@ _MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))
 # the packetio sampler's window statistics (probes/packetio/windows.py), printed as "@windows"
 _WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": NUM, "counted_s": NUM,
                 "expansion": NUM,
-                "groups": MapOf(Obj({"netns": STR, "sum": [NUM], "counted": [NUM], "seen": [INT], "q": [NUM]},
+                "groups": MapOf(Obj({"netns": STR, "sum": [NUM], "counted": [NUM], "seen": [INT], "q": [NUM],
+                                     "since": [NUM]},
                                     required=("sum", "counted", "q"))),
                 "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM, "ip_out_octets": NUM}), "final": BOOL,
                 "events": MapOf(NUM), "budget": MapOf(NUM)},

@@ -22,7 +22,7 @@ from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
 from qprof.archive import schema
 from qprof.archive.model import ProbeRecord, UdpSocket
-from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
+from qprof.probes.packetio.maps import AUX, AUX_OF_DIRECTION, Windows, kernel_counters_for
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -271,8 +271,11 @@ def _sample(w: Windows, key: str) -> GroupSample | None:
     if g is None:
         return None
     aux_of = {n: AUX_OF_DIRECTION[n[:2]] for n in w.series if n[:2] in AUX_OF_DIRECTION}
+    totals = w.mib_totals.get(g.netns, {})
+    if g.since:  # first seen after the start: the kernel's counters of its own periods
+        totals = {name: total - g.since[AUX.index(name)] for name, total in totals.items() if name in AUX}
     return GroupSample(w.series, g.sum, g.counted, g.seen, g.q, w.periods, w.full_periods, aux_of,
-                       w.mib_totals.get(g.netns, {}), w.expansion, {n: kernel_counters_for(n) for n in aux_of})
+                       totals, w.expansion, {n: kernel_counters_for(n) for n in aux_of})
 
 
 def _sampling_summary(w: Windows) -> dict[str, Any]:

@@ -142,15 +142,18 @@ def test_a_worker_replaced_mid_run_is_followed_and_nothing_of_the_service_change
     roles = {t["pid"]: t["role"] for t in meta["targets"]}
     assert all(roles[p] == "server" for p in members) and roles[sender.pid] == "client"
     pio = report["packet_io"]["processes"]
-    bad = []
+    bad, off = [], {}
     for pid, (dgrams, nbytes) in truth.items():
         assert members[pid]["samples"] > 0, f"worker {pid} has no samples"
         est = pio[str(pid)]["estimates"]
         for key, want in (("rx.datagrams", dgrams), ("rx.bytes", nbytes)):
             if not agrees(est[key], want, widen=3.0):
                 bad.append(f"worker {pid} {key}: truth {want}, {est[key]}")
+        e = est["rx.datagrams"]
+        lo, hi = e["interval"] or (e["value"], e["value"])
+        off[pid] = round((e["value"] - dgrams) / max(hi - e["value"], e["value"] - lo, 1.0), 2)
     print(f"\nworkers {sorted(truth)} (new {new} joined at {members[new]['joined_s']} s): received "
-          f"{ {p: d for p, (d, _) in truth.items()} }; disagreeing: {bad}")
+          f"{ {p: d for p, (d, _) in truth.items()} }, estimates off by {off} half-widths; disagreeing: {bad}")
     assert not bad
     evidence = report["verdict"]["evidence"]  # each process judged, and the service as one side
     assert {f"server {p}" for p in [*workers, new]} | {f"server service {name.name}", "client"} <= set(evidence)

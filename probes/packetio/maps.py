@@ -70,6 +70,7 @@ class GroupWindows:
     counted: tuple[float, ...]
     seen: tuple[int, ...]  # windows in which each series was nonzero
     q: tuple[float, ...]
+    since: tuple[float, ...] = ()  # its namespace's kernel counters (AUX) before its first period; (): none
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,11 @@ class Windows:
             seen = g.get("seen")
             seen_t = tuple(int(x) for x in seen) if isinstance(seen, list) and len(seen) == n and \
                 all(_num(x) is not None for x in seen) else tuple([0] * n)
+            since = g.get("since")
+            since_t = tuple(map(float, since)) if isinstance(since, list) and len(since) == len(AUX) and \
+                all(_num(x) is not None for x in since) else ()
             groups[str(key)] = GroupWindows(str(g.get("netns", "")), tuple(map(float, sums)),
-                                            tuple(map(float, counted)), seen_t, tuple(map(float, q)))
+                                            tuple(map(float, counted)), seen_t, tuple(map(float, q)), since_t)
         mib = {}
         for ns, t in (obj.get("netns") or {}).items() if isinstance(obj.get("netns"), dict) else []:
             if isinstance(t, dict):

@@ -441,7 +441,10 @@ class Sampler:
             counted = period if pending.full else pending.length
             if pending.full and uncounted_from is not None and uncounted_from > pending.start:
                 counted = min(period, uncounted_from - pending.start)
-            self.stats.add_window(period, counted, pending.groups, pending.aux)
+            zero = (0.0,) * len(windows.AUX)
+            before = {ns: tuple(b - a for a, b in zip(self.mib_start.get(ns, zero), self.mib_frame_end.get(ns, zero)))
+                      for ns in self.mib_frame_end}
+            self.stats.add_window(period, counted, pending.groups, pending.aux, before)
             self.mib_frame_end = end_mib
             self._pending = None
             self.through = end

@@ -150,6 +150,9 @@ class GroupStats:
     seen: list[int] = field(default_factory=list)
     q: list[float] = field(default_factory=list)
     prev: list[float] | None = None  # z of the last window
+    # its namespace's kernel counters (AUX) before its first period: a group first seen later (a process
+    # that joined, a thread that started) is scaled to the counters of its own periods only
+    since: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.sum = self.sum or [0.0] * self.n
@@ -181,7 +184,8 @@ class GroupStats:
     def to_json(self) -> dict[str, object]:
         return {"netns": self.netns, "sum": [round(v, 3) for v in self.sum],
                 "counted": [round(v, 3) for v in self.counted], "seen": self.seen,
-                "q": self.q}  # full precision: the regression's variance is a difference of large terms
+                "q": self.q,  # full precision: the regression's variance is a difference of large terms
+                **({"since": [round(v, 3) for v in self.since]} if any(self.since) else {})}
 
 
 class WindowStats:
@@ -199,16 +203,19 @@ class WindowStats:
         self._prev_aux: dict[str, list[float]] = {}  # netns -> z of its counters in the last window
 
     def add_window(self, period_s: float, window_s: float, counts: dict[str, tuple[str, list[int]]],
-                   aux: dict[str, tuple[float, ...]]) -> None:
+                   aux: dict[str, tuple[float, ...]], before: dict[str, tuple[float, ...]] | None = None) -> None:
         """One period: its length, its window's, each group's (netns, counter deltas) in the window,
         and each namespace's kernel counter deltas in the window (in AUX's order). Groups seen
-        before but silent in this window count zeros."""
+        before but silent in this window count zeros. `before`: each namespace's kernel counters
+        counted before this period, where a group first seen now starts."""
         pi = min(1.0, window_s / period_s) if period_s > 0 else 1.0
         h = 0.0 if self._prev_pi is None else 1.0 - (pi + self._prev_pi) / 2
         ncounters = len(self.series) - len(AUX)
         for key, (netns, y) in counts.items():
             if key not in self.groups:
-                self.groups[key] = GroupStats(netns, len(self.series))
+                start = (before or {}).get(netns)
+                self.groups[key] = GroupStats(netns, len(self.series),
+                                              since=list(start) if start is not None and self.periods else [])
         for key, g in self.groups.items():
             y = list(counts[key][1]) if key in counts else [0] * ncounters
             a = aux.get(g.netns, (0.0,) * len(AUX))
