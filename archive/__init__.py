@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qprof.archive import identity, schema
+from qprof.archive.model import FunctionStarts
 from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading, SampleGroup)
 from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_header, read_stacks
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
+from qprof.runfiles import FUNCTIONS
 from qprof.probes.mapsout import read_maps
 from qprof.probes.packetio.timing import TimingFile, file_name as timing_file
 from qprof.probes.waits.series import WaitSeries, file_name as wait_series_file
@@ -259,6 +261,21 @@ class Run:
         """tcp.json (collectors.traffic), or None for a run without it."""
         data = self._record(TCP, "TCP record", schema.TCP)
         return None if data is None else schema.decode(TcpRecord, data)
+
+    def function_starts(self) -> FunctionStarts | None:
+        """functions.json (collectors.functions): where the sampled functions start in their objects; None
+        for a run without it (recorded before it existed, or cut before its end). A file that is not one
+        raises one line saying why."""
+        p = self.path / FUNCTIONS
+        try:
+            doc = schema.loads(read_text(p, MAX_PROBES_BYTES))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise QprofError(f"{p}: unreadable ({e})") from None
+        schema.validate(doc, schema.FUNCTIONS, str(p))
+        starts: FunctionStarts = schema.decode(FunctionStarts, doc)
+        return starts
 
     def proc_readings(self) -> Iterator[ProcReading]:
         """Per-thread /proc readings in time order. The last line may be cut by a kill (skipped); any

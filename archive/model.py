@@ -647,3 +647,27 @@ class ProbeRecord:
     def waits(self) -> WaitMaps:
         """What the waits group measured, typed (probes.waits.maps); empty when it did not run."""
         return WaitMaps.from_maps(self.maps("waits"))
+
+
+# ---- functions.json: where the sampled functions start in their objects (collectors.functions) -------
+# pprof and OTLP locations point at a function's start so a backend can symbolize them again by build-id;
+# recorded at the end of the run, from the files the run mapped (build-id checked), so a report made
+# elsewhere or after the binaries changed reads them from the archive alone.
+
+
+@dataclass(frozen=True)
+class ObjectFunctions:
+    """One object the run's samples name, with where each sampled function of it starts."""
+
+    path: str  # as the frames name it
+    build_id: str | None  # the object's, as the run recorded it (None: it has none)
+    starts: dict[str, int] = field(default_factory=dict)  # function -> its start (the object's virtual address)
+    source: str | None = None  # the file whose symbol table gave them: the object itself, or its debug file
+    note: str = ""  # why there are none, when there are none
+
+
+@dataclass(frozen=True)
+class FunctionStarts:
+    """functions.json: the objects the run's samples name; a function not in its object's `starts` has none."""
+
+    objects: list[ObjectFunctions] = field(default_factory=list)

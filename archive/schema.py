@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, CryptoFindings, HostSnapshot, ProcReading,
                                  TcpRecord, UdpSocket)
+from qprof.archive.model import FunctionStarts
 
 from qprof.errors import QprofError
 
@@ -350,6 +351,7 @@ PROBES = Obj({
 
 TCP = shape_of(TcpRecord)
 PROC_READING = shape_of(ProcReading)  # a line of proc.jsonl
+FUNCTIONS = shape_of(FunctionStarts)  # functions.json
 
 
 def _no_constant(name: str) -> Any:

@@ -15,6 +15,7 @@ PROC = "proc.jsonl"
 PROBES = "probes.json"
 TCP = "tcp.json"
 PERF_MAPS = "perf-maps"  # copies of the targets' /tmp/perf-PID.map (JIT symbols)
+FUNCTIONS = "functions.json"  # where the sampled functions start in their objects (collectors.functions)
 MAPPED_FILES = "mapped-files.json"  # build-ids of mapped files perf reads from qprof's cache (collectors.mapfiles)
 RESERVE = ".space-reserve"  # room kept for the last meta.json write when the disk fills up
 
