@@ -7,8 +7,8 @@ A run is a directory:
   perf-<mode>.data raw perf samples, one file per unwinding mode used
   stacks.jsonl.gz  folded, symbolised stacks (archive.stacks)
   proc.jsonl       periodic per-thread CPU/scheduler readings from /proc
-  probes.json      eBPF probe record: programs, their maps, socket/MIB/sysctl readings,
-                   probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output;
+  probes.json      eBPF probe record (model.ProbeRecord): programs, their maps, socket/MIB/sysctl
+                   readings, probe cost; probe-<group>.{bt,jsonl,log} the exact program and raw output;
                    probe-waits.series.jsonl the waits group's wall clock per 100 ms;
                    probe-packetio.timing.jsonl the targets' messages per 0.13 ms bin
   tcp.json         the targets' TCP sockets and their kernel byte counters (collectors.traffic)
@@ -57,6 +57,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def write_meta(out: Path, meta: Meta) -> None:
     """meta.json from its record, atomically: the one way the archive's metadata is written."""
     write_json_atomic(out / META, schema.encode(meta))
+
+
+def write_probes(out: Path, record: ProbeRecord) -> None:
+    """probes.json from its record, atomically (collectors.probing, as the run goes and at its end)."""
+    write_json_atomic(out / PROBES, schema.encode(record))
 
 
 def proc_line(reading: ProcReading) -> str:
@@ -219,8 +224,8 @@ class Run:
         except DamagedStacks as e:
             raise self._damaged(e) from None
 
-    def _record(self, name: str, what: str, shape: schema.Of) -> dict[str, Any] | None:
-        """One JSON document of the archive, checked against its shape; None when the run has none."""
+    def _record(self, name: str, what: str) -> dict[str, Any] | None:
+        """One JSON document of the archive as an object; None when the run has none."""
         p = self.path / name
         try:
             data = schema.loads(read_text(p, MAX_PROBES_BYTES))
@@ -230,20 +235,22 @@ class Run:
             raise QprofError(f"{p}: unreadable {what} ({e}){_ASIDE.format(p=p)}") from None
         if not isinstance(data, dict):
             raise QprofError(f"{p}: not a {what}{_ASIDE.format(p=p)}")
-        schema.validate(data, shape, str(p))
         return data
 
     def probes(self) -> ProbeRecord | None:
-        """probes.json, with each program's maps re-read from its raw output if the run was cut short."""
+        """probes.json, with each program's maps re-read from its raw output if the run was cut short
+        (written before its programs stopped), checked once as a whole."""
         p = self.path / PROBES
-        data = self._record(PROBES, "probe record", schema.PROBES)
+        data = self._record(PROBES, "probe record")
         if data is None:
             return None
-        for prog in (data.get("programs") or {}).values():
+        programs = data.get("programs")
+        for prog in programs.values() if isinstance(programs, dict) else ():
             if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
                 prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
-        schema.validate(data, schema.PROBES, f"{p} (maps re-read from the probes' raw output)")
-        return ProbeRecord.from_json(data)
+        schema.validate(data, schema.PROBES, str(p))
+        record: ProbeRecord = schema.decode(ProbeRecord, data)
+        return record
 
     def wait_series(self) -> WaitSeries | None:
         """The waits group's wall clock per 100 ms (probe-waits.series.jsonl, probes.waits.series); None
@@ -259,8 +266,12 @@ class Run:
 
     def tcp(self) -> TcpRecord | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
-        data = self._record(TCP, "TCP record", schema.TCP)
-        return None if data is None else schema.decode(TcpRecord, data)
+        data = self._record(TCP, "TCP record")
+        if data is None:
+            return None
+        schema.validate(data, schema.TCP, str(self.path / TCP))
+        record: TcpRecord = schema.decode(TcpRecord, data)
+        return record
 
     def function_starts(self) -> FunctionStarts | None:
         """functions.json (collectors.functions): where the sampled functions start in their objects; None

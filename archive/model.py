@@ -13,9 +13,9 @@ defaults readers assume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator, TypedDict
 
-from qprof.probes.packetio.maps import PacketioMaps
+from qprof.probes.packetio.maps import PacketioMaps, Windows
 from qprof.probes.waits.maps import WaitMaps
 
 
@@ -48,7 +48,7 @@ class LiveData:
     duration_s: float | None
     reading: "ProcReading"  # the latest /proc reading of the targets
     maps: dict[str, Any]  # the probe groups' maps as last printed (bpftrace JSON shape)
-    softirq_seconds: dict[str, float]  # per CPU since boot (/proc/stat)
+    softirq_seconds: dict[int, float]  # per CPU since boot (/proc/stat)
     targets: tuple["Target", ...]
 
 
@@ -411,61 +411,102 @@ class Meta:
         return self.record.client_s if self.record is not None else None
 
 
-# ---- probes.json: the probe groups' programs and maps, socket and queue readings; schema.PROBES -----
+# ---- probes.json: the probe groups' programs and maps, socket and queue readings ---------------------
+# One model both ways, as meta.json: collectors.probing fills a ProbeRecord over the run and writes it
+# (schema.encode), readers get it back (Run.probes: schema.decode) after the document was checked once
+# against the shape derived from it. The one free-form part is a program's raw maps (RawMap): what the
+# bpftrace and libbpf loaders print, `@name` maps keyed by strings the program chose ("pid,tid,port"),
+# whose meaning is the group's own (probes/<group>/maps.py reads them); the packetio sampler's
+# `@windows` is the one printed map with a fixed structure, and is typed (probes.packetio.maps.Windows).
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+class HistBucket(TypedDict, total=False):
+    """One bucket of a histogram map, as bpftrace prints it."""
+
+    min: int | float | None
+    max: int | float | None
+    count: int | float
 
 
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
+# A map entry's value: a count or sum, a histogram, or (a map printed per key) a map of them
+MapEntry = int | float | list[HistBucket] | dict[str, int | float | list[HistBucket]]
+RawMap = dict[str, MapEntry]  # a map as a loader prints it: its keys are the program's own text
+ProbeMaps = dict[str, RawMap | Windows]  # a program's maps by name ("@tx_msgs", "@windows")
 
 
 @dataclass(frozen=True)
-class ProgramRecord:
-    """One probe group's program in a run: its maps as last printed (bpftrace's JSON shape, libbpf
-    groups print the same) and what running it cost."""
+class LoaderConfig:
+    """What a libbpf group's loader was started with (probes/<group>/__init__.py `config`)."""
 
-    maps: dict[str, Any]
-    output: str | None = None  # its raw output file in the run directory
+    pids: list[int] = field(default_factory=list)
+    follow: bool | None = field(default=None, metadata=NEVER_NULL)
+    added: str | None = field(default=None, metadata=NEVER_NULL)  # the file of targets added while following
+    gro_bit: int | None = field(default=None, metadata=NEVER_NULL)  # packetio
+    kfree_skb_has_socket: bool | None = field(default=None, metadata=NEVER_NULL)
+    netns: list[int] | None = field(default=None, metadata=NEVER_NULL)
+    stack_interval_ms: float | None = field(default=None, metadata=NEVER_NULL)  # waits
+    preempt_from_rq: int | None = field(default=None, metadata=NEVER_NULL)
+
+
+@dataclass
+class ProgramRecord:
+    """One probe group's program in a run: what ran (files in the run directory), its maps as last
+    printed (absent until the program stopped: a run cut short reads them from `output`) and what
+    running it cost."""
+
+    maps: ProbeMaps | None = field(default=None, metadata=NEVER_NULL)
+    output: str | None = field(default=None, metadata=NEVER_NULL)  # its raw output file
+    script: str | None = field(default=None, metadata=NEVER_NULL)  # the program: bpftrace script or C source
+    mechanism: str | None = field(default=None, metadata=NEVER_NULL)
+    object: str | None = field(default=None, metadata=NEVER_NULL)  # libbpf: the compiled object
+    config: LoaderConfig | None = field(default=None, metadata=NEVER_NULL)
+    series: str | None = field(default=None, metadata=NEVER_NULL)  # waits: probe-waits.series.jsonl
+    timing: str | None = field(default=None, metadata=NEVER_NULL)  # packetio: probe-packetio.timing.jsonl
+    attach_seconds: float | None = field(default=None, metadata=NEVER_NULL)
+    started: float | None = field(default=None, metadata=NEVER_NULL)  # wall clock it attached at
     exit: int | None = None
+    log_tail: str | None = None  # its log's end when it failed
     cpu_s: float | None = None  # its loader's CPU time
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ProgramRecord":
-        return cls(dict(d.get("maps") or {}), _str(d.get("output")), d.get("exit"), _num(d.get("cpu_s")))
+
+@dataclass(frozen=True)
+class UnavailableProbe:
+    """A probe that did not run, or a part of one that could not (`crypto following`, `cost`), and why."""
+
+    probe: str
+    reason: str
+
+    def __iter__(self) -> Iterator[str]:
+        """Reads as a (probe, reason) pair."""
+        return iter((self.probe, self.reason))
 
 
 @dataclass(frozen=True)
 class Qdisc:
-    """One queueing discipline's counters (tc -s qdisc) at one reading."""
+    """One queueing discipline's counters (tc -s qdisc) at one reading; a counter tc did not give is
+    written null by older qprof and reads as 0."""
 
-    dev: str | None
-    kind: str | None
-    packets: int = 0
-    drops: int = 0
-    overlimits: int = 0
-    requeues: int = 0
+    dev: str | None = None
+    kind: str | None = None
+    handle: str | None = None
+    bytes: int = field(default=0, metadata=NULL_IS_ABSENT)
+    packets: int = field(default=0, metadata=NULL_IS_ABSENT)
+    drops: int = field(default=0, metadata=NULL_IS_ABSENT)
+    overlimits: int = field(default=0, metadata=NULL_IS_ABSENT)
+    requeues: int = field(default=0, metadata=NULL_IS_ABSENT)
+    backlog: int = field(default=0, metadata=NULL_IS_ABSENT)
+    qlen: int = field(default=0, metadata=NULL_IS_ABSENT)
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Qdisc":
-        return cls(_str(d.get("dev")), _str(d.get("kind")),
-                   *(int(_num(d.get(k)) or 0) for k in ("packets", "drops", "overlimits", "requeues")))
 
-
-@dataclass(frozen=True)
+@dataclass
 class NamespaceQueues:
-    """The qdiscs of one network namespace holding targets, at the run's start and end."""
+    """The qdiscs of one network namespace holding targets, when first and last read."""
 
-    pids: tuple[int, ...]
-    first: tuple[Qdisc, ...]
-    last: tuple[Qdisc, ...]
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "NamespaceQueues":
-        return cls(tuple(d.get("pids") or ()), tuple(Qdisc.from_json(q) for q in d.get("first") or ()),
-                   tuple(Qdisc.from_json(q) for q in d.get("last") or ()))
+    pids: tuple[int, ...] = ()
+    first: tuple[Qdisc, ...] = ()
+    last: tuple[Qdisc, ...] = ()
+    first_time: float = 0.0
+    last_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -504,19 +545,86 @@ class HostSnapshot:
 
 
 @dataclass(frozen=True)
+class ProgramCost:
+    """One BPF program's run-time statistics (bpftool prog show), scaled to the probes' lifetime."""
+
+    id: int | None = None
+    name: str | None = None
+    run_cnt: int | float | None = None
+    run_time_ns: int | float | None = None
+    type: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    bpf_run_cnt: int | float
+    bpf_run_time_ns: int | float
+
+
+@dataclass(frozen=True)
+class ProbeCost:
+    """What the BPF programs cost the host (collectors.probing: statistics windows scaled to the probes'
+    lifetime); fields in the order probes.json writes them, the report carries it as written."""
+
+    bpf_run_cnt: int | float
+    bpf_run_time_ns: int | float
+    by_group: dict[str, GroupCost] | None = field(default=None, metadata=NEVER_NULL)
+    measured_run_cnt: int | float | None = field(default=None, metadata=NEVER_NULL)
+    measured_run_time_ns: int | float | None = field(default=None, metadata=NEVER_NULL)
+    method: str | None = field(default=None, metadata=NEVER_NULL)
+    probes_s: int | float | None = field(default=None, metadata=NEVER_NULL)
+    programs: list[ProgramCost] | None = field(default=None, metadata=NEVER_NULL)
+    stats_on_s: int | float | None = field(default=None, metadata=NEVER_NULL)
+
+
+@dataclass(frozen=True)
 class AesHardware:
     present: bool | None = None
     evidence: str | None = None
+    software_only: bool | None = field(default=None, metadata=NEVER_NULL)
+
+
+@dataclass(frozen=True)
+class CryptoProbe:
+    """One entry point found in an object (probes.crypto.symbols.Probe); `address` in hex."""
+
+    address: str
+    symbol: str
+    library: str | None = None
+    table: str | None = None
+    kind: str | None = None
+    cipher: str | None = None
+    length: str | None = None  # the bpftrace expression of its byte count
+    path: str | None = None
+    split: str | None = None
+    note: str | None = None
+    size: int = 0
 
 
 @dataclass(frozen=True)
 class CryptoObject:
     """What the crypto group found in one mapped object (probes.crypto.symbols.ObjectCrypto)."""
 
+    path: str | None = field(default=None, metadata=NEVER_NULL)
+    symbols: str | None = field(default=None, metadata=NEVER_NULL)
     libraries: list[str] = field(default_factory=list)
+    found: dict[str, list[str]] = field(default_factory=dict)
+    probes: list[CryptoProbe] = field(default_factory=list)
     ciphers: list[str] = field(default_factory=list)
     aes_hw: AesHardware = field(default_factory=AesHardware)
     notes: list[str] = field(default_factory=list)
+    go_morestack: str | None = None  # hex
+    probe_delta: int | None = None
+
+
+@dataclass(frozen=True)
+class CryptoSite:
+    """An entry point one target's calls are counted at."""
+
+    object: str
+    address: str
+    symbol: str
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -525,6 +633,7 @@ class CryptoTarget:
 
     objects: list[str] = field(default_factory=list)
     pending_objects: list[str] = field(default_factory=list)
+    probes: list[CryptoSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -539,9 +648,31 @@ class CryptoSlot:
     cipher: str | None = None
     path: str | None = None  # hw or sw AES
     bytes: bool = False  # its byte count is known
+    object: str | None = field(default=None, metadata=NEVER_NULL)
+    address: str | None = field(default=None, metadata=NEVER_NULL)
+    library: str | None = field(default=None, metadata=NEVER_NULL)
+    table: str | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass(frozen=True)
+class CryptoCost:
+    """What the crypto probes cost (probes.crypto.program.cost); fields in the order probes.json
+    writes them, the report carries it as written."""
+
+    all_hits: int | None = None
+    basis: str | None = field(default=None, metadata=NEVER_NULL)
+    bpf_ns_per_hit: float | None = None
+    bpf_run_time_ns: int | None = None
+    host_estimated_ns: int | None = None
+    summary: str | None = field(default=None, metadata=NEVER_NULL)
+    target_estimated_ns: int | None = None
+    target_hits: int = 0
+    target_reentries: int = 0
+    trap_ns_per_hit: int | float | None = field(default=None, metadata=NEVER_NULL)
+    uprobes: int | None = field(default=None, metadata=NEVER_NULL)
+
+
+@dataclass
 class CryptoFindings:
     """What the crypto group found to probe and what probing it cost (probes.json `crypto`)."""
 
@@ -549,7 +680,23 @@ class CryptoFindings:
     objects: dict[str, CryptoObject] = field(default_factory=dict)
     processes: dict[int, CryptoTarget] = field(default_factory=dict)
     cpu_flags: dict[str, bool] = field(default_factory=dict)
-    cost: dict[str, Any] | None = None  # carried into the report as written (probes.crypto.program.cost)
+    aes_hw_usable_by_cpu: bool | None = field(default=None, metadata=NEVER_NULL)
+    skipped: list[str] | None = field(default=None, metadata=NEVER_NULL)  # entry points bpftrace cannot take
+    cost: CryptoCost | None = field(default=None, metadata=NEVER_NULL)
+
+
+@dataclass(frozen=True)
+class FollowedPid:
+    pid: int
+    time: float
+
+
+@dataclass
+class Follow:
+    """A followed run's targets added while it ran (probes.follow): the file the loaders read, and when."""
+
+    file: str
+    added: list[FollowedPid] = field(default_factory=list)
 
 
 # ---- tcp.json: the targets' TCP sockets and their kernel byte counters (collectors.traffic) -----------
@@ -598,47 +745,39 @@ class TcpRecord:
     unowned_closed: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ProbeRecord:
-    """probes.json as readers use it: each group's program and maps, what the run's sockets, queues and
-    host counters showed, what was unavailable."""
+    """probes.json: each group's program and maps, what the run's sockets, queues and host counters
+    showed, what was unavailable. Written as the run goes (collectors.probing) and read back whole."""
 
-    groups: tuple[str, ...] = ()
+    groups: list[str] = field(default_factory=list)
     programs: dict[str, ProgramRecord] = field(default_factory=dict)
-    unavailable: tuple[tuple[str, str], ...] = ()  # (probe, why)
-    queues: dict[str, NamespaceQueues] = field(default_factory=dict)  # by namespace
-    sockets: tuple[UdpSocket, ...] = ()
+    unavailable: list[UnavailableProbe] = field(default_factory=list)
+    qdiscs: dict[str, NamespaceQueues] = field(default_factory=dict)  # by namespace
+    sockets: list[UdpSocket] = field(default_factory=list)
+    sockets_error: str | None = field(default=None, metadata=NEVER_NULL)
     drop_reason_names: dict[int, str] = field(default_factory=dict)  # the kernel's skb drop reasons
     before: HostSnapshot = field(default_factory=HostSnapshot)
     after: HostSnapshot = field(default_factory=HostSnapshot)
-    cost: dict[str, Any] | None = None  # the BPF programs' run time (carried into the report as written)
-    crypto: CryptoFindings | None = None
+    cost: ProbeCost | None = field(default=None, metadata=NEVER_NULL)  # the BPF programs' run time
+    crypto: CryptoFindings | None = field(default=None, metadata=NEVER_NULL)
+    bpftrace_version: str | None = field(default=None, metadata=NEVER_NULL)
+    follow: Follow | None = field(default=None, metadata=NEVER_NULL)
+
+    @property
+    def queues(self) -> dict[str, NamespaceQueues]:
+        """The qdiscs by namespace, as the verdict reads them."""
+        return self.qdiscs
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ProbeRecord":
-        """`d` conforms to schema.PROBES (Run.probes checked it)."""
-        from qprof.archive import schema
-
-        return cls(tuple(d.get("groups") or ()),
-                   {name: ProgramRecord.from_json(p) for name, p in (d.get("programs") or {}).items()},
-                   tuple((str(u["probe"]), str(u["reason"])) for u in d.get("unavailable") or ()),
-                   {ns: NamespaceQueues.from_json(q) for ns, q in (d.get("qdiscs") or {}).items()},
-                   tuple(schema.decode(UdpSocket, sk) for sk in d.get("sockets") or ()),
-                   schema.decode(dict[int, str], d.get("drop_reason_names") or {}),
-                   schema.decode(HostSnapshot, d.get("before") or {}),
-                   schema.decode(HostSnapshot, d.get("after") or {}),
-                   d.get("cost"),
-                   schema.decode(CryptoFindings, d["crypto"]) if d.get("crypto") else None)
-
-    @classmethod
-    def of_maps(cls, maps: dict[str, dict[str, Any]]) -> "ProbeRecord":
+    def of_maps(cls, maps: dict[str, ProbeMaps]) -> "ProbeRecord":
         """A record holding only the groups' maps (group -> maps): what a live view has mid-run."""
-        return cls(programs={g: ProgramRecord(m) for g, m in maps.items()})
+        return cls(programs={g: ProgramRecord(maps=m) for g, m in maps.items()})
 
-    def maps(self, group: str) -> dict[str, Any]:
+    def maps(self, group: str) -> ProbeMaps:
         """A group's maps; {} when it did not run."""
         prog = self.programs.get(group)
-        return prog.maps if prog is not None else {}
+        return prog.maps or {} if prog is not None else {}
 
     def packetio(self) -> PacketioMaps:
         """What the packetio group measured, typed (probes.packetio.maps)."""

@@ -7,8 +7,8 @@ present they have this type), and a mismatch is one line naming the file and the
 field: `meta.json: targets[0].pid must be an integer`. NaN and Infinity, which
 Python's json accepts but JSON does not, are refused while parsing (`loads`).
 
-A document written from a typed record (meta.json from archive.model.Meta, each line of
-proc.jsonl from ProcReading, tcp.json from TcpRecord) has its
+Every document is written from a typed record (meta.json from archive.model.Meta, each line of
+proc.jsonl from ProcReading, probes.json from ProbeRecord, tcp.json from TcpRecord) and has its
 shape derived from the record's type hints (`shape_of`) and is read back by the same
 hints (`decode`): the record is the one description of the document.
 """
@@ -23,8 +23,9 @@ import types
 import typing
 from typing import Any, Callable
 
-from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, CryptoFindings, HostSnapshot, ProcReading,
-                                 TcpRecord, UdpSocket)
+from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, ProbeMaps, ProbeRecord, ProcReading, RawMap,
+                                 TcpRecord)
+from qprof.probes.packetio.maps import Windows
 from qprof.archive.model import FunctionStarts
 
 from qprof.errors import QprofError
@@ -187,14 +188,17 @@ def _marked(f: dataclasses.Field[Any], marker: dict[str, bool]) -> bool:
 
 def _field_shape(f: dataclasses.Field[Any], hint: Any) -> Of:
     """A field marked `never_null` (model.NEVER_NULL) is `X | None` only so that older archives may
-    lack it: the key may be absent, but when written it holds an X, never null. A map marked
-    `null_is_absent` (model.NULL_IS_ABSENT) takes null values, which older archives wrote for none."""
+    lack it: the key may be absent, but when written it holds an X, never null. A field marked
+    `null_is_absent` (model.NULL_IS_ABSENT) takes null, which older archives wrote for none: a map's
+    null values, or the field's own (it then reads as its default)."""
     if _marked(f, NEVER_NULL) and _is_union(hint):
         rest = [o for o in _args(hint) if o is not type(None)]
         return shape_of(rest[0] if len(rest) == 1 else typing.Union[tuple(rest)])
     if _marked(f, NULL_IS_ABSENT):
-        key, value = _args(hint)
-        return MapOf(Either(T(None), shape_of(value)), numbered=key is int)
+        if typing.get_origin(hint) is dict:
+            key, value = _args(hint)
+            return MapOf(Either(T(None), shape_of(value)), numbered=key is int)
+        return Either(T(None), shape_of(hint))
     return shape_of(hint)
 
 
@@ -216,11 +220,13 @@ def _record_shape(cls: type) -> Obj:
 
 @functools.lru_cache(maxsize=None)
 def shape_of(hint: Any) -> Of:
-    """The JSON shape a record type is written in: a dataclass is an object whose fields without a
-    default are required; `X | None` may be null; lists and tuples are lists; `dict[int, X]` has
-    decimal-number keys; `tuple[X, X]` is a list of exactly two."""
+    """The JSON shape a record type is written in: a dataclass (or a TypedDict) is an object whose fields
+    without a default are required; `X | None` may be null; lists and tuples are lists; `dict[int, X]`
+    has decimal-number keys; `tuple[X, X]` is a list of exactly two; `X | Y` either."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return _record_shape(hint)
+    if typing.is_typeddict(hint):  # a JSON object read as written (a histogram bucket)
+        return Obj({k: shape_of(v) for k, v in _hints(hint).items()}, required=tuple(sorted(hint.__required_keys__)))
     if hint is Any:
         return Anything()
     if _is_union(hint):
@@ -251,33 +257,54 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _as_written(hint: Any) -> bool:
+    """Values of this type are plain JSON, read as written: scalars, TypedDicts, and lists, maps and
+    unions of them (a program's raw maps)."""
+    if hint is Any or hint in _SCALARS or typing.is_typeddict(hint):
+        return True
+    if _is_union(hint) or typing.get_origin(hint) in (list, dict):
+        return all(_as_written(a) for a in _args(hint))
+    return False
+
+
 @functools.lru_cache(maxsize=None)
 def _decoder(hint: Any) -> Callable[[Any], Any]:
     """The decoder of one type, made once: proc.jsonl holds a reading every 0.25 s, thousands an hour,
     each read through the same few records."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         h = _hints(hint)
-        parts = [(f.name, _marked(f, INLINE), _marked(f, NULL_IS_ABSENT), _decoder(h[f.name])) for f in _fields(hint)]
+        parts = [(f.name, _marked(f, INLINE), _marked(f, NULL_IS_ABSENT), typing.get_origin(h[f.name]) is dict,
+                  _decoder(h[f.name])) for f in _fields(hint)]
         cls = hint
 
         def record(value: Any) -> Any:
             kw = {}
-            for name, inline, nulls_absent, dec in parts:
+            for name, inline, nulls_absent, is_map, dec in parts:
                 if inline:
                     kw[name] = dec(value)
                 elif name in value:
                     v = value[name]
-                    kw[name] = dec({k: x for k, x in v.items() if x is not None} if nulls_absent else v)
+                    if nulls_absent and v is None:
+                        continue  # the default
+                    kw[name] = dec({k: x for k, x in v.items() if x is not None} if nulls_absent and is_map else v)
             return cls(**kw)
         return record
-    if hint is Any or hint in (int, str, bool, type(None)):
+    if hint is Any or hint in (int, str, bool, type(None)) or typing.is_typeddict(hint):
         return _same
     if hint is float:
         return float
     if _is_union(hint):
         opts = [o for o in _args(hint) if o is not type(None)]
-        if len(opts) != 1:
-            return _same  # a union of scalars: as written
+        if _as_written(hint):
+            return _same  # scalars, or a program's raw maps: as written
+        if len(opts) != 1:  # records among the options: the first the value fits
+            options = [(shape_of(o), _decoder(o)) for o in opts]
+
+            def either(value: Any) -> Any:
+                if value is None:
+                    return None
+                return next(dec(value) for shape, dec in options if shape.check(value, "") is None)
+            return either
         inner = _decoder(opts[0])
         return lambda value: None if value is None else inner(value)
     origin = typing.get_origin(hint)
@@ -314,41 +341,7 @@ def encode(record: Any) -> Any:
     return record
 
 
-INT, NUM, STR, BOOL = T(int), T(float), T(str), T(bool)
-OPT_INT, OPT_NUM, OPT_STR = T(int, None), T(float, None), T(str, None)
-
-_HIST = [{"min": OPT_NUM, "max": OPT_NUM, "count": NUM}]
-_MAP = MapOf(Either(NUM, _HIST, MapOf(Either(NUM, _HIST))))
-# the packetio sampler's window statistics (probes/packetio/windows.py), printed as "@windows"
-_WINDOWS = Obj({"series": [STR], "periods": INT, "full_periods": INT, "span_s": NUM, "counted_s": NUM,
-                "expansion": NUM,
-                "groups": MapOf(Obj({"netns": STR, "sum": [NUM], "counted": [NUM], "seen": [INT], "q": [NUM],
-                                     "since": [NUM]},
-                                    required=("sum", "counted", "q"))),
-                "netns": MapOf({"pids": [INT], "mib_in": NUM, "mib_out": NUM, "ip_out_octets": NUM}), "final": BOOL,
-                "events": MapOf(NUM), "budget": MapOf(NUM)},
-               required=("series", "periods", "full_periods", "groups"))
-_QDISC = Obj({"dev": OPT_STR, "kind": OPT_STR, "handle": OPT_STR, "bytes": OPT_NUM, "packets": OPT_NUM,
-              "drops": OPT_NUM, "overlimits": OPT_NUM, "requeues": OPT_NUM, "backlog": OPT_NUM, "qlen": OPT_NUM})
-PROBES = Obj({
-    "groups": [STR], "unavailable": [Obj({"probe": STR, "reason": STR}, required=("probe", "reason"))],
-    "bpftrace_version": OPT_STR,
-    "programs": MapOf({"maps": MapOf(Either(_MAP, _WINDOWS)), "output": STR, "script": STR, "exit": OPT_INT,
-                       "log_tail": OPT_STR, "attach_seconds": OPT_NUM, "started": OPT_NUM, "cpu_s": OPT_NUM,
-                       "series": STR}),
-    "before": shape_of(HostSnapshot), "after": shape_of(HostSnapshot),
-    "cost": Obj({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM, "measured_run_cnt": NUM,
-                 "measured_run_time_ns": NUM, "probes_s": NUM, "stats_on_s": NUM, "method": STR,
-                 "programs": [{"id": OPT_INT, "name": OPT_STR, "type": OPT_STR, "run_cnt": OPT_NUM,
-                               "run_time_ns": OPT_NUM}],
-                 "by_group": MapOf({"bpf_run_cnt": NUM, "bpf_run_time_ns": NUM})},
-                required=("bpf_run_cnt", "bpf_run_time_ns")),
-    "drop_reason_names": shape_of(dict[int, str]), "sockets_error": OPT_STR,
-    "sockets": shape_of(list[UdpSocket]),
-    "crypto": shape_of(CryptoFindings),
-    "qdiscs": MapOf(Obj({"pids": [INT], "first": [_QDISC], "last": [_QDISC], "first_time": NUM, "last_time": NUM})),
-})
-
+PROBES = shape_of(ProbeRecord)
 TCP = shape_of(TcpRecord)
 PROC_READING = shape_of(ProcReading)  # a line of proc.jsonl
 FUNCTIONS = shape_of(FunctionStarts)  # functions.json
@@ -371,14 +364,33 @@ def validate(doc: Any, shape: Of, name: str) -> None:
                          "the archive is damaged or from an incompatible qprof")
 
 
+def field_value(cls: type, name: str | None, value: Any, what: str) -> Any:
+    """A JSON-ready part the probes layer hands over (a group's program entry, what it found) as the
+    typed value of `cls`'s field `name` (None: `cls` itself), through the shape and decoder derived
+    from it; a part of the wrong shape is a bug in the group and says so."""
+    hint: Any = cls
+    shape: Of = shape_of(cls)
+    if name is not None:
+        f = next(f for f in _fields(cls) if f.name == name)
+        hint, shape = _hints(cls)[name], _field_shape(f, _hints(cls)[name])
+    bad = shape.check(value, what)
+    if bad:
+        raise QprofError(f"{bad} (a bug in qprof's probes)")
+    return _decoder(hint)(value)
+
+
 def conforms(doc: Any, shape: Of) -> bool:
     return shape.check(doc, "") is None
 
 
-def probe_maps(maps: Any) -> dict[str, Any]:
-    """The maps of one probe snapshot that have a map's shape; for readers that go on without
-    the others (the live view), where an archive's reader refuses the whole document."""
+_MAPS = shape_of(RawMap | Windows)
+
+
+def probe_maps(maps: Any) -> ProbeMaps:
+    """A program's maps as its loader printed them (probes.mapsout), each decoded as the archive reads
+    it; a map without a map's shape is left out. For the collector, which writes them into probes.json,
+    and the live view: both go on without such a map, where an archive's reader refuses the document."""
     if not isinstance(maps, dict):
         return {}
-    return {k: v for k, v in maps.items() if isinstance(k, str) and
-            (_MAP.check(v, "") is None or (k == "@windows" and _WINDOWS.check(v, "") is None))}
+    decoded: ProbeMaps = _decoder(ProbeMaps)({k: v for k, v in maps.items() if _MAPS.check(v, "") is None})
+    return decoded

@@ -17,6 +17,7 @@ from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.probemaps import keyed as _keyed
+from qprof.archive import schema
 from qprof.archive.model import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
@@ -116,7 +117,7 @@ class ProcessCrypto:
 class Crypto:
     processes: dict[int, ProcessCrypto]
     cpu_flags: dict[str, bool]
-    cost: dict[str, Any] | None
+    cost: dict[str, Any] | None  # probes.json's crypto cost as written (archive.model.CryptoCost)
     slots: int
 
     def to_json(self) -> dict[str, Any]:
@@ -188,4 +189,4 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
             per = proc.bytes["header_protection"] / hp
             proc.basis.append(f"header protection input {per:.1f} bytes per call (an AES mask encrypts one "
                               "16-byte sample; a ChaCha20 mask is 5 bytes)")
-    return Crypto(procs, rec.cpu_flags, rec.cost, len(slots))
+    return Crypto(procs, rec.cpu_flags, None if rec.cost is None else schema.encode(rec.cost), len(slots))

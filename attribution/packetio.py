@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
 from qprof.archive import schema
 from qprof.archive.model import ProbeRecord, UdpSocket
-from qprof.probes.packetio.maps import AUX, AUX_OF_DIRECTION, Windows, kernel_counters_for
+from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
+from qprof.probes.packetio.windows import AUX
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -163,7 +164,7 @@ class PacketIO:
     softirq: dict[str, Any]
     udp_mib: dict[str, dict[str, int | float]]
     sysctl: dict[str, str | float]
-    cost: dict[str, Any] | None
+    cost: dict[str, Any] | None  # probes.json's cost as written (archive.model.ProbeCost)
     unavailable: list[dict[str, str]]
     sampling: dict[str, Any] | None = None  # how the packet counts were taken (None: counted whole)
 
@@ -194,7 +195,7 @@ def _fill(pair: tuple[Direction, Direction], totals: Mapping[str, float]) -> Non
             setattr(d, attr, getattr(d, attr) + int(round(totals[name])))
 
 
-def _fill_threads(proc: ProcessPacketIO, totals: Mapping[str, float], sums: dict[int, list[float]],
+def _fill_threads(proc: ProcessPacketIO, totals: Mapping[str, float], sums: Mapping[int, Sequence[float]],
                   series: list[str]) -> None:
     """The process's estimated totals shared among its threads in proportion to what each was seen doing
     in the windows, in whole counts that add up to the process's. Each thread estimated on its own would
@@ -343,7 +344,8 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
         return None
     sirq_maps = probes.maps("softirq") or probes.maps("packetio")
     return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), dict(probes.before.sysctl),
-                    probes.cost, [{"probe": g, "reason": why} for g, why in probes.unavailable],
+                    None if probes.cost is None else schema.encode(probes.cost),
+                    [{"probe": u.probe, "reason": u.reason} for u in probes.unavailable],
                     _sampling_summary(w) if w is not None else None)
 
 

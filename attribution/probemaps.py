@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def keyed(m: dict[str, Any] | None) -> list[tuple[list[int], int]]:
-    """[(key parts as ints, value)] of a counter map; entries that are not integer-keyed are skipped."""
+def keyed(m: object) -> list[tuple[list[int], int]]:
+    """[(key parts as ints, value)] of a counter map (a raw map: its keys the program's text, "pid,tid,slot");
+    entries that are not integer-keyed are skipped, and anything that is not a map gives none."""
     out: list[tuple[list[int], int]] = []
     if not isinstance(m, dict):  # a damaged snapshot: no counters, rather than an error
         return out

@@ -13,8 +13,10 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from qprof.archive.model import HostSnapshot, Qdisc, UdpMib
 from qprof.collectors import procfs
 from qprof.collectors.netns import by_netns, netns_id
 from qprof.collectors.sockdiag import INET_DIAG_SKMEMINFO, InetDiag
@@ -64,6 +66,19 @@ def skmem(raw: bytes) -> dict[str, int]:
             for i, name in _SKMEM.items() if len(raw) >= 4 * i + 4}
 
 
+@dataclass(frozen=True)
+class SocketReading:
+    """One UDP socket of the targets at one reading: addresses as `ss -n` prints them, its owners, and
+    its buffers and drop counter (the sk_meminfo slots the kernel sent)."""
+
+    local: str
+    peer: str
+    port: int | None
+    pids: list[int]
+    fds: list[int]
+    counters: dict[str, int] = field(default_factory=dict)
+
+
 class UdpSocketTable:
     """The targets' UDP sockets with buffer sizes and drop counters, read through sock_diag in each
     network namespace they live in (one netlink socket per namespace for the run, no process forked:
@@ -73,9 +88,9 @@ class UdpSocketTable:
         self.pids = pids
         self._diags: dict[str, InetDiag] = {}
 
-    def read(self) -> tuple[list[dict[str, Any]], str | None]:
-        """(sockets, error): each socket's addresses as `ss -n` prints them, owners, buffers, drops."""
-        socks: list[dict[str, Any]] = []
+    def read(self) -> tuple[list[SocketReading], str | None]:
+        """(sockets, error)."""
+        socks: list[SocketReading] = []
         for ns, members in by_netns(self.pids).items():
             owners: dict[str, list[tuple[int, int]]] = {}
             for p in members:
@@ -93,9 +108,9 @@ class UdpSocketTable:
                 if not mine:
                     continue
                 local, peer = diag.addresses(d)
-                socks.append({"local": local, "peer": peer, "port": d.local_port or None,
-                              "pids": sorted({p for p, _ in mine}), "fds": sorted({fd for _, fd in mine}),
-                              **skmem(d.attrs.get(INET_DIAG_SKMEMINFO, b""))})
+                socks.append(SocketReading(local, peer, d.local_port or None, sorted({p for p, _ in mine}),
+                                           sorted({fd for _, fd in mine}),
+                                           skmem(d.attrs.get(INET_DIAG_SKMEMINFO, b""))))
         return socks, None
 
     def close(self) -> None:
@@ -118,21 +133,21 @@ def softirq_counts() -> dict[str, list[int]]:
     return out
 
 
-def softirq_seconds() -> dict[str, float]:
+def softirq_seconds() -> dict[int, float]:
     """Per-CPU time spent in softirqs since boot (/proc/stat; tick-sampled unless the kernel
     has IRQ_TIME_ACCOUNTING): the probe-free measure of softirq load."""
-    return {cpu: t[6] / procfs.CLK_TCK for cpu, t in procfs.cpu_ticks().items() if len(t) > 6}
+    return {int(cpu): t[6] / procfs.CLK_TCK for cpu, t in procfs.cpu_ticks().items() if len(t) > 6}
 
 
 _QDISC_KEYS = ("bytes", "packets", "drops", "overlimits", "requeues", "backlog", "qlen")
 
 
-def qdiscs(pid: int) -> list[dict[str, Any]]:
+def qdiscs(pid: int) -> tuple[Qdisc, ...]:
     """Queueing disciplines of the target's network namespace with their counters (`tc -s qdisc`):
     drops and overlimits there mean a queue or shaper on the way out was full or holding packets."""
     tc = shutil.which("tc")
     if tc is None:
-        return []
+        return ()
     cmd = [tc, "-s", "-j", "qdisc", "show"]
     if netns_id(pid) != netns_id(os.getpid()):
         cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", *cmd]
@@ -140,18 +155,25 @@ def qdiscs(pid: int) -> list[dict[str, Any]]:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
         found = json.loads(r.stdout or "[]")
     except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-    return [{"dev": q.get("dev"), "kind": q.get("kind"), "handle": q.get("handle"),
-             **{k: q.get(k) for k in _QDISC_KEYS}} for q in found if isinstance(q, dict) and q.get("dev") != "lo"]
+        return ()
+    return tuple(Qdisc(dev=q.get("dev"), kind=q.get("kind"), handle=q.get("handle"),
+                       **{k: v for k in _QDISC_KEYS if isinstance(v := q.get(k), int) and not isinstance(v, bool)})
+                 for q in found if isinstance(q, dict) and q.get("dev") != "lo")
 
 
-def netns_qdiscs(pids: list[int]) -> dict[str, dict[str, Any]]:
-    """The qdiscs of each network namespace the targets live in: {netns: {"pids": [...], "qdiscs": [...]}}."""
-    return {ns: {"pids": members, "qdiscs": qdiscs(members[0])} for ns, members in by_netns(pids).items()}
+@dataclass(frozen=True)
+class NamespaceQdiscs:
+    pids: list[int]
+    qdiscs: tuple[Qdisc, ...]
 
 
-def snapshot(pids: list[int]) -> dict[str, Any]:
+def netns_qdiscs(pids: list[int]) -> dict[str, NamespaceQdiscs]:
+    """The qdiscs of each network namespace the targets live in."""
+    return {ns: NamespaceQdiscs(members, qdiscs(members[0])) for ns, members in by_netns(pids).items()}
+
+
+def snapshot(pids: list[int]) -> HostSnapshot:
     """Namespace-wide counters and host settings at one moment (sockets are tracked separately)."""
-    mibs = {ns: {"pids": members, "udp": udp_mib(members[0])} for ns, members in by_netns(pids).items()}
-    return {"time": time.time(), "udp_mib": mibs, "sysctl": sysctls(), "softirqs": softirq_counts(),
-            "softirq_seconds": softirq_seconds()}
+    mibs = {ns: UdpMib(members, dict(udp_mib(members[0]))) for ns, members in by_netns(pids).items()}
+    return HostSnapshot(softirq_seconds=softirq_seconds(), softirqs=dict(softirq_counts()), sysctl=dict(sysctls()),
+                        time=time.time(), udp_mib=mibs)

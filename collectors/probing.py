@@ -32,11 +32,14 @@ import random
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from qprof import runfiles
 from qprof import archive
+from qprof.archive import schema
+from qprof.archive.model import (Follow, FollowedPid, GroupCost, NamespaceQueues, ProbeCost, ProbeRecord, ProgramCost, ProgramRecord,
+                                 UdpSocket, UnavailableProbe)
 from qprof.collectors import procfs
 from qprof.collectors import netstat
 from qprof.errors import QprofError
@@ -89,7 +92,7 @@ def enable_bpf_stats() -> tuple[int | None, str | None]:
     return fd, None
 
 
-def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:
+def program_stats(owner_pids: set[int]) -> list[ProgramCost]:
     """run_time_ns/run_cnt of the BPF programs the given processes hold (bpftool prog show)."""
     bpftool = shutil.which("bpftool")
     ids = owned_prog_ids(owner_pids)
@@ -100,8 +103,8 @@ def program_stats(owner_pids: set[int]) -> list[dict[str, Any]]:
         progs = json.loads(r.stdout or "[]")
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
         return []
-    return [{"id": p.get("id"), "type": p.get("type"), "name": p.get("name"),
-             "run_time_ns": p.get("run_time_ns", 0), "run_cnt": p.get("run_cnt", 0)}
+    return [ProgramCost(id=p.get("id"), type=p.get("type"), name=p.get("name"),
+                        run_time_ns=p.get("run_time_ns", 0), run_cnt=p.get("run_cnt", 0))
             for p in progs if p.get("id") in ids]
 
 
@@ -114,7 +117,8 @@ class ProbeCollector:
         self.follow = follow
         self._added: TargetsWriter | None = None
         self._known = set(self.pids)  # start targets and every pid added
-        self.record: dict[str, Any] = {"groups": list(groups), "unavailable": [], "programs": {}}
+        self.record = ProbeRecord(groups=list(groups))
+        self._extra: dict[str, dict[str, Any]] = {}  # each group's own parts of probes.json, as it started
         self.procs: list[ProbeProcess] = []
         self._stats_fd: int | None = None
         self._stats_since = 0.0  # monotonic time stats were last switched on (or off)
@@ -122,7 +126,7 @@ class ProbeCollector:
         self._stats_next: float | None = None  # monotonic time the next statistics window opens
         self._next_qdiscs = 0.0  # monotonic time of the next qdisc reading
         self._probes_since: float | None = None
-        self._sockets: dict[str, dict[str, Any]] = {}
+        self._sockets: dict[str, UdpSocket] = {}
         self._udp = netstat.UdpSocketTable(self.pids)  # the same list: added targets' sockets too
         self._tails: dict[str, MapTail] = {}
         self._next_compact = time.monotonic() + COMPACT_S
@@ -133,41 +137,48 @@ class ProbeCollector:
         `final` at the start and the stop reads the qdiscs whatever their interval."""
         socks, err = self._udp.read()
         if err:
-            self.record["sockets_error"] = err
+            self.record.sockets_error = err
         now = round(time.time(), 3)
         for sk in socks:
-            key = f"{sk['local']} {sk['peer']} {sk['pids']} {sk['fds']}"
+            key = f"{sk.local} {sk.peer} {sk.pids} {sk.fds}"
             seen = self._sockets.get(key)
+            counters = {k: sk.counters.get(k) for k in _SOCKET_COUNTERS}
             if seen is None:
-                self._sockets[key] = {**{k: v for k, v in sk.items() if k not in _SOCKET_COUNTERS},
-                                      "first": {k: sk.get(k) for k in _SOCKET_COUNTERS}, "first_time": now,
-                                      "last": {k: sk.get(k) for k in _SOCKET_COUNTERS}, "last_time": now}
+                self._sockets[key] = UdpSocket(fds=sk.fds, first=counters, first_time=now, last=counters,
+                                               last_time=now, local=sk.local, peer=sk.peer, pids=sk.pids, port=sk.port)
             else:
-                seen["last"] = {k: sk.get(k) for k in _SOCKET_COUNTERS}
-                seen["last_time"] = now
-        self.record["sockets"] = list(self._sockets.values())
+                self._sockets[key] = replace(seen, last=counters, last_time=now)
+        self.record.sockets = list(self._sockets.values())
         # qdisc counters (tc, ~10 ms) only matter first and last: read every QDISC_INTERVAL_S and at the
         # start and the stop (a namespace that goes with its last target keeps its last reading)
         now_m = time.monotonic()
         if not final and now_m < self._next_qdiscs:
             return
         self._next_qdiscs = now_m + QDISC_INTERVAL_S
-        qdiscs = self.record.setdefault("qdiscs", {})
         for ns, found in netstat.netns_qdiscs(self.pids).items():
-            seen_ns = qdiscs.setdefault(ns, {"pids": found["pids"], "first": found["qdiscs"], "first_time": now})
-            seen_ns.update(last=found["qdiscs"], last_time=now)
+            seen_ns = self.record.qdiscs.setdefault(ns, NamespaceQueues(tuple(found.pids), found.qdiscs,
+                                                                        first_time=now))
+            seen_ns.last, seen_ns.last_time = found.qdiscs, now
 
     def _save(self) -> None:
-        archive.write_json_atomic(self.out / runfiles.PROBES, self.record)
+        archive.write_probes(self.out, self.record)
+
+    def _take_extra(self, name: str, extra: dict[str, Any]) -> None:
+        """A group's own parts of probes.json (what the crypto group found to probe, the bpftrace
+        version), handed over JSON-ready by the probes layer, as the record's fields."""
+        self._extra[name] = extra
+        for key, value in extra.items():
+            if value is not None:
+                setattr(self.record, key, schema.field_value(ProbeRecord, key, value, f"the {name} group's {key}"))
 
     def launch(self) -> None:
         """Snapshot counters and start every probe group (they compile while perf starts)."""
-        self.record["before"] = netstat.snapshot(self.pids)
+        self.record.before = netstat.snapshot(self.pids)
         self.poll_sockets(final=True)
         if self.follow:
             path = targets_file(self.out)
             self._added = TargetsWriter(path)
-            self.record["follow"] = {"file": path.name, "added": []}
+            self.record.follow = Follow(path.name)
         self._save()
         ctx = Context(self.out, list(self.pids), self.status, procfs.mapped_objects, follow=self.follow)
         for name in self.groups:
@@ -177,8 +188,9 @@ class ProbeCollector:
                 self._unavailable(name, str(e))
                 continue
             self.procs.append(launched.process)
-            self.record["programs"][name] = launched.entry
-            self.record.update(launched.extra)
+            self.record.programs[name] = schema.field_value(ProgramRecord, None, launched.entry,
+                                                            f"the {name} group's program")
+            self._take_extra(name, launched.extra)
             if launched.follow_note:
                 self._unavailable(f"{name} following", launched.follow_note)
 
@@ -197,12 +209,13 @@ class ProbeCollector:
         self._added.add(new)  # the libbpf loaders take them up at their next turn
         announce(new)  # the bpftrace programs at once
         now = round(time.time(), 3)
-        self.record["follow"]["added"] += [{"pid": p, "time": now} for p in new]
+        assert self.record.follow is not None
+        self.record.follow.added += [FollowedPid(p, now) for p in new]
 
     def followed(self) -> dict[int, int]:
         """The processes that became targets during the run, so far: pid -> the target that forked
         it (0: given to add_targets), as packetio's last print tells (every second)."""
-        out = {e["pid"]: 0 for e in self.record.get("follow", {}).get("added", [])}
+        out = {e.pid: 0 for e in self.record.follow.added} if self.record.follow is not None else {}
         maps = self.live_maps()
         for key, parent in (maps.get("@followed") or {}).items():
             out.setdefault(int(key), int(parent))
@@ -237,11 +250,11 @@ class ProbeCollector:
                     continue
             except QprofError as e:
                 self.procs.remove(proc)
-                del self.record["programs"][proc.name]
+                del self.record.programs[proc.name]
                 self._unavailable(proc.name, str(e))
                 continue
-            self.record["programs"][proc.name].update(attach_seconds=round(time.monotonic() - t0, 3),
-                                                      started=time.time())
+            prog = self.record.programs[proc.name]
+            prog.attach_seconds, prog.started = round(time.monotonic() - t0, 3), time.time()
         if self.follow:  # announced before a bpftrace program attached: told again
             announce(self.pids)
         # cost is measured from here: statistics windows start with the targets' real work
@@ -264,7 +277,7 @@ class ProbeCollector:
         return maps
 
     def _unavailable(self, probe: str, reason: str) -> None:
-        self.record["unavailable"].append({"probe": probe, "reason": reason})
+        self.record.unavailable.append(UnavailableProbe(probe, reason))
         self.status(f"warning: probe {probe} unavailable: {reason}")
 
     def stop(self) -> None:
@@ -273,33 +286,32 @@ class ProbeCollector:
         for p in self.procs:
             if p.proc is not None:
                 owners.update(procfs.descendants(p.proc.pid))
-        by_group: dict[str, list[dict[str, Any]]] = {}
+        by_group: dict[str, list[ProgramCost]] = {}
         if self._stats_on_s > 0 or self._stats_fd is not None:
             now = time.monotonic()
             on_s = self._stats_on_s + (now - self._stats_since if self._stats_fd is not None else 0.0)
             life = now - (self._probes_since or now)
             scale = life / on_s if on_s > 0 else 1.0
 
-            def scaled(progs: list[dict[str, Any]], factor: float) -> dict[str, Any]:
-                t = sum(int(p["run_time_ns"] or 0) for p in progs)
-                n = sum(int(p["run_cnt"] or 0) for p in progs)
-                return {"bpf_run_time_ns": round(t * factor), "bpf_run_cnt": round(n * factor),
-                        "measured_run_time_ns": t, "measured_run_cnt": n}
+            def total(progs: list[ProgramCost]) -> tuple[int, int]:
+                """(run time ns, runs) of these programs."""
+                return (sum(int(p.run_time_ns or 0) for p in progs), sum(int(p.run_cnt or 0) for p in progs))
 
             progs = program_stats(owners)
             # per-program figures scaled the same way (crypto's cost model reads them)
-            by_group = {p.name: [{**x, "run_time_ns": round(int(x["run_time_ns"] or 0) * scale),
-                                  "run_cnt": round(int(x["run_cnt"] or 0) * scale)}
+            by_group = {p.name: [replace(x, run_time_ns=round(int(x.run_time_ns or 0) * scale),
+                                         run_cnt=round(int(x.run_cnt or 0) * scale))
                                  for x in program_stats(set(procfs.descendants(p.proc.pid)))]
                         for p in self.procs if p.proc is not None}
-            self.record["cost"] = {
-                **scaled(progs, scale), "programs": progs,
-                "stats_on_s": round(on_s, 3), "probes_s": round(life, 3),
-                "method": f"BPF run-time statistics on {STATS_WINDOW_S:g} s in every {STATS_PERIOD_S:g} s, "
-                          "scaled to the probes' lifetime",
-                "by_group": {g: {k: v for k, v in scaled(ps, 1.0).items() if not k.startswith("measured")}
-                             for g, ps in by_group.items()},
-            }
+            t, n = total(progs)
+            self.record.cost = ProbeCost(
+                bpf_run_cnt=round(n * scale), bpf_run_time_ns=round(t * scale),
+                by_group={g: GroupCost(bpf_run_cnt=total(ps)[1], bpf_run_time_ns=total(ps)[0])
+                          for g, ps in by_group.items()},
+                measured_run_cnt=n, measured_run_time_ns=t,
+                method=f"BPF run-time statistics on {STATS_WINDOW_S:g} s in every {STATS_PERIOD_S:g} s, "
+                       "scaled to the probes' lifetime",
+                probes_s=round(life, 3), programs=progs, stats_on_s=round(on_s, 3))
             if self._stats_fd is not None:
                 os.close(self._stats_fd)
                 self._stats_fd = None
@@ -310,19 +322,22 @@ class ProbeCollector:
         for p in self.procs:
             rc = p.stop()
             maps = read_maps(p.output)
-            self.record["programs"][p.name].update(exit=rc, log_tail=p.log_tail() if rc not in (0, None) else "",
-                                                   maps=maps, cpu_s=p.cpu_s)
-            GROUPS[p.name].finish(self.record, maps, by_group.get(p.name, []), self.status)
+            prog = self.record.programs[p.name]
+            prog.exit, prog.log_tail, prog.cpu_s = rc, p.log_tail() if rc not in (0, None) else "", p.cpu_s
+            prog.maps = schema.probe_maps(maps)
+            extra = self._extra.get(p.name, {})
+            GROUPS[p.name].finish(extra, maps, [schema.encode(x) for x in by_group.get(p.name, [])], self.status)
+            self._take_extra(p.name, extra)
         self.poll_sockets(final=True)
         self._udp.close()
         if self._added is not None:
             self._added.close()
-        self.record["after"] = netstat.snapshot(self.pids)
+        self.record.after = netstat.snapshot(self.pids)
         if self.procs:
             try:
                 reasons = btf.enum("skb_drop_reason")
-                self.record["drop_reason_names"] = {str(v): k.removeprefix("SKB_DROP_REASON_")
-                                                    for k, v in reasons.items()}
+                self.record.drop_reason_names = {int(v): k.removeprefix("SKB_DROP_REASON_")
+                                                 for k, v in reasons.items()}
             except btf.BTFUnavailable as e:
                 self._unavailable("drop reason names", str(e))
         self._save()

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from qprof import runfiles
 from qprof import archive
+from qprof.archive import schema
 from qprof.archive.model import Traffic
 from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
@@ -70,7 +71,8 @@ def _counters(s: TcpSocket) -> dict[str, int] | None:
 def udp_totals(maps: dict[str, Any]) -> tuple[dict[int, tuple[float, float]], float | None]:
     """Per process, the packetio windows' running estimates of UDP bytes sent and received, and the
     CLOCK_MONOTONIC time they count up to (None from a loader that did not say)."""
-    w = Windows.from_json(maps.get("@windows"))
+    found = schema.probe_maps({"@windows": maps.get("@windows")}).get("@windows")
+    w = found.usable() if isinstance(found, Windows) else None
     if w is None or "tx_bytes" not in w.series or "rx_bytes" not in w.series:
         return {}, None
     tx, rx = w.series.index("tx_bytes"), w.series.index("rx_bytes")

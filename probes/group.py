@@ -63,10 +63,11 @@ class ProbeGroup(Protocol):
     def start(self, ctx: Context) -> Launch:
         """Write its program into the run, start its helper (raise Unavailable when it cannot)."""
 
-    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:
-        """After its helper stopped: add what needs the final maps to probes.json's `record`
-        (`programs`: the kernel's run-time statistics of its BPF programs)."""
+        """After its helper stopped: add what needs the final maps to its own parts of probes.json
+        (`extra`, what `start` returned beside its program; `programs`: the kernel's run-time
+        statistics of its BPF programs)."""
 
 
 def program_text(package: str, name: str) -> str:
@@ -107,7 +108,7 @@ class BpftraceGroup:
         return Launch(proc, {"script": path.name, "output": proc.output.name, "mechanism": "bpftrace"},
                       {"bpftrace_version": bpftrace_version(), **extra})
 
-    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:
         return None
 

@@ -527,3 +527,66 @@ def test_end_to_end_non_time_event(tmp_path: Path) -> None:
     assert total == pytest.approx(14 / 999, rel=1e-3)  # samples / frequency
     for p in report["processes"]:
         assert abs(sum(p["categories"].values()) - 1.0) < 0.001
+
+
+def test_probes_json_round_trips_through_its_record(tmp_path: Path) -> None:
+    """probes.json as the collector writes it (a typed ProbeRecord, schema.encode) reads back as the same
+    record; raw maps stay as written, `@windows` becomes the sampler's typed record."""
+    from qprof.archive.model import (CryptoCost, CryptoFindings, CryptoSlot, Follow, FollowedPid, GroupCost,
+                                     HostSnapshot, LoaderConfig, NamespaceQueues, ProbeCost, ProbeRecord,
+                                     ProgramCost, ProgramRecord, Qdisc, UdpMib, UdpSocket, UnavailableProbe)
+    from qprof.probes.packetio.maps import GroupWindows, NetnsTotals, Windows
+
+    run = create_run_dir(tmp_path / "r")
+    archive.write_meta(run, Meta(status=STATUS_COMPLETE))
+    windows = Windows(("tx_msgs", "rx_msgs"), 4, 4, {"7": GroupWindows((3.0, 5.0), (3.0, 5.0), (1.0, 2.0, 3.0))},
+                      span_s=0.4, netns={"net:[1]": NetnsTotals((7,), mib_in=5.0)}, events={"send": 3})
+    record = ProbeRecord(
+        groups=["packetio", "crypto"],
+        programs={"packetio": ProgramRecord(maps={"@windows": windows, "@ports": {"7,443": 1},
+                                                  "@tx_gso_size": {"7": [{"min": 0, "max": 1, "count": 2}]}},
+                                            output="probe-packetio.jsonl", config=LoaderConfig(pids=[7], gro_bit=3),
+                                            exit=0, cpu_s=0.25),
+                  "crypto": ProgramRecord(maps={"@calls": {"7,7,0": 12}}, exit=None)},
+        unavailable=[UnavailableProbe("softirq", "not asked")],
+        qdiscs={"net:[1]": NamespaceQueues((7,), (Qdisc("eth0", "fq", drops=2),), (Qdisc("eth0", "fq", drops=5),),
+                                           1.0, 2.0)},
+        sockets=[UdpSocket(fds=[3], first={"drops": 0}, last={"drops": 4}, local="1.2.3.4:443", pids=[7], port=443)],
+        drop_reason_names={6: "SOCKET_RCVBUFF"},
+        before=HostSnapshot(softirq_seconds={0: 1.5}, udp_mib={"net:[1]": UdpMib([7], {"InDatagrams": 3})}),
+        cost=ProbeCost(10, 2000, by_group={"packetio": GroupCost(10, 2000)},
+                       programs=[ProgramCost(id=1, name="p", run_cnt=10, run_time_ns=2000, type="tracing")]),
+        crypto=CryptoFindings(slots=[CryptoSlot(0, "EVP_EncryptUpdate", part="aad", bytes=True)],
+                              cost=CryptoCost(target_hits=12, summary="cheap")),
+        follow=Follow("probe-targets.pids", [FollowedPid(9, 3.5)]))
+    archive.write_probes(run, record)
+    back = Run.open(run).probes()
+    assert back == record
+    assert dict(back.programs["packetio"].maps or {})["@tx_gso_size"] == {"7": [{"min": 0, "max": 1, "count": 2}]}
+    assert back.packetio().windows is not None and back.packetio().windows.mib_totals == {"net:[1]": {"mib_in": 5.0}}
+    assert [tuple(u) for u in back.unavailable] == [("softirq", "not asked")]
+
+
+def test_probes_json_of_older_qprof_reads(tmp_path: Path) -> None:
+    """Fields older qprof wrote differently: a qdisc counter tc did not give was null (reads as 0), a
+    program still running had no maps (read from its raw output), drop reasons keyed by strings."""
+    run = create_run_dir(tmp_path / "r")
+    archive.write_meta(run, Meta(status=STATUS_COMPLETE))
+    (run / "probe-packetio.jsonl").write_text(json.dumps({"type": "map", "data": {"@ports": {"7,443": 1}}}) + "\n")
+    (run / "probes.json").write_text(json.dumps({
+        "groups": ["packetio"], "unavailable": [], "drop_reason_names": {"6": "SOCKET_RCVBUFF"},
+        "programs": {"packetio": {"output": "probe-packetio.jsonl", "script": "probe-packetio.bpf.c"}},
+        "qdiscs": {"net:[1]": {"pids": [7], "first": [{"dev": "eth0", "kind": "fq", "drops": None, "qlen": 3}],
+                               "last": [{"dev": "eth0", "kind": "fq", "drops": 4}]}}}))
+    back = Run.open(run).probes()
+    assert back is not None
+    assert back.maps("packetio") == {"@ports": {"7,443": 1}}
+    assert back.packetio().ports == {7: {443}}
+    q = back.queues["net:[1]"]
+    assert (q.first[0].drops, q.first[0].qlen, q.last[0].drops) == (0, 3, 4)
+    assert back.drop_reason_names == {6: "SOCKET_RCVBUFF"}
+    doc = json.loads((run / "probes.json").read_text())
+    doc["qdiscs"]["net:[1]"]["last"][0]["drops"] = "4"
+    (run / "probes.json").write_text(json.dumps(doc))
+    with pytest.raises(QprofError, match=r"qdiscs\['net:\[1\]'\]\.last\[0\]\.drops"):
+        Run.open(run).probes()

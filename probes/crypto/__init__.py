@@ -42,9 +42,9 @@ class CryptoGroup(BpftraceGroup):
             launched.follow_note = program.follow_limit(launched.extra["crypto"]["slots"])
         return launched
 
-    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:
-        crypto = record.get("crypto")
+        crypto = extra.get("crypto")
         if crypto is not None:
             cost = program.cost(crypto["slots"], maps, programs)
             crypto["cost"] = {**cost, "summary": program.cost_text(cost)}

@@ -73,7 +73,7 @@ class PacketioGroup:
                              "output": proc.output.name, "timing": timing_file.name,
                              "mechanism": "libbpf tp_btf, sampling windows"})
 
-    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:
         return None
 

@@ -4,13 +4,14 @@ Two generations of archives are read: runs whose programs counted every packet
 (`@tx_msgs`, `@rx_bytes`... keyed "pid,tid[,port]": exact) and runs counted in
 sampling windows (`@windows`, see windows.py). Either way the result is one
 `PacketioMaps`; damaged entries are skipped, never fatal (the archive's shape
-is checked by archive.schema before this).
+is checked by archive.schema before this, which decodes `@windows` into `Windows`; the
+other maps are the programs' raw counts, keyed by the text the program chose).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qprof.probes.packetio.windows import AUX
@@ -65,72 +66,66 @@ def _num(v: Any) -> float | None:
 class GroupWindows:
     """One group's (a process's, or "pid,tid" a thread's) window sums: see windows.GroupStats."""
 
-    netns: str
     sum: tuple[float, ...]
     counted: tuple[float, ...]
-    seen: tuple[int, ...]  # windows in which each series was nonzero
     q: tuple[float, ...]
+    netns: str = ""
+    seen: tuple[int, ...] = ()  # windows in which each series was nonzero
     since: tuple[float, ...] = ()  # its namespace's kernel counters (AUX) before its first period; (): none
+
+    def fits(self, n: int) -> bool:
+        """Its sums are of the `n` series (the covariances too)."""
+        return len(self.sum) == n and len(self.counted) == n and len(self.q) == n * (n + 1) // 2
+
+
+@dataclass(frozen=True)
+class NetnsTotals:
+    """A namespace's kernel counters (windows.AUX) over the run, and the targets in it."""
+
+    pids: tuple[int, ...] = ()
+    mib_in: float | None = None
+    mib_out: float | None = None
+    ip_out_octets: float | None = None
 
 
 @dataclass(frozen=True)
 class Windows:
+    """The sampler's window statistics (windows.py), printed as the map "@windows"; its fields are
+    the printed names (archive.schema derives its shape and decoder from them)."""
+
     series: tuple[str, ...]
     periods: int
     full_periods: int
-    span_s: float
-    counted_s: float
-    expansion: float  # sum of 1/pi over partial windows
     groups: dict[str, GroupWindows]
-    mib_totals: dict[str, dict[str, float]]  # netns -> {kernel counter (windows.AUX): its total}
-    events: dict[str, int]  # hook runs counted in the windows, any task
-    budget: dict[str, float]
+    span_s: float = 0.0
+    counted_s: float = 0.0
+    expansion: float = 0.0  # sum of 1/pi over partial windows
+    netns: dict[str, NetnsTotals] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)  # hook runs counted in the windows, any task
+    budget: dict[str, float] = field(default_factory=dict)
+    final: bool = False
     through_mono: float | None = None  # CLOCK_MONOTONIC end of the periods the sums cover (older: None)
+    timing: dict[str, int] = field(default_factory=dict)  # the messages' timing file: bins lost, write errors
 
     @property
     def exact(self) -> bool:
         return self.periods > 0 and self.full_periods == self.periods
 
-    @staticmethod
-    def from_json(obj: Any) -> "Windows | None":
-        if not isinstance(obj, dict):
+    @property
+    def mib_totals(self) -> dict[str, dict[str, float]]:
+        """netns -> {kernel counter (windows.AUX): its total}."""
+        return {ns: {k: v for k in AUX if (v := getattr(t, k)) is not None} for ns, t in self.netns.items()}
+
+    def usable(self) -> "Windows | None":
+        """These windows with the groups whose sums fit the series (a damaged archive's others left out),
+        each with a count of nonzero windows per series; None when the periods do not add up."""
+        if not 0 <= self.full_periods <= self.periods:
             return None
-        series = obj.get("series")
-        if not isinstance(series, list) or not all(isinstance(s, str) for s in series):
-            return None
-        n = len(series)
-        groups = {}
-        for key, g in (obj.get("groups") or {}).items() if isinstance(obj.get("groups"), dict) else []:
-            if not isinstance(g, dict):
-                continue
-            sums, counted, q = g.get("sum"), g.get("counted"), g.get("q")
-            if not (isinstance(sums, list) and isinstance(counted, list) and isinstance(q, list)) or \
-                    not all(_num(x) is not None for v in (sums, counted, q) for x in v):
-                continue
-            if len(sums) != n or len(counted) != n or len(q) != n * (n + 1) // 2:
-                continue
-            seen = g.get("seen")
-            seen_t = tuple(int(x) for x in seen) if isinstance(seen, list) and len(seen) == n and \
-                all(_num(x) is not None for x in seen) else tuple([0] * n)
-            since = g.get("since")
-            since_t = tuple(map(float, since)) if isinstance(since, list) and len(since) == len(AUX) and \
-                all(_num(x) is not None for x in since) else ()
-            groups[str(key)] = GroupWindows(str(g.get("netns", "")), tuple(map(float, sums)),
-                                            tuple(map(float, counted)), seen_t, tuple(map(float, q)), since_t)
-        mib = {}
-        for ns, t in (obj.get("netns") or {}).items() if isinstance(obj.get("netns"), dict) else []:
-            if isinstance(t, dict):
-                mib[str(ns)] = {k: float(t[k]) for k in AUX if _num(t.get(k)) is not None}
-        events = {str(k): int(v) for k, v in (obj.get("events") or {}).items()
-                  if _num(v) is not None} if isinstance(obj.get("events"), dict) else {}
-        budget = {str(k): float(v) for k, v in (obj.get("budget") or {}).items()
-                  if _num(v) is not None} if isinstance(obj.get("budget"), dict) else {}
-        periods, full = obj.get("periods"), obj.get("full_periods")
-        if not isinstance(periods, int) or not isinstance(full, int) or not 0 <= full <= periods:
-            return None
-        return Windows(tuple(series), periods, full, float(_num(obj.get("span_s")) or 0.0),
-                       float(_num(obj.get("counted_s")) or 0.0), float(_num(obj.get("expansion")) or 0.0),
-                       groups, mib, events, budget, _num(obj.get("through_mono")))
+        n = len(self.series)
+        groups = {k: GroupWindows(g.sum, g.counted, g.q, g.netns, g.seen if len(g.seen) == n else (0,) * n,
+                                  g.since if len(g.since) == len(AUX) else ())
+                  for k, g in self.groups.items() if g.fits(n)}
+        return replace(self, groups=groups)
 
 
 @dataclass
@@ -146,7 +141,8 @@ class PacketioMaps:
 
     @staticmethod
     def from_maps(maps: dict[str, Any]) -> "PacketioMaps":
-        rec = PacketioMaps(windows=Windows.from_json(maps.get("@windows")))
+        windows = maps.get("@windows")
+        rec = PacketioMaps(windows=windows.usable() if isinstance(windows, Windows) else None)
         for name, counter in _LEGACY.items():
             m = maps.get(name)
             for key, value in (m.items() if isinstance(m, dict) else []):

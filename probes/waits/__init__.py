@@ -85,7 +85,7 @@ class WaitsGroup:
                              "output": proc.output.name, "series": series.name,
                              "mechanism": "libbpf tp_btf, every context switch and wakeup, sampled stacks"})
 
-    def finish(self, record: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
                status: Callable[[str], None]) -> None:
         return None
 
