@@ -26,18 +26,14 @@ and the innermost user frame that is not merely that call's C library wrapper.
 from __future__ import annotations
 
 import re
-import struct
 from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
-
 from qprof.archive.model import DEBUG_FILE, DEBUGINFOD, DEBUGLINK, GOPCLNTAB, UNWIND, Meta, ObjectSymbols
-from qprof.attribution.symbols import UNKNOWN, function_addresses
+from qprof.attribution.symbols import UNKNOWN
+from qprof.probes.elf import SYMTAB, UNREADABLE, ElfObject, function_starts
 
 if TYPE_CHECKING:
     from qprof.archive import Run
@@ -47,7 +43,6 @@ NO_STACK = "[no stack]"
 # sources holding every function of an object (the others: exported ones only, or nothing readable here)
 _FULL = (DEBUG_FILE, DEBUGLINK, DEBUGINFOD, GOPCLNTAB, UNWIND)
 _RAW = re.compile(r"\[(?P<obj>.+)\+0x(?P<off>[0-9a-f]+)\]")
-_PF_X = 1
 # a system call's entry in the kernel, per architecture (compat: 32-bit calls on a 64-bit kernel)
 _SYSCALL = re.compile(r"(?:__(?:x64|x32|ia32|arm64|riscv|s390x|powerpc|loongarch)_)?(?:compat_)?sys_(\w+)")
 # what calls a system call's implementation, when its entry (above) was inlined: the next frame is the call
@@ -78,15 +73,6 @@ class _Table:
         return UNKNOWN
 
 
-def _build_id(elf: ELFFile) -> str | None:
-    for sec in elf.iter_sections():
-        if isinstance(sec, NoteSection):
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return str(note["n_desc"])
-    return None
-
-
 def _alias(names: list[str]) -> str:
     """One name for the aliases of an address (glibc: `__libc_recvfrom`, `__recvfrom`, `recvfrom`): without
     a symbol version, the fewest leading underscores, then the longest (as perf breaks its last ties)."""
@@ -98,19 +84,16 @@ def _alias(names: list[str]) -> str:
 def _table(path: str, how: str | None, source: str | None, build_id: str | None) -> _Table | None:
     """`path`'s naming table, or None when its functions cannot all be named for certain (see the module)."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            if build_id is not None and _build_id(elf) != build_id:
+        with ElfObject.open(path) as obj:
+            if build_id is not None and obj.build_id() != build_id:
                 return None  # not the file the run mapped
-            segments = tuple((int(s["p_offset"]), int(s["p_filesz"]), int(s["p_vaddr"])) for s in elf.iter_segments()
-                             if s["p_type"] == "PT_LOAD" and s["p_flags"] & _PF_X)
-            sec = elf.get_section_by_name(".symtab")
-            own = isinstance(sec, SymbolTableSection) and sec.num_symbols() > 1
-    except (OSError, ELFError, ValueError, KeyError, struct.error):
+            segments = tuple((s.offset, s.filesz, s.vaddr) for s in obj.segments() if s.executable)
+            own = obj.symbols(SYMTAB) > 1
+    except UNREADABLE:
         return None
-    starts = function_addresses(source) if source and how in _FULL else {}
+    starts = function_starts(source) if source and how in _FULL else {}
     if not starts and own:
-        starts = function_addresses(path)
+        starts = function_starts(path)
     if not starts or not segments:
         return None
     by_start: dict[int, list[str]] = {}

@@ -48,14 +48,10 @@ import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
-
 from qprof.archive import schema
 from qprof.collectors.procfs import DELETED
 from qprof.probes import gopclntab
-from qprof.collectors.elf import build_id_of
+from qprof.probes.elf import DYNSYM as DYNSYM_SECTION, SYMTAB as SYMTAB_SECTION, UNREADABLE, ElfObject
 from qprof.collectors.mapfiles import SAME, ObjectView
 from qprof.archive.model import (DEBUG_FILE, DEBUGINFOD, DEBUGLINK, DYNSYM, GOPCLNTAB, MINIDEBUGINFO, NONE, SYMTAB,
                                  UNWIND, ObjectSymbols)
@@ -78,31 +74,28 @@ def cached_debug(root: Path, build_id: str) -> Path:
     return root / ".build-id" / build_id[:2] / build_id[2:] / "debug"
 
 
-def _has_functions(elf: ELFFile) -> bool:
-    sec = elf.get_section_by_name(".symtab")
-    return isinstance(sec, SymbolTableSection) and sec.num_symbols() > 1
+def _has_functions(obj: ElfObject) -> bool:
+    return obj.symbols(SYMTAB_SECTION) > 1
 
 
 def check_debug_file(path: Path, build_id: str) -> str | None:
     """None when `path` is an ELF file with `build_id` and a symbol table; else why it is refused."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            got = build_id_of(elf)
+        with ElfObject.open(str(path)) as obj:
+            got = obj.build_id()
             if got != build_id:
                 return f"its build-id is {got or 'missing'}, not {build_id}"
-            if not _has_functions(elf):
+            if not _has_functions(obj):
                 return "it has no symbol table"
-    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+    except UNREADABLE as e:
         return f"not a readable ELF file ({type(e).__name__})"
     return None
 
 
-def _debuglink(elf: ELFFile) -> tuple[str, int] | None:
-    sec = elf.get_section_by_name(".gnu_debuglink")
-    if sec is None:
+def _debuglink(obj: ElfObject) -> tuple[str, int] | None:
+    data = obj.contents(".gnu_debuglink")
+    if data is None:
         return None
-    data = sec.data()
     name, _, rest = data.partition(b"\0")
     if not name or len(data) < 4:
         return None
@@ -123,10 +116,10 @@ def _by_debuglink(path: str, link: tuple[str, int]) -> Path | None:
     return None
 
 
-def eh_frame_starts(elf: ELFFile) -> list[int]:
+def eh_frame_starts(obj: ElfObject) -> list[int]:
     """Function start addresses from `.eh_frame_hdr`'s sorted search table (the usual encoding:
     pcrel sdata4 frame pointer, udata4 count, datarel sdata4 table); [] when absent or encoded otherwise."""
-    sec = elf.get_section_by_name(".eh_frame_hdr")
+    sec = obj.section(".eh_frame_hdr")
     if sec is None:
         return []
     data = sec.data()
@@ -139,39 +132,37 @@ def eh_frame_starts(elf: ELFFile) -> list[int]:
     return sorted({base + start for start, _ in struct.iter_unpack("<ii", data[12:12 + 8 * count])})
 
 
-def _exported(elf: ELFFile) -> dict[int, str]:
+def _exported(obj: ElfObject) -> dict[int, str]:
     """Exported functions: address -> name (the first name an address has)."""
-    sec = elf.get_section_by_name(".dynsym")
     out: dict[int, str] = {}
-    if isinstance(sec, SymbolTableSection):
-        for sym in sec.iter_symbols():
-            if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
-                out.setdefault(sym["st_value"], sym.name)
+    for f in obj.functions(DYNSYM_SECTION):
+        if f.name:
+            out.setdefault(f.address, f.name)
     return out
 
 
-def _text(elf: ELFFile) -> tuple[int, int]:
-    text = elf.get_section_by_name(".text")
+def _text(obj: ElfObject) -> tuple[int, int]:
+    text = obj.section(".text")
     if text is None:
         raise OSError("no .text section")
     return int(text["sh_addr"]), int(text["sh_addr"] + text["sh_size"])
 
 
-def unwind_names(elf: ELFFile, obj: str) -> dict[int, str]:
-    """The functions of `.text` by start address: those of the unwind table (`obj+0xSTART`, the object's file
+def unwind_names(obj: ElfObject, name: str) -> dict[int, str]:
+    """The functions of `.text` by start address: those of the unwind table (`name+0xSTART`, the object's file
     name and the start) and the exported ones (by their name)."""
-    lo, hi = _text(elf)
-    names = {a: n for a, n in _exported(elf).items() if lo <= a < hi}
-    return {**{a: f"{obj}+{a:#x}" for a in eh_frame_starts(elf) if lo <= a < hi}, **names}
+    lo, hi = _text(obj)
+    names = {a: n for a, n in _exported(obj).items() if lo <= a < hi}
+    return {**{a: f"{name}+{a:#x}" for a in eh_frame_starts(obj) if lo <= a < hi}, **names}
 
 
-def go_names(elf: ELFFile, obj: str) -> tuple[dict[int, str], gopclntab.GoFunctions]:
+def go_names(obj: ElfObject, name: str) -> tuple[dict[int, str], gopclntab.GoFunctions]:
     """A Go binary's functions by entry: its `.gopclntab`'s, and what the unwind table names outside them
     (cgo's C code); with the table read (its reason when it named nothing: then {})."""
-    go = gopclntab.read(elf)
+    go = gopclntab.read(obj.elf)
     if not go.functions:
         return {}, go
-    names = {a: n for a, n in unwind_names(elf, obj).items() if not go.covers(a)}
+    names = {a: n for a, n in unwind_names(obj, name).items() if not go.covers(a)}
     return {**names, **dict(go.functions)}, go
 
 
@@ -188,8 +179,8 @@ def write_symbols(path: str, names: dict[int, str], out: Path) -> int:
     objcopy = shutil.which("objcopy")
     if objcopy is None:
         raise OSError("objcopy not found (Debian: apt-get install binutils)")
-    with open(path, "rb") as f:
-        lo, hi = _text(ELFFile(f))
+    with ElfObject.open(path) as obj:
+        lo, hi = _text(obj)
     syms = sorted((a, n) for a, n in names.items() if lo <= a < hi and n)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -208,8 +199,8 @@ def write_symbols(path: str, names: dict[int, str], out: Path) -> int:
 def unwind_symbols(path: str, out: Path, name: str | None = None) -> str:
     """write_symbols with the unwind table's names (unwind_names, by `name`, the object's file name,
     default `path`'s); says how many. OSError when it names none."""
-    with open(path, "rb") as f:
-        names = unwind_names(ELFFile(f), name or Path(path).name)
+    with ElfObject.open(path) as obj:
+        names = unwind_names(obj, name or Path(path).name)
     if not names:
         raise OSError("no function in .text has an unwind-table entry or an exported name")
     return f"{write_symbols(path, names, out)} functions named by object and start"
@@ -218,8 +209,8 @@ def unwind_symbols(path: str, out: Path, name: str | None = None) -> str:
 def go_symbols(path: str, out: Path, name: str | None = None) -> str:
     """write_symbols with a Go binary's names (go_names); says how many. OSError with the reason when
     its `.gopclntab` names nothing."""
-    with open(path, "rb") as f:
-        names, go = go_names(ELFFile(f), name or Path(path).name)
+    with ElfObject.open(path) as obj:
+        names, go = go_names(obj, name or Path(path).name)
     if not go.functions:
         raise OSError(go.reason)
     write_symbols(path, names, out)
@@ -323,16 +314,15 @@ def symbols_for(path: str, root: Path, debuginfod: Debuginfod | None, readable: 
         return ObjectSymbols(path, None, NONE, note="deleted, and not read through its process while it lived")
     name = Path(path.removesuffix(DELETED)).name
     try:
-        with open(readable or path, "rb") as f:
-            elf = ELFFile(f)
-            build_id = build_id_of(elf)
-            if _has_functions(elf):
+        with ElfObject.open(readable or path) as obj:
+            build_id = obj.build_id()
+            if _has_functions(obj):
                 return ObjectSymbols(path, build_id, SYMTAB)
-            link = _debuglink(elf)
-            mini = elf.get_section_by_name(".gnu_debugdata") is not None
-            go = any(elf.get_section_by_name(s) is not None for s in gopclntab.SECTIONS)
-            dynsym = elf.get_section_by_name(".dynsym") is not None
-    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+            link = _debuglink(obj)
+            mini = obj.has(".gnu_debugdata")
+            go = obj.has(*gopclntab.SECTIONS)
+            dynsym = obj.has(DYNSYM_SECTION)
+    except UNREADABLE as e:
         return ObjectSymbols(path, None, NONE, note=f"unreadable ({type(e).__name__})")
     mine = cached_debug(root, build_id) if build_id else None
     if build_id:
@@ -395,7 +385,7 @@ def _make(path: str, name: str, build_id: str, debug: Path, how: str,
     unwind_symbols, saying how many), the file's record held beside it; why not, when it cannot."""
     try:
         said = write(path, debug, name)
-    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+    except UNREADABLE as e:
         return str(e)
     made = ObjectSymbols(path, build_id, how, str(debug), said)
     _hold(debug, made)

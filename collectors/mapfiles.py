@@ -30,13 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 from qprof import runfiles
 from qprof.collectors import procfs
 from qprof.collectors.procfs import MappedFile
-from qprof.collectors.elf import build_id_of
+from qprof.probes import elf
 
 # where the host's file at the mapped path stands against the file the target maps
 SAME = "same"  # the same build-id (or, without build-ids, the same inode): perf reads it at its path
@@ -68,15 +65,6 @@ class ObjectView:
         return self.name.removesuffix(procfs.DELETED)
 
 
-def _build_id(path: str) -> tuple[str | None, str | None]:
-    """(build-id, None) of an ELF file, or (None, why it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            return build_id_of(ELFFile(f)), None
-    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
-        return None, getattr(e, "strerror", None) or type(e).__name__
-
-
 def _same_inode(a: str, b: str) -> bool:
     try:
         sa, sb = os.stat(a), os.stat(b)
@@ -90,7 +78,7 @@ def view_of(pid: int, m: MappedFile) -> ObjectView:
     candidates = [m.map_files(pid)] + ([] if m.deleted else [f"/proc/{pid}/root{m.path}"])
     read_from, build_id, why = None, None, "not read"
     for cand in candidates:
-        build_id, why = _build_id(cand)
+        build_id, why = elf.build_id(cand)
         if why is None:
             read_from = cand
             break
@@ -100,7 +88,7 @@ def view_of(pid: int, m: MappedFile) -> ObjectView:
     if m.deleted:
         return ObjectView(pid, m.name, build_id, ABSENT, read_from,
                           note="" if build_id else f"{m.name}: deleted and without a build-id: perf cannot be pointed at it")
-    host_id, host_why = _build_id(m.path)
+    host_id, host_why = elf.build_id(m.path)
     if host_why is not None:
         return ObjectView(pid, m.name, build_id, ABSENT, read_from,
                           note="" if build_id else f"{m.name}: only the process sees it and it has no build-id")
@@ -124,13 +112,13 @@ def keep(view: ObjectView, root: Path) -> ObjectView:
     if view.host == SAME or view.read_from is None or view.build_id is None:
         return view
     dest = cached_elf(root, view.build_id)
-    if dest.is_file() and _build_id(str(dest))[0] == view.build_id:
+    if dest.is_file() and elf.build_id(str(dest))[0] == view.build_id:
         return ObjectView(**{**asdict(view), "kept": str(dest)})
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".elf-{os.getpid()}")
         shutil.copyfile(view.read_from, tmp)
-        got = _build_id(str(tmp))[0]
+        got = elf.build_id(str(tmp))[0]
         if got != view.build_id:
             tmp.unlink(missing_ok=True)
             return ObjectView(**{**asdict(view), "note": f"{view.name}: changed while it was copied (build-id {got})"})

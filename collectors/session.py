@@ -32,7 +32,7 @@ from qprof import runfiles
 from qprof.version import __version__
 from qprof import archive
 from qprof.archive.identity import is_alive, process_identity
-from qprof.collectors import chunks, debuginfo, elf, mapfiles, netstat, procfs, sysinfo
+from qprof.collectors import chunks, debuginfo, elf, functions, mapfiles, netstat, procfs, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
@@ -407,6 +407,11 @@ class AttachSession:
         if not self._targets_are_children:
             meta.helpers_cpu_s = round(_children_cpu() - self._children_cpu0, 3)
         meta.chunks = chunks.summary(self.folder.state)
+        self._describe_mapped_later()
+        try:  # where the sampled functions start, from the files the run mapped: reports need no host file
+            functions.write(out, meta, self._readable)
+        except OSError as e:
+            self.status(f"function starts not recorded ({e.strerror or e}): pprof addresses read at report time")
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
         broken = {m: rc for m, rc in meta.perf_exit.items() if rc not in (0, None, -signal.SIGINT)}
         if broken or (self._stop_reason or "").startswith("perf exited"):

@@ -25,6 +25,7 @@ import pytest
 from conftest import ROOT, qprof
 from qprof.collectors import debuginfo
 from qprof.collectors.debuginfo import Debuginfod, check_debug_file, eh_frame_starts, symbols_for
+from qprof.probes.elf import ElfObject
 
 HERE = ROOT / "tests" / "workloads" / "stripped"
 INTERNAL = ("mix_rounds", "table_walk")  # the library's static functions: in its debug file only
@@ -63,14 +64,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
 
 
 def test_the_stripped_library_has_only_its_exports_and_an_unwind_table(built: tuple[Path, Path, str]) -> None:
-    from elftools.elf.elffile import ELFFile
-
     lib, debug, build_id = built
-    with open(lib, "rb") as f:
-        elf = ELFFile(f)
-        assert elf.get_section_by_name(".symtab") is None
-        starts = eh_frame_starts(elf)
-        text = elf.get_section_by_name(".text")
+    with ElfObject.open(str(lib)) as obj:
+        assert obj.section(".symtab") is None
+        starts = eh_frame_starts(obj)
+        text = obj.section(".text")
         in_text = [s for s in starts if text["sh_addr"] <= s < text["sh_addr"] + text["sh_size"]]
         assert starts == sorted(starts) and len(in_text) >= 3, (starts, text["sh_addr"], text["sh_size"])
     assert check_debug_file(debug, build_id) is None

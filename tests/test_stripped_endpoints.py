@@ -44,7 +44,8 @@ from elftools.elf.elffile import ELFFile
 from conftest import ROOT, qprof
 from test_gopclntab import same_probes
 from qprof.archive.model import GOPCLNTAB, SYMTAB, UNWIND
-from qprof.attribution.symbols import by_start, function_addresses
+from qprof.attribution.symbols import by_start
+from qprof.probes.elf import function_starts
 from qprof.probes import gopclntab
 from qprof.probes.crypto import symbols as cryptosyms
 
@@ -207,7 +208,7 @@ def test_a_stripped_quic_go_endpoint_is_placed_as_its_build_with_symbols(kernel_
 
     # the same samples, each Go frame renamed to the symbol table's name at its address: the same categories
     nm: dict[int, str] = {}
-    for name, address in function_addresses(str(full)).items():
+    for name, address in function_starts(str(full)).items():
         nm[address] = min(name, nm.get(address, name))
     with open(stripped, "rb") as f:
         by_name = {n.replace("=", "%3D"): nm[a] for a, n in gopclntab.read(ELFFile(f)).functions if a in nm}

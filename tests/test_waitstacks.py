@@ -24,10 +24,9 @@ from elftools.elf.elffile import ELFFile
 from conftest import ROOT, build_c, qprof
 from qprof.archive import Run
 from qprof.archive.model import DEBUG_FILE, DYNSYM, SYMTAB, UNWIND, MappedObject, Meta, ObjectSymbols, Target
-from qprof.attribution.symbols import function_addresses
 from qprof.attribution.waits import LABELS, STATES, wall_clock
 from qprof.attribution.waitstacks import NO_STACK, named, where
-from qprof.collectors.elf import build_id_of
+from qprof.probes.elf import build_id, function_starts
 from qprof.errors import QprofError
 from qprof.probes.waits.maps import WaitMaps
 from qprof.viewer.flamegraph_svg import PAD, WIDTH, flame_svg
@@ -103,10 +102,10 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     prog, stripped = d / "prog", d / "prog-stripped"
     subprocess.run([cc, "-O1", "-Wl,--build-id", "-o", str(prog), str(d / "prog.c")], check=True)
     subprocess.run(["strip", "-o", str(stripped), str(prog)], check=True)
-    starts = {f: function_addresses(str(prog))[f] for f in ("alpha", "beta", "main")}
+    starts = {f: function_starts(str(prog))[f] for f in ("alpha", "beta", "main")}
+    bid = build_id(str(prog))[0]
     with open(prog, "rb") as f:
         elf = ELFFile(f)
-        bid = build_id_of(elf)
         segs = [(s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
                 if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1]
         data = [s["p_offset"] + s["p_filesz"] // 2 for s in elf.iter_segments()
@@ -142,7 +141,7 @@ def test_named_names_user_frames_from_the_symbol_table_and_merges_what_becomes_e
         f"[unknown];[libgone.so+0x10];{kernel}": 0.25},
         "network": {frame(program, "prog", "alpha", 4): 2.0}}
     got = named(stacks, run_of(program["prog"], SYMTAB, program["build_id"]), pid=1)
-    starts = function_addresses(str(program["prog"]))
+    starts = function_starts(str(program["prog"]))
     before = max((a, n) for n, a in starts.items() if a < program["starts"]["beta"])[1]
     assert got == {"timer": {f"main;beta;{kernel}": 1.5, f"[unknown];[libgone.so+0x10];{kernel}": 0.25,
                              f"{before};{kernel}": 0.125},

@@ -29,10 +29,11 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as P
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
+from qprof.attribution.symbols import FrameAddresses
 from qprof.archive.stacks import StackRecord
 from qprof.version import __version__
 from qprof.viewer.folded import frame_name
-from qprof.viewer.pprof import NO_STACK, FrameAddresses, PprofCollector, Strings, stack_name, start_nanos
+from qprof.viewer.pprof import NO_STACK, PprofCollector, Strings, stack_name, start_nanos
 
 # the attribute keys a backend groups by
 CATEGORY, SUBCATEGORY, ROLE, STACK = "qprof.category", "qprof.subcategory", "qprof.role", "qprof.stack"
@@ -102,15 +103,15 @@ def _kv(key: str, value: str | int | None) -> list[KeyValue]:
     return [] if value is None or value == "" else [KeyValue(key=key, value=_any(value))]
 
 
-def otlp_request(analysis: Analysis, seen: PprofCollector) -> ExportProfilesServiceRequest:
-    """The export request of the records `seen` during `analysis`'s attribution (one pass, the report's)."""
+def otlp_request(analysis: Analysis, seen: PprofCollector, address: FrameAddresses) -> ExportProfilesServiceRequest:
+    """The export request of the records `seen` during `analysis`'s attribution (one pass, the report's),
+    each location at `address` (attribution.symbols: from the archive)."""
     run = analysis.profile.run
     info = run.meta
     host = info.host
     freq = info.sampling.frequency or 0
     scale = analysis.profile.seconds_per_period * 1e9
     build_ids = {o.path: o.build_id for t in info.targets for o in t.objects}
-    address = FrameAddresses(info)
     dic = _Dictionary()
     req = ExportProfilesServiceRequest()
     by_pid: dict[int, list[tuple[StackRecord, Decision]]] = {}

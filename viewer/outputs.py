@@ -27,6 +27,7 @@ from qprof.attribution.engine import Decision
 from qprof.attribution.mapping import MappingSet
 from qprof.attribution.profile import Visitor
 from qprof.attribution.qlog import SenderRecord
+from qprof.attribution.symbols import FrameAddresses
 from qprof.attribution.timeline import Timeline, TimelineBuilder, build as build_timeline
 from qprof.archive import Run
 from qprof.archive.stacks import StackRecord
@@ -175,7 +176,9 @@ class _Pprof:
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.pprof import pprof_bytes
 
-        return Rendered(pprof_bytes(result.analyses[0], self.seen), f"profile of {len(self.seen.seen):,} stacks")
+        address = FrameAddresses(result.runs[0])
+        data = pprof_bytes(result.analyses[0], self.seen, address)
+        return Rendered(data, f"profile of {len(self.seen.seen):,} stacks{_noted(address)}")
 
 
 class _Flame:
@@ -212,11 +215,18 @@ class _Otlp(_Pprof):
     def render(self, result: Attributed) -> Rendered:
         from qprof.viewer.otlp import otlp_request
 
-        req = otlp_request(result.analyses[0], self.seen)
+        address = FrameAddresses(result.runs[0])
+        req = otlp_request(result.analyses[0], self.seen, address)
         # an OTLP sample is one stack of one thread, valued in CPU ns: counted as stacks, as pprof's are
         stacks = sum(len(p.samples) for rp in req.resource_profiles for sp in rp.scope_profiles for p in sp.profiles)
         return Rendered(req.SerializeToString(), f"profiles of {len(req.resource_profiles)} processes, "
-                                                 f"{stacks:,} stacks")
+                                                 f"{stacks:,} stacks{_noted(address)}")
+
+
+def _noted(address: FrameAddresses) -> str:
+    """What the locations' addresses lack, for the line saying what was written."""
+    note = address.note()
+    return f" (note: {note})" if note else ""
 
 
 def _svg(request: Request) -> Renderer:

@@ -15,11 +15,11 @@ every distinct pair is one Function and one Location in the Mapping of its
 object, with the build-id the archive recorded. A location's address is its
 function's start in the object (the object mapped at 0, its virtual
 addresses as they are): from the name qprof gave a stripped object's function
-(`libx.so.1+0x5a3c0`, collectors.debuginfo), else from the object's symbol
-table or the debug file its names came from, read on the host that reports
-(0 where none can be read); so a backend that symbolizes by build-id (as
-continuous profilers do with debuginfod) can name them again. Mappings say
-they have functions.
+(`libx.so.1+0x5a3c0`, collectors.debuginfo), else as the run recorded it in
+functions.json (collectors.functions), so the profile is the same wherever
+and whenever it is made (attribution.symbols.FrameAddresses; 0 where none is
+known); so a backend that symbolizes by build-id (as continuous profilers do
+with debuginfod) can name them again. Mappings say they have functions.
 
 The messages are built from the schema in `_SCHEMA` (google/pprof's
 proto/profile.proto, package perftools.profiles, the fields qprof writes) with
@@ -39,7 +39,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
-from qprof.attribution.symbols import by_start, function_addresses
+from qprof.attribution.symbols import FrameAddresses
 from qprof.archive.model import Meta
 from qprof.archive.stacks import StackRecord
 from qprof.viewer.folded import frame_name
@@ -132,29 +132,9 @@ def start_nanos(start_time: str | None) -> int:
         return 0
 
 
-class FrameAddresses:
-    """A frame's address for backends that symbolize by build-id: its function's start in its object,
-    from the name qprof gave a stripped object's function, else from the object's symbol table or the
-    debug file its names came from; 0 where none can be read."""
-
-    def __init__(self, meta: Meta) -> None:
-        self.sources = {s.path: s.source for s in meta.symbols if s.source}
-
-    def __call__(self, sym: str, dso: str) -> int:
-        start = by_start(sym)
-        if start is not None:
-            return start
-        if dso.startswith("["):
-            return 0
-        for path in (self.sources.get(dso), dso):
-            got = function_addresses(path).get(sym) if path else None
-            if got:
-                return got
-        return 0
-
-
-def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
-    """The gzipped Profile of the records `seen` during `analysis`'s attribution."""
+def pprof_bytes(analysis: Analysis, seen: PprofCollector, address: FrameAddresses) -> bytes:
+    """The gzipped Profile of the records `seen` during `analysis`'s attribution, each location at
+    `address` (attribution.symbols: from the archive; what it lacks is said in a comment)."""
     info = analysis.profile.run.meta
     strings = Strings()
     prof = profile_class()()
@@ -187,8 +167,6 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
         if t.exe and t.pid in procs:
             mapping(t.exe)
 
-    address = FrameAddresses(info)
-
     def location(frame: tuple[str, str]) -> int:
         loc = location_ids.get(frame)
         if loc is not None:
@@ -215,5 +193,8 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector) -> bytes:
                 s.label.add(key=strings(key), str=strings(value))
         s.label.add(key=strings("pid"), num=rec.pid)
         s.label.add(key=strings("tid"), num=rec.tid)
+    note = address.note()
+    if note is not None:
+        prof.comment.append(strings(note))
     prof.string_table.extend(strings.table)
     return gzip.compress(prof.SerializeToString(), mtime=0)

@@ -2,7 +2,7 @@
 
 For every object a target maps (or will map: a target held right after exec
 has mapped nothing but itself, so its DT_NEEDED libraries are resolved the way
-the loader would), the symbol tables are read with pyelftools and matched
+the loader would), the symbol tables are read (probes.elf, the one ELF reader) and matched
 against a table of per-packet QUIC crypto entry points. A Go binary stripped of its
 `.symtab` (`-ldflags=-s -w`, `strip`, as distributions ship it) is read through Go's own
 function table instead (`.gopclntab`, probes.gopclntab), which it always keeps: its entry
@@ -37,19 +37,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import struct
 import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
-
 from qprof.probes import gopclntab
+from qprof.probes.elf import DYNSYM, SYMTAB, UNREADABLE, ElfObject
 
 CPU_FLAGS = ("aes", "vaes", "pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "sse4_1", "ssse3")
 SEAL, OPEN, HP = "aead_seal", "aead_open", "header_protection"
@@ -222,12 +217,9 @@ class ObjectCrypto:
                 "probe_delta": self.probe_delta}
 
 
-def _text_delta(elf: ELFFile) -> int | None:
+def _text_delta(obj: ElfObject) -> int | None:
     """The executable PT_LOAD segment's virtual address less its file offset (None: no such segment)."""
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 1:  # PF_X
-            return int(seg["p_vaddr"]) - int(seg["p_offset"])
-    return None
+    return next((seg.vaddr - seg.offset for seg in obj.segments() if seg.executable), None)
 
 
 def cpu_flags() -> dict[str, bool]:
@@ -276,32 +268,13 @@ def rust_legacy_demangle(name: str) -> str | None:
 _GO_MORESTACK = re.compile(r"runtime\.morestack(?:\.abi0)?")
 
 
-def _function_symbols(elf: ELFFile, table: str, interest: re.Pattern[str] = _INTEREST
+def _function_symbols(obj: ElfObject, table: str, interest: re.Pattern[str] = _INTEREST
                       ) -> Iterable[tuple[str, int, int]]:
     """(name, address, size) of the defined functions in one symbol table whose names match
-    `interest` (crypto-related by default). Entries are unpacked in bulk: large static binaries hold
-    10^5 symbols."""
-    sec = elf.get_section_by_name(table)
-    if not isinstance(sec, SymbolTableSection):
-        return
-    strtab = elf.get_section(sec["sh_link"]).data()
-    data = sec.data()
-    if elf.elfclass == 64 and elf.little_endian:
-        entries: Iterable[tuple[int, int, int, int, int]] = (
-            (n, info, shndx, value, size) for n, info, _o, shndx, value, size in struct.iter_unpack("<IBBHQQ", data))
-    else:
-        entries = ((s["st_name"], (2 if s["st_info"]["type"] == "STT_FUNC" else 0),
-                    1 if s["st_shndx"] != "SHN_UNDEF" else 0, s["st_value"], s["st_size"]) for s in sec.iter_symbols())
-    for n, info, shndx, value, size in entries:
-        if info & 0xF != 2 or shndx == 0 or value == 0:
-            continue
-        raw = strtab[n:strtab.find(b"\0", n)]
-        if not interest.search(raw.decode("ascii", "replace")):
-            continue
-        name = raw.decode("utf-8", "replace")
-        if name.startswith("_ZN"):
-            name = rust_legacy_demangle(name) or name
-        yield name, value, size
+    `interest` (crypto-related by default), Rust's legacy names demangled."""
+    for f in obj.functions(table, interest):
+        if f.defined:
+            yield (rust_legacy_demangle(f.name) or f.name) if f.name.startswith("_ZN") else f.name, f.address, f.size
 
 
 def _go_functions(go: gopclntab.GoFunctions, interest: re.Pattern[str] = _INTEREST) -> list[tuple[str, int, int]]:
@@ -310,24 +283,21 @@ def _go_functions(go: gopclntab.GoFunctions, interest: re.Pattern[str] = _INTERE
     return [(n, a, size) for n, a, size in go.sized() if interest.search(n)]
 
 
-def _sections_have(elf: ELFFile, needles: tuple[bytes, ...]) -> list[str]:
+def _sections_have(obj: ElfObject, needles: tuple[bytes, ...]) -> list[str]:
     """Which needles occur in .rodata or .text (CRYPTOGAMS assembly keeps its banner after its code)."""
     found: list[str] = []
     for name in (".rodata", ".text"):
-        sec = elf.get_section_by_name(name)
-        if sec is None or sec["sh_type"] == "SHT_NOBITS":
+        data = obj.contents(name)
+        if data is None:
             continue
-        data = sec.data()
         found += [n.decode() for n in needles if n in data and n.decode() not in found]
     return found
 
 
-def _rust_crates(elf: ELFFile) -> set[str]:
+def _rust_crates(obj: ElfObject) -> set[str]:
     """The crypto crates whose source paths a Rust binary's .rodata holds (_RUST_CRATE_PATHS)."""
-    sec = elf.get_section_by_name(".rodata")
-    if sec is None or sec["sh_type"] == "SHT_NOBITS":
-        return set()
-    return {m.decode() for m in _RUST_CRATE_PATHS.findall(sec.data())}
+    data = obj.contents(".rodata")
+    return set() if data is None else {m.decode() for m in _RUST_CRATE_PATHS.findall(data)}
 
 
 def _libraries(names: set[str], path: str, is_go: bool, crates: set[str]) -> list[str]:
@@ -359,26 +329,24 @@ def _rule_library(lib: str) -> str:
 def object_crypto(path: str) -> ObjectCrypto:
     """Read one object's crypto symbols; never raises (an unreadable object says so)."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            tables = {t: list(_function_symbols(elf, t)) for t in (".symtab", ".dynsym")}
-            symtab_n = elf.get_section_by_name(".symtab")
-            kind = "symtab" if isinstance(symtab_n, SymbolTableSection) and symtab_n.num_symbols() > 1 else (
-                "dynsym" if tables[".dynsym"] or elf.get_section_by_name(".dynsym") is not None else "none")
-            is_go = any(elf.get_section_by_name(s) is not None for s in (*gopclntab.SECTIONS, ".go.buildinfo"))
-            go = gopclntab.read(elf) if is_go and kind != "symtab" else None
+        with ElfObject.open(path) as obj:
+            tables = {t: list(_function_symbols(obj, t)) for t in (SYMTAB, DYNSYM)}
+            kind = "symtab" if obj.symbols(SYMTAB) > 1 else (
+                "dynsym" if tables[DYNSYM] or obj.has(DYNSYM) else "none")
+            is_go = obj.has(*gopclntab.SECTIONS, ".go.buildinfo")
+            go = gopclntab.read(obj.elf) if is_go and kind != "symtab" else None
             if go is not None and go.functions:  # stripped Go: its own table names what .symtab did
                 kind, tables["gopclntab"] = "gopclntab", _go_functions(go)
                 runtime = _go_functions(go, _GO_MORESTACK)
             else:
-                runtime = list(_function_symbols(elf, ".symtab", _GO_MORESTACK)) if is_go else []
+                runtime = list(_function_symbols(obj, SYMTAB, _GO_MORESTACK)) if is_go else []
             morestack = next((a for n, a, _ in runtime if _GO_MORESTACK.fullmatch(n)), None)
-            banners = _sections_have(elf, _HW_BANNERS)
-            crates = _rust_crates(elf) if kind != "symtab" else set()
-            cipher_names = _sections_have(elf, _CIPHER_NAMES) if \
+            banners = _sections_have(obj, _HW_BANNERS)
+            crates = _rust_crates(obj) if kind != "symtab" else set()
+            cipher_names = _sections_have(obj, _CIPHER_NAMES) if \
                 os.path.basename(path).startswith("libgnutls.") else []
-            delta = _text_delta(elf) if kind == "gopclntab" else None
-    except (OSError, ELFError, ValueError, KeyError, struct.error) as e:
+            delta = _text_delta(obj) if kind == "gopclntab" else None
+    except UNREADABLE as e:
         return ObjectCrypto(path, "unreadable", notes=[f"unreadable: {e}"])
     names = {n for t in tables.values() for n, _, _ in t}
     obj = ObjectCrypto(path, kind, libraries=_libraries(names, path, is_go, crates), go_morestack=morestack,
@@ -475,22 +443,12 @@ def _ld_cache() -> dict[str, str]:
 def _dynamic(path: str) -> tuple[list[str], list[str]]:
     """(DT_NEEDED, search dirs from DT_RUNPATH or DT_RPATH with $ORIGIN expanded)."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            needed, dirs = [], []
-            for sec in elf.iter_sections():
-                if isinstance(sec, DynamicSection):
-                    for tag in sec.iter_tags():
-                        if tag.entry.d_tag == "DT_NEEDED":
-                            needed.append(tag.needed)
-                        elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-                            val = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
-                            origin = os.path.dirname(os.path.realpath(path))
-                            dirs += [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
-                                     for d in val.split(":") if d]
-            return needed, dirs
-    except (OSError, ELFError, ValueError, KeyError):
+        with ElfObject.open(path) as obj:
+            needed, paths = obj.needed()
+    except UNREADABLE:
         return [], []
+    origin = os.path.dirname(os.path.realpath(path))
+    return needed, [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for d in paths]
 
 
 def needed_objects(exe: str) -> list[str]:
