@@ -60,7 +60,7 @@ probes.wait_ready()
 helpers = [perf.proc.pid] + [p.proc.pid for p in probes.procs]
 for h in helpers:
     os.kill(h, signal.SIGSTOP)  # the signal each gets when this process exits waits while stopped
-print(json.dumps({"helpers": helpers, "unavailable": probes.record["unavailable"]}), flush=True)
+print(json.dumps({"helpers": helpers, "unavailable": [{"probe": u.probe, "reason": u.reason} for u in probes.record.unavailable]}), flush=True)
 os._exit(0)
 """
 REAPER = """

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import ROOT, build_c
 from test_probes import agrees
+from qprof.archive import schema
 from qprof.archive.model import ProbeRecord
 from qprof.attribution.packetio import analyse
 from qprof.collectors.probing import ProbeCollector
@@ -54,7 +55,7 @@ def test_forked_and_added_processes_counted(probes_available: None, tmp_path: Pa
         probes = ProbeCollector(tmp_path, [parent.pid], ("packetio", "waits", "syscalls"), lines.append, follow=True)
         probes.launch()
         probes.wait_ready()
-        assert not probes.record["unavailable"], probes.record["unavailable"]
+        assert not probes.record.unavailable, probes.record.unavailable
         parent.stdin.write("go\n")  # type: ignore[union-attr]
         parent.stdin.flush()  # type: ignore[union-attr]
         probes.add_targets([added.pid, parent.pid])  # the parent: followed already, left as it is
@@ -84,7 +85,7 @@ def test_forked_and_added_processes_counted(probes_available: None, tmp_path: Pa
     for pid in truth:
         assert followed.get(str(pid)) == (0 if pid == added.pid else parent.pid), (pid, followed)
     assert [e["pid"] for e in record["follow"]["added"]] == [added.pid]
-    pio = analyse(ProbeRecord.from_json(record), [parent.pid, *truth])
+    pio = analyse(schema.decode(ProbeRecord, record), [parent.pid, *truth])
     assert pio is not None
     bad = []
     for pid, (dgrams, nbytes, calls) in truth.items():

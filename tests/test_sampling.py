@@ -18,6 +18,7 @@ from qprof.attribution.packetio import apportion
 from qprof.attribution.sampling import MIN_SEEN, Estimate, GroupSample, t975
 from qprof.probes.packetio import windows
 from qprof.probes.packetio.sampler import NetnsCounters
+from qprof.archive import schema
 from qprof.probes.packetio.maps import PacketioMaps, Windows, kernel_counters_for
 
 SERIES = ("tx_msgs", "tx_bytes")
@@ -311,9 +312,14 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
 @settings(max_examples=examples(300))
 @example(obj={"series": [], "periods": None, "full_periods": None, "events": {"": math.inf}})  # fresh-clone run184
 def test_damaged_windows_never_raise(obj: dict) -> None:
-    w = Windows.from_json(obj)
-    assert w is None or isinstance(w, Windows)
-    PacketioMaps.from_maps({"@windows": obj, "@udp_drops": obj, "@ports": obj, "@tx_gso_segs": obj})
+    """Damaged windows read as the archive reads them (a map of the wrong shape is left out, `@windows`
+    of the sampler's shape is decoded) and as a live view holds them (raw): never an exception."""
+    raw = {"@windows": obj, "@udp_drops": obj, "@ports": obj, "@tx_gso_segs": obj}
+    maps = schema.probe_maps(raw)
+    assert schema.conforms(obj, schema.shape_of(Windows)) == isinstance(maps.get("@windows"), Windows)
+    for m in (maps, raw):
+        w = PacketioMaps.from_maps(m).windows
+        assert w is None or all(g.fits(len(w.series)) for g in w.groups.values())
 
 
 def test_namespace_counters_move_with_one_datagram() -> None:

@@ -12,6 +12,7 @@ from qprof.attribution.sampling import Estimate
 from qprof.attribution.transfer import Transfer
 from qprof.attribution.causes import Cause, causes_of
 from qprof.attribution.verdict import CAUSES, CHECK_GROUPS, THRESHOLDS, judge, service_evidence, side_evidence
+from qprof.archive import schema
 from qprof.archive.model import NamespaceQueues, ProcReading
 from conftest import examples
 
@@ -72,7 +73,7 @@ def packet_io(client_rx: float = 0, client_drops: dict[str, int] | None = None) 
 def verdict(srv: list[dict[str, Any]], cli: list[dict[str, Any]], cpus: int = 2, pio: PacketIO | None = None,
             qdiscs: dict[str, Any] | None = None) -> Any:
     rs = typed(merge(srv, cli))
-    queues = {ns: NamespaceQueues.from_json(q) for ns, q in (qdiscs or {}).items()}
+    queues = {ns: schema.decode(NamespaceQueues, q) for ns, q in (qdiscs or {}).items()}
     sides = [side_evidence(rs, 1, "server", "srv", cpus, pio, None, queues),
              side_evidence(rs, 2, "client", "cli", cpus, pio, None, queues)]
     return judge([s for s in sides if s is not None])
