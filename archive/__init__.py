@@ -266,27 +266,24 @@ class Run:
 
     def tcp(self) -> TcpRecord | None:
         """tcp.json (collectors.traffic), or None for a run without it."""
-        data = self._record(TCP, "TCP record")
-        if data is None:
-            return None
-        schema.validate(data, schema.TCP, str(self.path / TCP))
-        record: TcpRecord = schema.decode(TcpRecord, data)
+        record: TcpRecord | None = self._typed(TCP, "TCP record", schema.TCP, TcpRecord)
         return record
 
     def function_starts(self) -> FunctionStarts | None:
         """functions.json (collectors.functions): where the sampled functions start in their objects; None
         for a run without it (recorded before it existed, or cut before its end). A file that is not one
         raises one line saying why."""
-        p = self.path / FUNCTIONS
-        try:
-            doc = schema.loads(read_text(p, MAX_PROBES_BYTES))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise QprofError(f"{p}: unreadable ({e})") from None
-        schema.validate(doc, schema.FUNCTIONS, str(p))
-        starts: FunctionStarts = schema.decode(FunctionStarts, doc)
+        starts: FunctionStarts | None = self._typed(FUNCTIONS, "function starts record", schema.FUNCTIONS,
+                                                    FunctionStarts)
         return starts
+
+    def _typed(self, name: str, what: str, shape: schema.Of, hint: Any) -> Any:
+        """One JSON document of the archive written from a typed record, checked and decoded; None when absent."""
+        data = self._record(name, what)
+        if data is None:
+            return None
+        schema.validate(data, shape, str(self.path / name))
+        return schema.decode(hint, data)
 
     def proc_readings(self) -> Iterator[ProcReading]:
         """Per-thread /proc readings in time order. The last line may be cut by a kill (skipped); any
