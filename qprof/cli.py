@@ -477,12 +477,16 @@ def _pid_pair(text: str) -> tuple[int, int]:
 
 
 def _refold(run: "Run") -> None:
-    from qprof.collectors import chunks
+    from qprof import runfiles
+    from qprof.collectors import chunks, functions
     from qprof.probes.features import require_perf
 
     stats = chunks.refold(require_perf(), run.path, run.meta.sampling.groups)
     run.meta.parse = chunks.parse_summary(stats)
     run.save_meta()
+    if not (run.path / runfiles.FUNCTIONS).exists():  # a run cut before its end recorded them
+        # from the files this host holds, each used only if its build-id is the one the run mapped
+        functions.write(run.path, run.meta, lambda pid, path: None)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
 

@@ -180,6 +180,7 @@ def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path
     run = tmp_path / "run"
     shutil.copytree(capture, run)
     (run / "stacks.jsonl.gz").unlink()
+    (run / "functions.json").unlink()  # written at a run's end: a killed run has none
     with edited_meta(run) as meta:
         meta.status = STATUS_COLLECTING  # its collector is long gone
     theirs = tmp_path / "theirs"
@@ -192,6 +193,8 @@ def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path
     assert "cut short before any perf data was folded: folding it now" in r.stderr
     assert json.loads(r.stdout)["run"]["status"] == "incomplete"
     assert totals(run) == totals(capture)
+    # the function starts pprof and OTLP need, recorded by the fold from the files that are still the run's
+    assert json.loads((run / "functions.json").read_text()) == json.loads((capture / "functions.json").read_text())
 
 
 def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) -> None:
