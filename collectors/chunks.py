@@ -36,8 +36,8 @@ from qprof import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup
-from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, StackKey, add_counts, foldable_again, read_header,
-                                  read_stacks, records, write_stacks)
+from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, add_counts, foldable_again,
+                                  read_header, read_stacks, records, write_stacks)
 from qprof import runfiles
 from qprof.errors import QprofError
 from qprof.probes.children import BACKGROUND_NICE
@@ -55,7 +55,7 @@ MAX_BIN_ENTRIES = 500_000
 class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
-    acc: dict[StackKey, list] = field(default_factory=dict)  # stacks.Slot per distinct stack
+    acc: dict[StackKey, Slot] = field(default_factory=dict)  # one slot per distinct stack
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
@@ -88,7 +88,7 @@ class FoldState:
         few hundred (symbol, object) pairs, and a long run's memory is these stacks."""
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
-    def merge(self, chunk: dict[StackKey, list]) -> None:
+    def merge(self, chunk: dict[StackKey, Slot]) -> None:
         g = self.bin_grain
         for k, slot in chunk.items():
             n, period, bins = slot[:3]
@@ -231,7 +231,7 @@ class ChunkFolder:
         leave, not theirs (at the same priority it is scheduled against them)."""
         st = self.state
         log = self.out / runfiles.perf_log(group.unwind)
-        chunk: dict[StackKey, list] = {}  # merged only once the chunk is read: a failure counts nothing
+        chunk: dict[StackKey, Slot] = {}  # merged only once the chunk is read: a failure counts nothing
         stats = ParseStats()
         background = threading.current_thread() is not threading.main_thread()
         try:
@@ -262,6 +262,7 @@ class ChunkFolder:
         self.state.save(self.out / runfiles.STACKS)
 
 
+_malloc_trim: Callable[[int], int] | None  # glibc's malloc_trim(pad): 1 when memory went back to the system
 try:
     _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
 except (AttributeError, OSError):  # another libc: nothing to do

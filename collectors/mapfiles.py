@@ -23,6 +23,7 @@ same path (its build-id differs).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -76,7 +77,9 @@ def _same_inode(a: str, b: str) -> bool:
 def view_of(pid: int, m: MappedFile) -> ObjectView:
     """Read `m` as process `pid` maps it and judge the host's file at its path; never raises."""
     candidates = [m.map_files(pid)] + ([] if m.deleted else [f"/proc/{pid}/root{m.path}"])
-    read_from, build_id, why = None, None, "not read"
+    read_from: str | None = None
+    build_id: str | None = None
+    why: str | None = "not read"
     for cand in candidates:
         build_id, why = elf.build_id(cand)
         if why is None:
@@ -185,7 +188,8 @@ def stamps(run: Path) -> dict[tuple[int, str], bytes]:
     return out
 
 
-def stamp_mmap2(buf: bytearray | memoryview, off: int, size: int, ids: Mapping[tuple[int, str], bytes]) -> bool:
+def stamp_mmap2(buf: bytearray | memoryview | mmap.mmap, off: int, size: int,
+                ids: Mapping[tuple[int, str], bytes]) -> bool:
     """Give one PERF_RECORD_MMAP2 record at `off` the build-id of its (pid, file name) in place, as the
     kernel does for `perf record --buildid-mmap`: the inode fields are the build-id's (same size), and
     the header says so. False when it has one already or is not one of `ids`."""

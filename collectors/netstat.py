@@ -175,5 +175,7 @@ def netns_qdiscs(pids: list[int]) -> dict[str, NamespaceQdiscs]:
 def snapshot(pids: list[int]) -> HostSnapshot:
     """Namespace-wide counters and host settings at one moment (sockets are tracked separately)."""
     mibs = {ns: UdpMib(members, dict(udp_mib(members[0]))) for ns, members in by_netns(pids).items()}
-    return HostSnapshot(softirq_seconds=softirq_seconds(), softirqs=dict(softirq_counts()), sysctl=dict(sysctls()),
+    # the record holds counts as int | float (an archive's JSON may read either): a list per vector, as read
+    softirqs: dict[str, list[int | float]] = {vec: list(cpus) for vec, cpus in softirq_counts().items()}
+    return HostSnapshot(softirq_seconds=softirq_seconds(), softirqs=softirqs, sysctl=dict(sysctls()),
                         time=time.time(), udp_mib=mibs)

@@ -142,7 +142,7 @@ class ProbeCollector:
         for sk in socks:
             key = f"{sk.local} {sk.peer} {sk.pids} {sk.fds}"
             seen = self._sockets.get(key)
-            counters = {k: sk.counters.get(k) for k in _SOCKET_COUNTERS}
+            counters: dict[str, int | float | None] = {k: sk.counters.get(k) for k in _SOCKET_COUNTERS}
             if seen is None:
                 self._sockets[key] = UdpSocket(fds=sk.fds, first=counters, first_time=now, last=counters,
                                                last_time=now, local=sk.local, peer=sk.peer, pids=sk.pids, port=sk.port)
@@ -264,6 +264,7 @@ class ProbeCollector:
             if why:
                 self._unavailable("cost", why)
             else:
+                assert fd is not None  # enable_bpf_stats gives an fd exactly when it gives no reason
                 os.close(fd)
                 self._stats_next = self._probes_since + random.uniform(0, STATS_FIRST_S)
         self._save()

@@ -278,7 +278,8 @@ class AttachSession:
                 self.opts.unwind, elf.object_info(t.exe, self._readable(pid, t.exe)) if t.exe else None)
             targets.append(t)
         for svc in self.opts.services:
-            modes = [t.unwind for t in targets if t.service == svc.name]
+            # every target's unwinding was chosen above (a Target read from an archive may have none)
+            modes = [t.unwind for t in targets if t.service == svc.name and t.unwind is not None]
             mode = max(sorted(set(modes)), key=modes.count)  # a tie: "dwarf" sorts first, and recovers more
             self._service_mode[svc.name] = mode
             for t in targets:

@@ -55,10 +55,21 @@ class Launch:
 
 
 class ProbeGroup(Protocol):
-    name: str
-    default: bool  # in `--probes default`
-    summary: str  # what it measures and what that costs, one line
-    tracepoints: tuple[str, ...]  # kernel events it attaches to (doctor checks them)
+    # read-only: the groups are frozen dataclasses, and nothing sets a group's description
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def default(self) -> bool:
+        """In `--probes default`."""
+
+    @property
+    def summary(self) -> str:
+        """What it measures and what that costs, one line."""
+
+    @property
+    def tracepoints(self) -> tuple[str, ...]:
+        """Kernel events it attaches to (doctor checks them)."""
 
     def start(self, ctx: Context) -> Launch:
         """Write its program into the run, start its helper (raise Unavailable when it cannot)."""

@@ -31,10 +31,14 @@ class Field:
     count: int  # 1, or the length of a fixed-size array
     signed: bool
 
-    def decode(self, buf: bytes, base: int = 0) -> int | list[int]:
+    def values(self, buf: bytes, base: int = 0) -> list[int]:
+        """Every element of the field, a list whether it is an array or a scalar (one element)."""
         fmt = "<" + {1: "b", 2: "h", 4: "i", 8: "q"}[self.size]
         fmt = fmt if self.signed else fmt.upper()
-        values = [struct.unpack_from(fmt, buf, base + self.offset + i * self.size)[0] for i in range(self.count)]
+        return [struct.unpack_from(fmt, buf, base + self.offset + i * self.size)[0] for i in range(self.count)]
+
+    def decode(self, buf: bytes, base: int = 0) -> int | list[int]:
+        values = self.values(buf, base)
         return values if self.count > 1 else values[0]
 
 
@@ -52,6 +56,18 @@ class Struct:
             return self.fields[name]
         except KeyError:
             raise LayoutError(f"struct {self.name} has no field {name}") from None
+
+
+def one(decoded: dict[str, int | list[int]], name: str) -> int:
+    """A scalar field of a decoded struct (an array's first element)."""
+    v = decoded[name]
+    return v if isinstance(v, int) else v[0]
+
+
+def many(decoded: dict[str, int | list[int]], name: str) -> list[int]:
+    """An array field of a decoded struct (a scalar as one element)."""
+    v = decoded[name]
+    return list(v) if isinstance(v, list) else [v]
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,7 @@ class ObjectLayout:
 def read(obj: Path) -> ObjectLayout:
     """The layout of a compiled object (cached per path: objects are immutable, named by hash)."""
     from elftools.elf.elffile import ELFFile  # pyelftools, a qprof dependency
+    from elftools.elf.sections import SymbolTableSection
 
     variables: dict[str, Variable] = {}
     sections: dict[str, bytes] = {}
@@ -145,10 +162,11 @@ def read(obj: Path) -> ObjectLayout:
             if sec is not None:
                 sections[name] = b"" if name == ".bss" else sec.data()
         symtab = elf.get_section_by_name(".symtab")
-        for sym in symtab.iter_symbols() if symtab is not None else []:
+        # .symtab, when present, is a symbol table (pyelftools returns it as a SymbolTableSection)
+        for sym in symtab.iter_symbols() if isinstance(symtab, SymbolTableSection) else []:
             if sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(sym["st_shndx"], int):
                 continue
-            sec = elf.get_section(sym["st_shndx"]).name
-            if sec in (".rodata", ".data", ".bss"):
-                variables[sym.name] = Variable(sym.name, sec, sym["st_value"], sym["st_size"])
+            section = elf.get_section(sym["st_shndx"]).name
+            if section in (".rodata", ".data", ".bss"):
+                variables[sym.name] = Variable(sym.name, section, sym["st_value"], sym["st_size"])
     return ObjectLayout(types, variables, sections)

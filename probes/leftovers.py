@@ -48,7 +48,8 @@ def owned_prog_ids(pids: set[int]) -> set[int]:
     return ids
 
 
-def _bpftool_json(*args: str) -> list[dict]:
+def _bpftool_json(*args: str) -> list[dict[str, object]]:
+    """bpftool's JSON listing: its objects (each a program or an attachment), [] when bpftool cannot tell."""
     bpftool = shutil.which("bpftool")
     if bpftool is None:
         return []
@@ -57,15 +58,16 @@ def _bpftool_json(*args: str) -> list[dict]:
         data = json.loads(r.stdout or "[]")
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
         return []
-    return data if isinstance(data, list) else []
+    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
 def bpf_programs() -> set[int]:
     """Ids of every BPF program loaded on the host now."""
-    return {int(p["id"]) for p in _bpftool_json("prog", "list") if "id" in p}
+    ids = (p.get("id") for p in _bpftool_json("prog", "list"))
+    return {i for i in ids if isinstance(i, int)}  # bpftool writes a program's id as a JSON number
 
 
-def perf_attachments() -> list[dict]:
+def perf_attachments() -> list[dict[str, object]]:
     """BPF programs attached through perf events (tracepoints, uprobes): bpftool perf list."""
     return _bpftool_json("perf", "list")
 

@@ -282,7 +282,7 @@ def run_repetition(opts: RecordOptions, index: int, status: Callable[[str], None
             rep.failures.append(str(e))
             return rep
         conductor = _Conductor(procs, opts.ready)
-        roles = {p.pid: p.cmd.role or opts.role for p in procs if p.cmd.role or opts.role}
+        roles = {p.pid: role for p in procs if (role := p.cmd.role or opts.role)}
         attach = dataclasses.replace(opts.attach, pids=[p.pid for p in procs], out=out, roles=roles)
         try:
             harness_cpu_done()  # the observer's line counts what qprof did to observe, from here

@@ -55,7 +55,9 @@ class _OneLineGroup(click.Group):
         try:
             rv = super().main(*args, **kwargs)
         except click.ClickException as e:
-            where = f" (see `{e.ctx.command_path} --help`)" if getattr(e, "ctx", None) is not None else ""
+            # a usage error knows its command (click sets ctx on UsageError and its subclasses only)
+            where = f" (see `{e.ctx.command_path} --help`)" if isinstance(e, click.UsageError) and e.ctx is not None \
+                else ""
             _fail(e.format_message() + where)
         except click.exceptions.Abort:
             _fail("interrupted")
@@ -281,8 +283,9 @@ def record(command: tuple[str, ...], server: str | None, client: str | None, rea
         click.echo(str(r))
     if runs:
         _print_summary(runs)
-    for r in runs if otlp is not None else []:
-        _export(r, otlp)
+    if otlp is not None:
+        for r in runs:
+            _export(r, otlp)
     problems = outcome_lines(reps, opts)
     for line in problems:
         click.echo(line, err=True)

@@ -39,7 +39,8 @@ def run_checks(pid: int | None = None) -> list[Check]:
                         "root" if root else f"uid {os.geteuid()}, effective capabilities {caps:#x}",
                         "run as root (or grant CAP_PERFMON, CAP_SYS_PTRACE and CAP_BPF)", "sampling"))
     paranoid = feats.get("perf_event_paranoid")
-    checks.append(Check("perf_event_paranoid", root or (paranoid is not None and paranoid <= 1),
+    # an int (the sysctl's value) or None when it could not be read: features.perf_event_paranoid
+    checks.append(Check("perf_event_paranoid", root or (isinstance(paranoid, int) and paranoid <= 1),
                         f"{paranoid}", "as root it does not matter; otherwise sysctl kernel.perf_event_paranoid=1",
                         "sampling"))
     perf = tool_version("perf")

@@ -256,7 +256,8 @@ def _owner_alive(lab_id: str) -> bool:
         state = json.loads((STATE_DIR / f"{lab_id}.json").read_text())
     except (OSError, ValueError):
         return False
-    return _starttime(int(state["pid"])) == state.get("starttime")
+    recorded: object = state.get("starttime")  # the owner's start time as the registry wrote it
+    return _starttime(int(state["pid"])) == recorded
 
 
 def _netns_pids(name: str) -> list[int]:

@@ -329,23 +329,23 @@ def _rule_library(lib: str) -> str:
 def object_crypto(path: str) -> ObjectCrypto:
     """Read one object's crypto symbols; never raises (an unreadable object says so)."""
     try:
-        with ElfObject.open(path) as obj:
-            tables = {t: list(_function_symbols(obj, t)) for t in (SYMTAB, DYNSYM)}
-            kind = "symtab" if obj.symbols(SYMTAB) > 1 else (
-                "dynsym" if tables[DYNSYM] or obj.has(DYNSYM) else "none")
-            is_go = obj.has(*gopclntab.SECTIONS, ".go.buildinfo")
-            go = gopclntab.read(obj.elf) if is_go and kind != "symtab" else None
+        with ElfObject.open(path) as elf_obj:
+            tables = {t: list(_function_symbols(elf_obj, t)) for t in (SYMTAB, DYNSYM)}
+            kind = "symtab" if elf_obj.symbols(SYMTAB) > 1 else (
+                "dynsym" if tables[DYNSYM] or elf_obj.has(DYNSYM) else "none")
+            is_go = elf_obj.has(*gopclntab.SECTIONS, ".go.buildinfo")
+            go = gopclntab.read(elf_obj.elf) if is_go and kind != "symtab" else None
             if go is not None and go.functions:  # stripped Go: its own table names what .symtab did
                 kind, tables["gopclntab"] = "gopclntab", _go_functions(go)
                 runtime = _go_functions(go, _GO_MORESTACK)
             else:
-                runtime = list(_function_symbols(obj, SYMTAB, _GO_MORESTACK)) if is_go else []
+                runtime = list(_function_symbols(elf_obj, SYMTAB, _GO_MORESTACK)) if is_go else []
             morestack = next((a for n, a, _ in runtime if _GO_MORESTACK.fullmatch(n)), None)
-            banners = _sections_have(obj, _HW_BANNERS)
-            crates = _rust_crates(obj) if kind != "symtab" else set()
-            cipher_names = _sections_have(obj, _CIPHER_NAMES) if \
+            banners = _sections_have(elf_obj, _HW_BANNERS)
+            crates = _rust_crates(elf_obj) if kind != "symtab" else set()
+            cipher_names = _sections_have(elf_obj, _CIPHER_NAMES) if \
                 os.path.basename(path).startswith("libgnutls.") else []
-            delta = _text_delta(obj) if kind == "gopclntab" else None
+            delta = _text_delta(elf_obj) if kind == "gopclntab" else None
     except UNREADABLE as e:
         return ObjectCrypto(path, "unreadable", notes=[f"unreadable: {e}"])
     names = {n for t in tables.values() for n, _, _ in t}
@@ -374,8 +374,8 @@ def object_crypto(path: str) -> ObjectCrypto:
             hw_ev += sorted(n for n in names if re.fullmatch(_HW[lib], n))
         if lib in _SW:
             sw_ev += sorted(n for n in names if re.fullmatch(_SW[lib], n))
-    for cipher, rx in _CIPHERS.items():
-        if any(re.fullmatch(rx, n) for n in names) or \
+    for cipher, cipher_rx in _CIPHERS.items():
+        if any(re.fullmatch(cipher_rx, n) for n in names) or \
                 any(c.lower().startswith(cipher.split("-")[0]) for c in cipher_names):
             obj.ciphers.append(cipher)
     for tname, hw in (("hw", hw_ev), ("sw", sw_ev)):

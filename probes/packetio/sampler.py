@@ -40,7 +40,8 @@ from typing import Any, TextIO
 from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
 from qprof.probes.follow import TargetsReader
-from qprof.probes.libbpf import READY, Loaded, Stop, Unavailable, loader_main
+from qprof.probes.group import Unavailable
+from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
 from qprof.probes.packetio import timing, windows
 from qprof.probes.sockets import snmp_table, udp_ports
 
@@ -117,7 +118,8 @@ class Sampler:
         self.pids = [int(p) for p in config["pids"]]  # the targets in the order they became ones
         self.follow = bool(config.get("follow"))
         self.layout = layouts.read(obj)
-        limits = {k: int(v) for k, v in self.layout.initial("limits", "limits").items()}  # type: ignore[arg-type]
+        initial_limits = self.layout.initial("limits", "limits")  # scalars, each a map's or array's size
+        limits = {k: layouts.one(initial_limits, k) for k in initial_limits}
         least = 0 if self.follow else 1  # a followed cgroup may be empty at the start
         if not least <= len(self.pids) <= limits["targets"]:
             raise Unavailable(f"the packetio probes follow {least} to {limits['targets']} targets, not {len(self.pids)}")
@@ -129,7 +131,7 @@ class Sampler:
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
             "first": self.pids if len(self.pids) <= scan and not self.follow else [], "ntargets": len(self.pids),
             "gro_bit": int(config["gro_bit"]), "nnetns": len(netns), "follow": int(self.follow)})
-        skip = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
+        skip: tuple[str, ...] = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
         skip += () if self.follow else FOLLOW
         self.prog = Loaded(obj, rodata, skip)
         # the targets, before anything is attached: their bits, their indexes, their namespaces
@@ -172,16 +174,16 @@ class Sampler:
         if config.get("timing"):
             ring_var, ring = self.layout.variable("tim"), self.layout.struct("timing").field("n")
             bins = ring.size // 8  # [targets][2][bins] of u32
-            words = (ctypes.c_uint32 * (ring.count * 2 * bins)).from_buffer(bss, ring_var.offset)
+            ring_words = (ctypes.c_uint32 * (ring.count * 2 * bins)).from_buffer(bss, ring_var.offset)
 
             def take(t: int, d: int, i: int, j: int) -> list[int]:
                 """Bins i..j-1 of one row, zeroed as read (a message counted in between is lost: rare)."""
                 a = (t * 2 + d) * bins
-                out = words[a + i:a + j]
-                ctypes.memset(ctypes.addressof(words) + 4 * (a + i), 0, 4 * (j - i))
+                out: list[int] = ring_words[a + i:a + j]
+                ctypes.memset(ctypes.addressof(ring_words) + 4 * (a + i), 0, 4 * (j - i))
                 return out
 
-            shift = int(self.layout.initial("timing_cfg", "timing_cfg")["shift"])  # type: ignore[arg-type]
+            shift = layouts.one(self.layout.initial("timing_cfg", "timing_cfg"), "shift")
             # the ring's rows: the first targets' (limits.timed); the others' messages are counted, not timed
             self.drainer = timing.Drainer(Path(config["timing"]), self.pids[:ring.count], shift, bins, take)
             self.timed_rows = ring.count
@@ -316,7 +318,7 @@ class Sampler:
             for v in per_cpu:
                 d = self.counts.decode(v)
                 for i, n in enumerate(names):
-                    acc[i] += int(d[n])
+                    acc[i] += layouts.one(d, n)  # the counts are u64 scalars
         key_f, c_f = self.slot.field("key"), self.slot.field("c")
         for _, per_cpu in self.prog.entries("slots"):
             for v in per_cpu:
@@ -326,7 +328,7 @@ class Sampler:
                 d = self.counts.decode(v, c_f.offset)
                 acc = totals.setdefault((pid, tid), [0] * len(names))
                 for i, n in enumerate(names):
-                    acc[i] += int(d[n])
+                    acc[i] += layouts.one(d, n)
         return totals
 
     def _read_events(self) -> list[int]:
@@ -400,8 +402,8 @@ class Sampler:
             for name in self.hists.fields:
                 counts = [0] * self.hists.fields[name].count
                 for v in per_cpu:
-                    counts = [c + x for c, x in zip(counts, self.hists.field(name).decode(v))]
-                width, last = int(self.steps[name]), len(counts) - 1
+                    counts = [c + x for c, x in zip(counts, self.hists.field(name).values(v))]
+                width, last = layouts.one(self.steps, name), len(counts) - 1
                 buckets = [{"min": b * width, "max": (b + 1) * width - 1 if b < last else b * width, "count": c}
                            for b, c in enumerate(counts) if c]
                 if buckets:

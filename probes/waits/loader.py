@@ -89,18 +89,6 @@ def _pack(st: layouts.Struct, values: dict[str, Any]) -> bytes:
     return bytes(buf)
 
 
-def _one(decoded: dict[str, int | list[int]], name: str) -> int:
-    """A scalar field of a decoded struct."""
-    v = decoded[name]
-    return v if isinstance(v, int) else v[0]
-
-
-def _many(decoded: dict[str, int | list[int]], name: str) -> list[int]:
-    """An array field of a decoded struct."""
-    v = decoded[name]
-    return list(v) if isinstance(v, list) else [v]
-
-
 def proc_state(pid: int, tid: int) -> str:
     """A thread's state letter from /proc (R, S, D, ...); '' when it is gone."""
     try:
@@ -341,16 +329,16 @@ class Waits:
         for key, (value, *_) in self.prog.entries("threads"):
             (tid,) = struct.unpack_from("<I", key)
             d = self.thread.decode(value)
-            pid, phase = _one(d, "tgid"), phases.get(_one(d, "phase"), "")
-            ns, n = _many(d, "ns"), _many(d, "n")
-            open_ns = max(0, now - _one(d, "since_ns"))
+            pid, phase = layouts.one(d, "tgid"), phases.get(layouts.one(d, "phase"), "")
+            ns, n = layouts.many(d, "ns"), layouts.many(d, "n")
+            open_ns = max(0, now - layouts.one(d, "since_ns"))
             state = None
             if phase == "on":
                 state = "on_cpu"
             elif phase == "runnable":
                 state = "runnable"
             elif phase == "blocked":
-                kind = _one(d, "kind")
+                kind = layouts.one(d, "kind")
                 state = STATES[kind] if 0 <= kind < len(STATES) else "other"
             elif phase == "unknown":
                 state = "on_cpu" if proc_state(pid, tid) == "R" else "other"
@@ -384,13 +372,13 @@ class Waits:
         stacks: dict[str, int] = {}
         for key, (value, *_) in self.prog.entries("wait_stacks"):
             k, v = self.stack_key.decode(key), self.stack_val.decode(value)
-            pid, kind = _one(k, "tgid"), _one(k, "kind")
+            pid, kind = layouts.one(k, "tgid"), layouts.one(k, "kind")
             if not 0 <= kind < len(STATES):
                 continue
-            frames = [str(pid), STATES[kind], *self.user_frames(pid, _one(k, "ustack")),
-                      *self.kernel_frames(_one(k, "kstack"))]
+            frames = [str(pid), STATES[kind], *self.user_frames(pid, layouts.one(k, "ustack")),
+                      *self.kernel_frames(layouts.one(k, "kstack"))]
             folded = ";".join(frames)
-            stacks[folded] = stacks.get(folded, 0) + _one(v, "ns")
+            stacks[folded] = stacks.get(folded, 0) + layouts.one(v, "ns")
         stats: dict[str, float] = dict(zip(self.stats.fields, map(float, self.prog.summed_u64s("stats"))))
         stats["loader_cpu_s"] = cpu_seconds(os.getpid()) or 0.0
         if self.binner is not None:
