@@ -73,14 +73,14 @@ def test_udp_table_matches_ss_and_counts_every_drop(kernel_facing: None) -> None
         ref = _ss_rows()
         assert err is None
         by_inode = {os.fstat(s.fileno()).st_ino: s for s in socks}
-        mine = {r["fds"][0]: r for r in rows if r["fds"][0] in {s.fileno() for s in socks}}
+        mine = {r.fds[0]: r for r in rows if r.fds[0] in {s.fileno() for s in socks}}
         assert set(mine) == {s.fileno() for s in socks}
         for inode, s in by_inode.items():
             row = mine[s.fileno()]
             local, peer, mem = ref[inode]
-            assert (row["local"], row["peer"]) == (local, peer)
-            assert {k: row[k] for k in mem} == mem
-            assert row["port"] == s.getsockname()[1] and row["pids"] == [os.getpid()]
+            assert (row.local, row.peer) == (local, peer)
+            assert {k: row.counters[k] for k in mem} == mem
+            assert row.port == s.getsockname()[1] and row.pids == [os.getpid()]
         recv.setblocking(False)
         queued = 0
         while True:
@@ -89,7 +89,7 @@ def test_udp_table_matches_ss_and_counts_every_drop(kernel_facing: None) -> None
             except BlockingIOError:
                 break
             queued += 1
-        drops = mine[recv.fileno()]["drops"]
+        drops = mine[recv.fileno()].counters["drops"]
         assert drops > 0 and drops + queued == SENT
     finally:
         table.close()
@@ -113,7 +113,7 @@ def test_udp_table_reads_a_target_in_another_namespace(kernel_facing: None) -> N
         time.sleep(0.05)  # the exec'd python holds the socket from here
         rows, err = table.read()
         assert err is None
-        assert [(r["local"], r["pids"]) for r in rows] == [(f"127.0.0.1:{port}", [child.pid])]
+        assert [(r.local, r.pids) for r in rows] == [(f"127.0.0.1:{port}", [child.pid])]
         # the same port is not bound in this namespace: the row came from the child's
         probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         probe.bind(("127.0.0.1", port))

@@ -45,7 +45,7 @@ from conftest import ROOT, qprof
 from test_gopclntab import same_probes
 from qprof.archive.model import GOPCLNTAB, SYMTAB, UNWIND
 from qprof.attribution.symbols import by_start
-from qprof.probes.elf import function_starts
+from qprof.probes import elf
 from qprof.probes import gopclntab
 from qprof.probes.crypto import symbols as cryptosyms
 
@@ -148,7 +148,7 @@ def compare(base: Recorded, other: Recorded) -> list[str]:
     return bad
 
 
-def function_starts(binary: Path) -> set[int]:
+def nm_starts(binary: Path) -> set[int]:
     """Every function's start in a binary's symbol table, as binutils' `nm` lists them (a name may repeat: Rust's
     local symbols from two codegen units)."""
     out = subprocess.run(["nm", "--defined-only", str(binary)], capture_output=True, text=True, check=True).stdout
@@ -208,7 +208,7 @@ def test_a_stripped_quic_go_endpoint_is_placed_as_its_build_with_symbols(kernel_
 
     # the same samples, each Go frame renamed to the symbol table's name at its address: the same categories
     nm: dict[int, str] = {}
-    for name, address in function_starts(str(full)).items():
+    for name, address in elf.function_starts(str(full)).items():
         nm[address] = min(name, nm.get(address, name))
     with open(stripped, "rb") as f:
         by_name = {n.replace("=", "%3D"): nm[a] for a, n in gopclntab.read(ELFFile(f)).functions if a in nm}
@@ -249,7 +249,7 @@ def test_a_stripped_rust_endpoint_is_named_by_its_function_starts(kernel_facing:
     print("\nquinn, with symbols -> stripped (objcopy --strip-all, as strip = true):")
     compare(base, rep)  # printed: the shares cannot match, the names that placed them are gone
 
-    starts = function_starts(full)
+    starts = nm_starts(full)
     for role in ("server", "client"):
         p, q = base.side(role), rep.side(role)
         named = naming(q, stripped)
