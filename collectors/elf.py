@@ -33,7 +33,7 @@ def _frame_pointers(obj: ElfObject, is_go: bool) -> bool | None:
                    key=lambda f: -f[1])[:_SAMPLE_FUNCS]
     if len(funcs) < 5:
         return None
-    with_fp = sum(1 for addr, _ in funcs if any(p in obj.read(addr, 16) for p in _FP_PROLOGUES))
+    with_fp = sum(1 for head in (obj.read(addr, 16) for addr, _ in funcs) if any(p in head for p in _FP_PROLOGUES))
     return with_fp / len(funcs) >= 0.5
 
 

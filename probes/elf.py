@@ -64,6 +64,7 @@ class ElfObject:
 
     def __init__(self, elf: ELFFile) -> None:
         self.elf = elf
+        self._segments: list[Segment] | None = None  # read once: pyelftools parses every segment anew
 
     @classmethod
     @contextlib.contextmanager
@@ -131,8 +132,10 @@ class ElfObject:
 
     def segments(self) -> list[Segment]:
         """The PT_LOAD segments, in file order."""
-        return [Segment(int(s["p_offset"]), int(s["p_filesz"]), int(s["p_vaddr"]), int(s["p_memsz"]),
-                        int(s["p_flags"])) for s in self.elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        if self._segments is None:
+            self._segments = [Segment(int(s["p_offset"]), int(s["p_filesz"]), int(s["p_vaddr"]), int(s["p_memsz"]),
+                                      int(s["p_flags"])) for s in self.elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        return self._segments
 
     def interpreted(self) -> bool:
         """Whether it names a program interpreter (PT_INTERP): a dynamically linked executable."""
