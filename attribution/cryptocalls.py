@@ -19,6 +19,7 @@ from qprof.attribution.packetio import PacketIO
 from qprof.attribution.probemaps import keyed as _keyed
 from qprof.archive import schema
 from qprof.archive.model import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
+from qprof.jsonvalue import JsonObject
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
 
@@ -97,7 +98,8 @@ class ProcessCrypto:
             return "software only (no AES hardware code in the library)"
         return "unknown (library stripped)"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
+        symbols = sorted(self.symbols.items(), key=lambda kv: -kv[1])
         return {
             "calls": {k: self.calls.get(k, 0) for k in (*KINDS, "aad_update")},
             "bytes": {k: self.bytes.get(k, 0) for k in KINDS if k in self.bytes},
@@ -107,7 +109,7 @@ class ProcessCrypto:
             "cipher": self.cipher, "ciphers_called": sorted(self.ciphers_called),
             "aes_path": self.aes_path, "aes_hw_present": self.aes_hw_present,
             "aes_hw_evidence": self.aes_hw_evidence, "libraries": sorted(self.libraries),
-            "symbols": dict(sorted(self.symbols.items(), key=lambda kv: -kv[1])),
+            "symbols": dict(symbols),
             "threads": {str(t): dict(v) for t, v in sorted(self.threads.items())},
             "basis": self.basis, "notes": self.notes,
         }
@@ -120,7 +122,7 @@ class Crypto:
     cost: dict[str, Any] | None  # probes.json's crypto cost as written (archive.model.CryptoCost)
     slots: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
                 "cpu_flags": self.cpu_flags, "probe_cost": self.cost, "slots": self.slots}
 

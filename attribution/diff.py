@@ -30,6 +30,7 @@ from qprof.attribution.method import MethodDifference
 from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.transfer import Transfer
 from qprof.errors import QprofError
+from qprof.jsonvalue import JsonObject
 
 GB = 1e9
 
@@ -60,7 +61,7 @@ class Side:
     def gb(self) -> float | None:
         return self.bytes / GB if self.bytes else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"pid": self.pid, "comm": self.comm, "role": self.role, "cpu_seconds": round(self.cpu_seconds, 6),
                 "samples": self.samples, "udp_bytes": self.udp_bytes, "tcp_bytes": self.tcp_bytes,
                 "bytes": self.bytes, "goodput_gbps": None if self.moved is None or self.moved.gbps is None
@@ -94,9 +95,9 @@ class Change:
     def delta_per_gb(self) -> float | None:
         return None if self.per_gb_a is None or self.per_gb_b is None else self.per_gb_b - self.per_gb_a
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         r = _round6
-        d: dict[str, Any] = {"category": self.category}
+        d: JsonObject = {"category": self.category}
         if self.symbol is not None:
             d.update(symbol=self.symbol, dso=self.dso)
         d.update(share_a=r(self.share_a), share_b=r(self.share_b), delta_pp=r(self.delta_pp),
@@ -114,7 +115,7 @@ class ProcessDiff:
     categories: list[Change]
     symbols: list[Change]  # the `top` largest changes in share, largest first
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"key": self.key, "a": self.a.to_json(), "b": self.b.to_json(),
                 "categories": [c.to_json() for c in self.categories],
                 "symbols": [s.to_json() for s in self.symbols]}
@@ -168,7 +169,7 @@ class RunDiff:
     notes: list[str] = field(default_factory=list)
     method: list[MethodDifference] = field(default_factory=list)  # how the runs were measured differently
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"runs": {"a": self.path_a, "b": self.path_b}, "match_by": self.match_by,
                 "categories": list(CATEGORIES), "pairs": [p.to_json() for p in self.pairs],
                 "unmatched": {"a": self.only_a, "b": self.only_b}, "notes": self.notes,

@@ -5,7 +5,8 @@ summaries of `qprof table` and `qprof study`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from qprof.jsonvalue import JsonObject
 
 # what each way of measuring differently moves
 EFFECTS = {
@@ -35,5 +36,5 @@ class MethodDifference:
     def of(cls, what: str, where: tuple[str | None, ...], values: tuple[str, ...]) -> "MethodDifference":
         return cls(what, where, values, EFFECTS[what])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"what": self.what, "where": list(self.where), "values": list(self.values), "affects": self.affects}

@@ -22,6 +22,7 @@ from qprof.attribution.probemaps import keyed as _keyed
 from qprof.attribution.sampling import Estimate, GroupSample
 from qprof.archive import schema
 from qprof.archive.model import ProbeRecord, UdpSocket
+from qprof.jsonvalue import JsonObject
 from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
 from qprof.probes.packetio.windows import AUX
 
@@ -94,7 +95,7 @@ class Direction:
     def per_syscall(self) -> float | None:
         return self.dgrams / self.syscalls if self.syscalls else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"syscalls": self.syscalls, "messages": self.msgs, "bytes": self.bytes, "datagrams": self.dgrams,
                 "skbs": self.skbs, "mmsg_calls": self.mmsg_calls, "empty_calls": self.empty,
                 "errors": self.errors, "datagrams_per_syscall": _r(self.per_syscall())}
@@ -146,7 +147,7 @@ class ProcessPacketIO:
     def exact(self) -> bool:
         return all(e.exact for e in self.estimates.values())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
                 "ack_ratio": self.ack_ratio, "ports": sorted(self.ports),
                 "sockets": [schema.encode(sk) for sk in self.sockets],
@@ -168,7 +169,7 @@ class PacketIO:
     unavailable: list[dict[str, str]]
     sampling: dict[str, Any] | None = None  # how the packet counts were taken (None: counted whole)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
                 "softirq": self.softirq, "udp_mib_delta": self.udp_mib, "sysctl": self.sysctl,
                 "probe_cost": self.cost, "unavailable": self.unavailable, "sampling": self.sampling}

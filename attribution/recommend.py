@@ -7,9 +7,9 @@ so a reader can disagree with them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from qprof.attribution.packetio import PacketIO
+from qprof.jsonvalue import JsonObject
 
 DEFAULT_RCVBUF_HINT = 16  # the founding study: 16x the 208 KiB default stopped the drops
 ONE_PER_CALL = 1.2  # datagrams per syscall below this count as "one at a time"
@@ -23,7 +23,7 @@ class Recommendation:
     finding: str
     advice: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 

@@ -37,6 +37,7 @@ from qprof.attribution.categories import CATEGORIES, SKID, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import Rule
 from qprof.archive.stacks import Frame, StackRecord
+from qprof.jsonvalue import JsonObject
 
 METHOD = ("samples taken where interrupts are re-enabled after an interrupt (perf's cpu-clock timer "
           "cannot fire while they are off) are split over categories in proportion to the CPU time of the "
@@ -60,7 +61,7 @@ class VectorSkid:
     evidence: Counter[str] = field(default_factory=Counter)  # category -> period of follow-up samples
     evidence_samples: int = 0
 
-    def to_json(self, total: int) -> dict[str, Any]:
+    def to_json(self, total: int) -> JsonObject:
         ev = sum(self.evidence.values()) or 1
         return {"samples": self.samples, "share": round(self.period / total, 6),
                 "to": {c: round(self.to[c] / total, 6) for c in CATEGORIES if self.to[c]},

@@ -13,10 +13,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from qprof.archive.model import ObjectSymbols
 from qprof.errors import QprofError
+from qprof.jsonvalue import JsonObject
 from qprof.probes.elf import build_id, function_starts
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class ObjectNaming:
     share: float  # of the process's samples taken in it
     unnamed_share: float  # of the process's samples taken in it in no named function
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"object": self.object, "how": self.how, "source": self.source, "note": self.note,
                 "share": round(self.share, 6), "unnamed_share": round(self.unnamed_share, 6)}
 

@@ -10,9 +10,9 @@ retransmissions once), received bytes the in-order payload
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from qprof.archive.model import TcpRecord, TcpSocket
+from qprof.jsonvalue import JsonObject
 
 
 @dataclass
@@ -27,7 +27,7 @@ class ProcessTcp:
     def moved(self) -> int:
         return self.sent + self.received
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"sent_bytes": self.sent, "received_bytes": self.received,
                 "retransmitted_bytes": self.retransmitted,
                 "sockets": len(self.sockets), "closed": sum(s.closed for s in self.sockets),
@@ -47,7 +47,7 @@ class TcpIO:
     lost_destroy_events: int
     source: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"source": self.source, "processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
                 "unowned_closed": self.unowned, "lost_destroy_events": self.lost_destroy_events,
                 "errors": self.errors}

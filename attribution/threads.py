@@ -29,6 +29,7 @@ from qprof.attribution.categories import HANDOFF, RUNTIME, UNCATEGORIZED
 from qprof.attribution.handoff import KINDS
 from qprof.attribution.profile import Breakdown, ProcessProfile, ThreadProfile
 from qprof.archive.model import ProcReading, ThreadReading
+from qprof.jsonvalue import JsonObject
 
 _NUMBERED = re.compile(r"^(.*?)[-_#.:]?\d+$")  # a name with a trailing number: one of a numbered set
 
@@ -179,11 +180,11 @@ class ThreadView:
     def pool_of(self, tid: int) -> Pool | None:
         return next((p for p in self.pools if any(t.stat.tid == tid for t in p.threads)), None)
 
-    def to_json(self, seconds_per_period: float) -> dict[str, Any]:
+    def to_json(self, seconds_per_period: float) -> JsonObject:
         def r(x: float | None, n: int = 4) -> float | None:
             return None if x is None else round(x, n)
 
-        def thread(t: ThreadRow) -> dict[str, Any]:
+        def thread(t: ThreadRow) -> JsonObject:
             s = t.stat
             return {"tid": s.tid, "comm": s.comm, "pool": t.pool, "on_cpu_s": r(s.on_cpu_s),
                     "run_delay_s": r(s.run_delay_s), "voluntary_switches": s.voluntary,

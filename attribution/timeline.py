@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.engine import Decision
@@ -37,6 +37,7 @@ from qprof.attribution.profile import Profile
 from qprof.attribution.transfer import Transfer
 from qprof.archive.model import ProcReading
 from qprof.archive.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
+from qprof.jsonvalue import JsonObject
 from qprof.probes.waits.maps import STATES
 from qprof.probes.waits.series import BIN_NS as SERIES_BIN_NS, WaitSeries
 
@@ -104,7 +105,7 @@ class TargetTimeline:
         received = sum(r.received_gbps * (r.end_s - r.start_s) for r in self.rates)
         return [(r.start_s, r.end_s, r.sent_gbps if sent > received else r.received_gbps) for r in self.rates]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"pid": self.pid, "comm": self.comm, "role": self.role, "traffic": self.traffic,
                 "cpu_cores": {c: [round(b.get(c, 0.0), 4) for b in self.cpu] for c in CATEGORIES},
                 "rates": [{"start_s": round(r.start_s, 3), "end_s": round(r.end_s, 3),
@@ -125,7 +126,7 @@ class Timeline:
     def bins(self) -> int:
         return max((len(t.cpu) for t in self.targets), default=0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"bin_s": self.bin_s, "aligned": self.aligned, "bins": self.bins,
                 "targets": [t.to_json() for t in self.targets]}
 

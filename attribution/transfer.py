@@ -22,11 +22,11 @@ report, the table, the timeline, `qprof.load`, the flame graphs and diff):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.tcp import TcpIO
 from qprof.archive.model import ProcReading
+from qprof.jsonvalue import JsonObject
 
 SPAN_FROM_SAMPLES = "its first to last sample in a send or receive path"
 SPAN_FROM_PROC = "its first to last /proc reading (every 0.25 s; this archive has no sample times)"
@@ -66,7 +66,7 @@ class Transfer:
         return (f"goodput {self.gbps:.2f} Gbit/s: {(self.bytes or 0) / 1e6:,.1f} MB of {what}, {self.counted}, over "
                 f"{self.seconds:.3f} s from {self.span_from}")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         def r(x: float | None, n: int = 6) -> float | None:
             return None if x is None else round(x, n)
 

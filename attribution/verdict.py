@@ -69,6 +69,7 @@ from qprof.attribution.threads import ThreadView, busiest, window
 from qprof.attribution.transfer import MIN_WINDOW_S, Transfer, working
 from qprof.attribution.waits import ON_CPU, RUNNABLE, WallClock, WallSplit
 from qprof.archive.model import NamespaceQueues, Pressure, ProcReading
+from qprof.jsonvalue import JsonObject
 
 THRESHOLDS: dict[str, float] = {
     "thread_on_cpu": 0.90,  # cpu-busy: the busiest thread on a CPU this share of wall time
@@ -150,7 +151,7 @@ class Finding:
     met: bool
     text: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"cause": self.cause, "threshold": self.threshold, "limit": THRESHOLDS[self.threshold],
                 "value": round(self.value, FINDING_PLACES), "met": self.met, "text": self.text}
 
@@ -249,11 +250,13 @@ class SideEvidence:
 
     def rounded(self) -> SideEvidence:
         """Its figures as every report shows them: 4 places, the blocked-in shares 3."""
-        places: dict[str, Any] = {f.name: round(v, FINDING_PLACES) for f in fields(self)
-                                  if isinstance(v := getattr(self, f.name), float)}
-        return replace(self, **places, blocked_in={k: round(v, 3) for k, v in self.blocked_in.items()})
+        out = replace(self, blocked_in={k: round(v, 3) for k, v in self.blocked_in.items()})
+        for f in fields(self):
+            if isinstance(v := getattr(self, f.name), float):
+                setattr(out, f.name, round(v, FINDING_PLACES))
+        return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         d = asdict(self.rounded())
         d["findings"] = [f.to_json() for f in self.findings]
         d["reasons"] = self.reasons
@@ -282,7 +285,7 @@ class Verdict:
         """A CPU binds the run (the table's overall cpu_limited)."""
         return any(c.about.cpu for c in self.causes)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"limited_by": self.limited_by, "cause": self.cause, "summary": self.summary,
                 "evidence": {_evidence_key(s, self.sides): s.to_json() for s in self.sides},
                 "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}

@@ -22,11 +22,11 @@ reads the thread or pool that did the work, never the process's shares.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.profile import Breakdown
 from qprof.attribution.threads import ThreadView
+from qprof.jsonvalue import JsonObject
 from qprof.probes.waits.maps import STATES as STATES, WaitMaps
 
 ON_CPU, RUNNABLE = "on_cpu", "runnable"
@@ -77,7 +77,7 @@ class WallSplit:
                          {k: sum(s.seconds[k] for s in splits) for k in STATES}, cats,
                          sum(s.unknown_s for s in splits))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         def r(x: float) -> float:
             return round(x, 6)
         return {"window_s": r(self.window_s), "seconds": {k: r(v) for k, v in self.seconds.items()},
@@ -126,7 +126,7 @@ class WallClock:
                 for t in self.threads if t.split.window_s > 0]
         return max(gaps, default=0.0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"span_s": round(self.span_s, 6), "states": list(STATES),
                 "total": self.total.to_json(),
                 "pools": [{"name": p.name, "tids": [t.tid for t in p.threads], **p.split.to_json()}

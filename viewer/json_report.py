@@ -14,10 +14,11 @@ from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.timeline import Timeline
 from qprof.archive import schema
+from qprof.jsonvalue import JsonObject
 from qprof.viewer.report import Figures, ProcessReport, Report, report_of
 
 
-def figures_dict(f: Figures) -> dict[str, Any]:
+def figures_dict(f: Figures) -> JsonObject:
     return {
         "cpu_seconds": f.cpu_seconds,
         "samples": f.samples,
@@ -39,7 +40,7 @@ def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float
     return float(process["categories"][UNCATEGORIZED]) - float(named)
 
 
-def process_dict(p: ProcessReport) -> dict[str, Any]:
+def process_dict(p: ProcessReport) -> JsonObject:
     return {
         "pid": p.pid, "comm": p.comm, "role": p.role, **figures_dict(p.figures),
         "proc_cpu_seconds": p.proc_cpu_seconds,
@@ -63,7 +64,7 @@ def process_dict(p: ProcessReport) -> dict[str, Any]:
     }
 
 
-def to_dict(report: Report) -> dict[str, Any]:
+def to_dict(report: Report) -> JsonObject:
     """The report as the JSON document `qprof report --format json` writes."""
     run = report.run
     return {
@@ -101,10 +102,10 @@ def to_dict(report: Report) -> dict[str, Any]:
 
 
 def merged_dict(analyses: list[Analysis], top: int = 10,
-                timelines: list[Timeline | None] | None = None) -> dict[str, Any]:
+                timelines: list[Timeline | None] | None = None) -> JsonObject:
     """Several runs (e.g. server and client recorded on two hosts): every run, all processes, one verdict."""
-    runs = [to_dict(report_of(a, top, tl)) for a, tl in zip(analyses, timelines or [None] * len(analyses))]
+    reports = [report_of(a, top, tl) for a, tl in zip(analyses, timelines or [None] * len(analyses))]
     v = verdict_of(analyses)
-    return {"runs": runs, "categories": list(CATEGORIES),
-            "processes": [p for r in runs for p in r["processes"]],
+    return {"runs": [to_dict(r) for r in reports], "categories": list(CATEGORIES),
+            "processes": [process_dict(p) for r in reports for p in r.processes],
             "verdict": None if v is None else v.to_json()}
