@@ -41,10 +41,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from qprof.attribution.causes import Cause
 from qprof.errors import QprofError
+from qprof.jsonvalue import JsonObject
 
 REASONS = ("congestion_control", "flow_control", "application")
 _CWND_STATES = {"slow_start", "conservative_slow_start", "congestion_avoidance", "recovery"}
@@ -56,6 +57,7 @@ _WANTED = (b"congestion_state_updated", b"packet_lost", b"data_blocked", b"max_d
            b"metrics_updated", b"parameters_set", b'"stream"')
 _RTT_FIELDS = ("smoothed_rtt", "min_rtt", "latest_rtt")
 INITIAL_RTT_S = 0.333  # RFC 9002's initial RTT in seconds, as a stack that logs seconds logs it before any ACK
+_RELEASES = {"max_data": "connection", "max_stream_data": "stream"}  # frames received -> the block they end
 _ROLE_WORD = re.compile(r"(?:^|[^a-z])(server|client)(?:$|[^a-z])")
 
 
@@ -87,7 +89,7 @@ class SenderRecord:
         shares = self.shares()
         return max(shares, key=lambda r: shares[r]) if self.states_seen and any(shares.values()) else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"file": self.file, "role": self.role, "span_s": round(self.span_s, 3),
                 "seconds": {r: round(s, 3) for r, s in self.seconds.items()},
                 "shares": {r: round(s, 3) for r, s in self.shares().items()}, "dominant": self.dominant,
@@ -95,11 +97,116 @@ class SenderRecord:
                 "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3)}
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     """A finite, non-negative number from a qlog field; None for anything else."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e15:
         return None
     return float(v)
+
+
+StreamId = int | float | str | None  # a frame's stream_id as logged (None: not logged, or not a JSON scalar)
+
+
+class _Fields:
+    """A qlog object's fields, each read as the type it must have: a field of another type (a
+    stack's own extension, a damaged record) reads as absent, so no record is fatal."""
+
+    def __init__(self, value: object) -> None:
+        self._d: dict[str, object] = value if isinstance(value, dict) else {}
+
+    def has(self, key: str) -> bool:
+        return key in self._d
+
+    def number(self, key: str) -> float | None:
+        return _number(self._d.get(key))
+
+    def text(self, key: str) -> str | None:
+        v = self._d.get(key)
+        return v if isinstance(v, str) else None
+
+    def flag(self, key: str) -> bool | None:
+        v = self._d.get(key)
+        return v if isinstance(v, bool) else None
+
+    def scalar(self, key: str) -> StreamId:
+        v = self._d.get(key)
+        return v if isinstance(v, (int, float, str)) else None
+
+    def object(self, key: str) -> "_Fields":
+        return _Fields(self._d.get(key))
+
+    def objects(self, key: str) -> list["_Fields"]:
+        """A list field's objects (its other items skipped)."""
+        v = self._d.get(key)
+        return [_Fields(x) for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A frame of a packet event, as far as the sender's account reads it."""
+
+    kind: str | None  # frame_type
+    stream: StreamId = None
+    offset: float = 0.0  # where its stream data starts (0 when not logged)
+    length: float = 0.0  # its data length: `length`, or (qlog's draft 12 on: quiche) its raw payload length
+    maximum: float | None = None  # MAX_DATA / MAX_STREAM_DATA: the new limit
+    limit: float | None = None  # DATA_BLOCKED / STREAM_DATA_BLOCKED: the limit it names
+
+    @classmethod
+    def of(cls, f: _Fields) -> "Frame":
+        length = f.number("length")
+        if length is None:
+            length = f.object("raw").number("payload_length")
+        return cls(f.text("frame_type"), f.scalar("stream_id"), f.number("offset") or 0.0, length or 0.0,
+                   f.number("maximum"), f.number("limit"))
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A metrics_updated event: only the metrics that changed are logged (None: not logged)."""
+
+    rtts: tuple[float, ...]  # smoothed, min and latest RTT, those logged, in that order
+    smoothed_rtt: float | None
+    congestion_window: float | None
+    flight_logged: bool  # bytes_in_flight is there (a value that is no number: unknown from here on)
+    bytes_in_flight: float | None
+    app_limited: bool | None  # quiche's own flag (cf_app_limited, over app_limited)
+
+    @classmethod
+    def of(cls, data: _Fields) -> "Metrics":
+        rtts = tuple(v for v in (data.number(k) for k in _RTT_FIELDS) if v is not None)
+        flag = data.flag("cf_app_limited") if data.has("cf_app_limited") else data.flag("app_limited")
+        return cls(rtts, data.number("smoothed_rtt"), data.number("congestion_window"),
+                   data.has("bytes_in_flight"), data.number("bytes_in_flight"), flag)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One qlog event the account reads (its name's last part says which), its fields checked once."""
+
+    name: str
+    frames: tuple[Frame, ...] = ()  # packet_sent / packet_received
+    new_state: str = ""  # congestion_state_updated: the state entered ("" when not logged)
+    metrics: Metrics | None = None  # metrics_updated
+    peer_max_data: float | None = None  # parameters_set: the peer's initial_max_data
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "Event | None":
+        """The event of one JSON-SEQ record; None for a record that is not a JSON object."""
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        ev = _Fields(doc)
+        name, data = ev.text("name") or "", ev.object("data")
+        frames = tuple(Frame.of(f) for f in data.objects("frames"))
+        metrics = Metrics.of(data) if name.endswith("metrics_updated") else None
+        # "initiator" from qlog's draft 12 on
+        remote = (data.text("owner") or data.text("initiator")) == "remote"
+        return cls(name, frames, data.text("new") or "", metrics,
+                   data.number("initial_max_data") if remote else None)
 
 
 class _Credit:
@@ -109,54 +216,46 @@ class _Credit:
 
     def __init__(self) -> None:
         self.connection: float | None = None
-        self.streams: dict[Any, float] = {}
-        self.offsets: dict[Any, float] = {}  # stream -> highest offset sent
+        self.streams: dict[StreamId, float] = {}
+        self.offsets: dict[StreamId, float] = {}  # stream -> highest offset sent
 
-    def parameters(self, ev: dict[str, Any]) -> None:
-        data = ev.get("data") or {}
-        if (data.get("owner") or data.get("initiator")) == "remote":  # "initiator" from qlog's draft 12 on
-            self.connection = _number(data.get("initial_max_data")) or self.connection
+    def parameters(self, ev: Event) -> None:
+        self.connection = ev.peer_max_data or self.connection
 
-    def received(self, ev: dict[str, Any]) -> None:
-        for f in (ev.get("data") or {}).get("frames") or []:
-            if not isinstance(f, dict):
+    def received(self, ev: Event) -> None:
+        for f in ev.frames:
+            if f.maximum is None:
                 continue
-            limit = _number(f.get("maximum"))
-            if limit is None:
-                continue
-            if f.get("frame_type") == "max_data":
-                self.connection = max(limit, self.connection or 0.0)
-            elif f.get("frame_type") == "max_stream_data":
-                sid = f.get("stream_id")
-                self.streams[sid] = max(limit, self.streams.get(sid, 0.0))
+            if f.kind == "max_data":
+                self.connection = max(f.maximum, self.connection or 0.0)
+            elif f.kind == "max_stream_data":
+                self.streams[f.stream] = max(f.maximum, self.streams.get(f.stream, 0.0))
 
-    def sent(self, ev: dict[str, Any]) -> list[str]:
+    def sent(self, ev: Event) -> list[str]:
         """What this packet's stream data used up: "connection" and/or "stream"."""
         blocked = []
-        for f in (ev.get("data") or {}).get("frames") or []:
-            if not isinstance(f, dict) or f.get("frame_type") != "stream":
+        for f in ev.frames:
+            if f.kind != "stream":
                 continue
-            sid, end = f.get("stream_id"), (_number(f.get("offset")) or 0.0) + _length(f)
-            self.offsets[sid] = max(end, self.offsets.get(sid, 0.0))
-            limit = self.streams.get(sid)
-            if limit is not None and self.offsets[sid] + WINDOW_FULL_MARGIN >= limit and "stream" not in blocked:
+            self.offsets[f.stream] = max(f.offset + f.length, self.offsets.get(f.stream, 0.0))
+            limit = self.streams.get(f.stream)
+            if limit is not None and self.offsets[f.stream] + WINDOW_FULL_MARGIN >= limit and "stream" not in blocked:
                 blocked.append("stream")
         if self.connection is not None and sum(self.offsets.values()) + WINDOW_FULL_MARGIN >= self.connection:
             blocked.append("connection")
         return blocked
 
-    def reached(self, frame: dict[str, Any]) -> bool:
+    def reached(self, frame: Frame) -> bool:
         """Whether the stream data sent reaches the limit a DATA_BLOCKED / STREAM_DATA_BLOCKED frame names
         (true where the frame names none): tquic sends one when its application's writes fill the credit,
         long before its packets do."""
-        limit = _number(frame.get("limit"))
-        if limit is None:
+        if frame.limit is None:
             return True
-        if frame.get("frame_type") == "data_blocked":
+        if frame.kind == "data_blocked":
             used = sum(self.offsets.values())
         else:
-            used = self.offsets.get(frame.get("stream_id"), 0.0)
-        return used + WINDOW_FULL_MARGIN >= limit
+            used = self.offsets.get(frame.stream, 0.0)
+        return used + WINDOW_FULL_MARGIN >= frame.limit
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -168,27 +267,18 @@ def _records(path: Path) -> Iterator[bytes]:
                 yield line
 
 
-def _length(frame: dict[str, Any]) -> float:
-    """A frame's data length: `length`, or (qlog's draft 12 on: quiche) its raw payload length."""
-    n = _number(frame.get("length"))
-    if n is None:
-        raw = frame.get("raw")
-        n = _number(raw.get("payload_length")) if isinstance(raw, dict) else None
-    return n or 0.0
-
-
-def _role(head: dict[str, Any], name: str) -> str | None:
-    """The trace's vantage point; where it is missing or "unknown" (quinn), the file's name."""
-    vp = (head.get("trace") or {}).get("vantage_point") or {}
-    role = vp.get("type") if isinstance(vp, dict) else None
+def _role(raw: bytes, name: str) -> str | None:
+    """The trace's vantage point (the file's header record); where it is missing or "unknown" (quinn),
+    the file's name."""
+    try:
+        head = json.loads(raw)
+    except ValueError:
+        head = None
+    role = _Fields(head).object("trace").object("vantage_point").text("type")
     if role in ("server", "client"):
-        return str(role)
+        return role
     m = _ROLE_WORD.search(name.lower())
-    return m.group(1) if m else (str(role) if role else None)
-
-
-def _frames(ev: dict[str, Any]) -> list[str]:
-    return [str(f.get("frame_type")) for f in (ev.get("data") or {}).get("frames") or [] if isinstance(f, dict)]
+    return m.group(1) if m else (role or None)
 
 
 def read_qlog(path: Path) -> SenderRecord:
@@ -207,10 +297,7 @@ def read_qlog(path: Path) -> SenderRecord:
     credit = _Credit()
     for raw in _records(path):
         if rec.role is None and b'"vantage_point"' in raw[:4096]:  # the file's header
-            try:
-                rec.role = _role(json.loads(raw), path.name)
-            except (ValueError, AttributeError):
-                pass
+            rec.role = _role(raw, path.name)
             continue
         m = _TIME.search(raw[:64])
         if not m:
@@ -228,32 +315,28 @@ def read_qlog(path: Path) -> SenderRecord:
             answerable = True
         if not any(w in raw for w in _WANTED):
             continue
-        try:
-            ev = json.loads(raw)
-        except ValueError:
+        ev = Event.parse(raw)
+        if ev is None:
             continue
-        name = str(ev.get("name", ""))
+        name = ev.name
         _account(rec, state, app_limited, blocked_since, at, t)
         at = t
         if name.endswith("congestion_state_updated"):
             rec.states_seen = from_events = True
-            state = str((ev.get("data") or {}).get("new"))
+            state = ev.new_state
         elif name.endswith("packet_lost"):
             rec.packets_lost += 1
-        elif name.endswith("metrics_updated"):
-            data = ev.get("data") or {}
-            rtts = [v for v in (_number(data.get(k)) for k in _RTT_FIELDS) if v is not None]
-            if rtt_scale is None and rtts:  # the initial RTT, where logged before any sample, gives the unit
-                rtt_scale = 1e3 if not answerable and math.isclose(rtts[0], INITIAL_RTT_S, rel_tol=1e-4) else 1.0
-            rtt = _number(data.get("smoothed_rtt"))
-            if rtt is not None:
-                rec.rtts_ms.append(rtt * (rtt_scale or 1.0))
-            cwnd = _number(data.get("congestion_window")) or cwnd
-            if "bytes_in_flight" in data:
-                flight = _number(data["bytes_in_flight"])
-            flag = data.get("cf_app_limited", data.get("app_limited"))
-            if isinstance(flag, bool):
-                app_limited = flag
+        elif ev.metrics is not None:
+            mt = ev.metrics
+            if rtt_scale is None and mt.rtts:  # the initial RTT, where logged before any sample, gives the unit
+                rtt_scale = 1e3 if not answerable and math.isclose(mt.rtts[0], INITIAL_RTT_S, rel_tol=1e-4) else 1.0
+            if mt.smoothed_rtt is not None:
+                rec.rtts_ms.append(mt.smoothed_rtt * (rtt_scale or 1.0))
+            cwnd = mt.congestion_window or cwnd
+            if mt.flight_logged:
+                flight = mt.bytes_in_flight
+            if mt.app_limited is not None:
+                app_limited = mt.app_limited
             if not from_events and cwnd is not None and flight is not None:
                 # a stack that logs no congestion states (ngtcp2, tquic, quinn): its window full or not when
                 # the metrics change
@@ -262,13 +345,13 @@ def read_qlog(path: Path) -> SenderRecord:
         elif name.endswith("packet_sent"):
             for what in credit.sent(ev):  # a stack that sends no *_BLOCKED frame (ngtcp2): its credit used up
                 blocked_since.setdefault(what, t)
-            for f in (ev.get("data") or {}).get("frames") or []:
-                kind = f.get("frame_type") if isinstance(f, dict) else None
-                if kind in ("data_blocked", "stream_data_blocked") and credit.reached(f):
-                    blocked_since.setdefault("connection" if kind == "data_blocked" else "stream", t)
+            for f in ev.frames:
+                if f.kind in ("data_blocked", "stream_data_blocked") and credit.reached(f):
+                    blocked_since.setdefault("connection" if f.kind == "data_blocked" else "stream", t)
         elif name.endswith("packet_received"):
-            for f in _frames(ev):
-                blocked_since.pop({"max_data": "connection", "max_stream_data": "stream"}.get(f, ""), None)
+            for f in ev.frames:
+                if f.kind in _RELEASES:
+                    blocked_since.pop(_RELEASES[f.kind], None)
             credit.received(ev)
         elif name.endswith("parameters_set"):
             credit.parameters(ev)

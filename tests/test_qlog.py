@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qprof.attribution.causes import Cause
-from qprof.attribution.qlog import agreement, read_dir, read_qlog, sender
+from qprof.attribution.qlog import Event, Frame, agreement, read_dir, read_qlog, sender
 from qprof.errors import QprofError
 
 
@@ -107,3 +110,39 @@ def test_a_stack_without_congestion_states_or_blocked_frames(tmp_path: Path) -> 
     rec = read_qlog(qlog(tmp_path / "n.sqlog", "server", events))
     assert rec.seconds == pytest.approx({"congestion_control": 1.0, "flow_control": 0.5, "application": 1.5})
     assert rec.rtt_ms == 31 and rec.states_seen
+
+
+# any JSON value, where a qlog record's fields go: a stack's own extension or a damaged record
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                     max_leaves=12)
+_FIELDS = ("frame_type", "stream_id", "offset", "length", "raw", "maximum", "limit")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(st.tuples(
+    st.sampled_from(["recovery:congestion_state_updated", "recovery:metrics_updated", "transport:packet_sent",
+                     "transport:packet_received", "transport:parameters_set", "recovery:packet_lost"]),
+    st.dictionaries(st.sampled_from(["new", "frames", "smoothed_rtt", "congestion_window", "bytes_in_flight",
+                                     "cf_app_limited", "owner", "initial_max_data"]), _json, max_size=4),
+    st.lists(st.dictionaries(st.sampled_from(_FIELDS), _json | st.sampled_from(["stream", "max_data"])),
+             max_size=3)), max_size=12),
+    head=_json)
+def test_fields_of_any_type_are_read_as_absent_not_fatal(tmp_path: Path, events: list[tuple[str, dict, list]],
+                                                         head: Any) -> None:
+    """The parser turns each record into a typed event once: a field of the wrong type reads as absent,
+    whatever the record holds; the header may be anything too."""
+    lines = [json.dumps({"vantage_point": head}), json.dumps({"trace": head})]
+    for i, (name, data, frames) in enumerate(events):
+        lines.append(json.dumps({"time": i * 10, "name": name, "data": {**data, "frames": frames}}))
+    p = tmp_path / "f_server.sqlog"
+    p.write_text("".join(f"\x1e{line}\n" for line in lines))
+    rec = read_qlog(p)
+    assert rec.role == "server" and rec.packets_sent == sum(n.endswith("packet_sent") for n, _, _ in events)
+    assert all(s >= 0 for s in rec.seconds.values())
+
+
+@given(raw=st.binary(max_size=64) | _json.map(lambda v: json.dumps(v).encode()))
+def test_a_record_is_an_event_or_none(raw: bytes) -> None:
+    ev = Event.parse(raw)
+    assert ev is None or isinstance(ev.name, str) and all(isinstance(f, Frame) for f in ev.frames)
