@@ -155,7 +155,7 @@ def _unwinding(t: Any) -> str:
 
 
 def _files(p: ProcessProfile) -> list[str]:
-    return [f"{m['name']} {m.get('version', '')}".strip() for m in p.mappings]
+    return [f"{m.name} {m.version}".strip() for m in p.mappings]
 
 
 @dataclass

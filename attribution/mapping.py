@@ -49,11 +49,12 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, TypeVar
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.patterns import BoundedPattern, PatternError
 from qprof.errors import QprofError
+from qprof.jsonvalue import JsonObject
 from qprof.readlimits import read_text
 
 KINDS = ("common", "library", "stack", "user")
@@ -126,12 +127,33 @@ class MappingFile:
                 return f"symbol {sym}"
         return None
 
-    def describe(self, evidence: str | None = None) -> dict[str, Any]:
-        d = {"name": self.name, "version": self.version, "kind": self.kind,
-             "path": self.path, "verified": self.verified}
-        if evidence is not None:
-            d["detected_by"] = evidence
+    def use(self, evidence: str | None = None) -> "MappingUse":
+        """This file as a process was read with it (`evidence`: what chose it)."""
+        return MappingUse(self.name, self.version, self.kind, self.path, self.verified, evidence)
+
+
+@dataclass(frozen=True)
+class MappingUse:
+    """A mapping file a process was read with, and what chose it: the report's `mappings` entries."""
+
+    name: str
+    version: str
+    kind: str
+    path: str
+    verified: bool
+    detected_by: str | None = None
+
+    def to_json(self) -> JsonObject:
+        d: JsonObject = {"name": self.name, "version": self.version, "kind": self.kind, "path": self.path,
+                         "verified": self.verified}
+        if self.detected_by is not None:
+            d["detected_by"] = self.detected_by
         return d
+
+
+def stack_name(uses: Iterable[MappingUse]) -> str | None:
+    """The QUIC stack(s) whose mapping files these are (auto-detected or --stack), joined by "+"."""
+    return "+".join(m.name for m in uses if m.kind == "stack") or None
 
 
 def _rule_lines(text: str, table: str = "rule") -> list[int]:
@@ -151,7 +173,7 @@ def _key_line(text: str, header: int, key: str) -> int:
     return header + 1
 
 
-def _regex(value: Any, where: str, key: str) -> BoundedPattern:
+def _regex(value: object, where: str, key: str) -> BoundedPattern:
     if not isinstance(value, str):
         raise MappingError(f"{where}: `{key}` must be a string (a regular expression)")
     if len(value) > MAX_PATTERN:
@@ -171,10 +193,59 @@ def _header_line(text: str) -> int:
     return 1
 
 
+T = TypeVar("T")
+
+
+class _Table:
+    """One table of a mapping file as tomllib gives it, each key read as the type it must have: a key
+    of another type is an error naming the file and line (the key's own, or the table's where
+    `locate` is off) and the fix."""
+
+    def __init__(self, fields: dict[str, object], text: str, path: str, line: int, locate: bool = True) -> None:
+        self.fields, self.text, self.path, self.line, self.locate = fields, text, path, line, locate
+
+    def at(self, key: str | None = None) -> str:
+        """path:line of `key` (None: of the table's header)."""
+        line = _key_line(self.text, self.line - 1, key) if key is not None and self.locate else self.line
+        return f"{self.path}:{line}"
+
+    def has(self, key: str) -> bool:
+        return key in self.fields
+
+    def value(self, key: str, typ: type[T], default: T, error: str) -> T:
+        """`key`'s value, `default` when absent; `error` when it is not a `typ`."""
+        if key not in self.fields:
+            return default
+        return self.required(key, typ, error)
+
+    def required(self, key: str, typ: type[T], error: str) -> T:
+        """`key`'s value; `error` when it is absent or not a `typ`."""
+        v = self.fields.get(key)
+        if not isinstance(v, typ):
+            raise MappingError(f"{self.at(key)}: {error}")
+        return v
+
+    def optional(self, key: str, typ: type[T], error: str) -> T | None:
+        """`key`'s value; None when absent."""
+        return self.required(key, typ, error) if key in self.fields else None
+
+    def regex(self, key: str) -> BoundedPattern | None:
+        """`key`'s regular expression, compiled; None when absent."""
+        return _regex(self.fields[key], self.at(key), key) if key in self.fields else None
+
+    def keys(self, what: str, allowed: set[str]) -> "_Table":
+        """This table, checked for keys it may not have."""
+        bad = set(self.fields) - allowed
+        if bad:
+            k = sorted(bad)[0]
+            raise MappingError(f"{self.at(k)}: unknown {what} key `{k}`; allowed: {', '.join(sorted(allowed))}")
+        return self
+
+
 def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFile:
     """Validate and compile one mapping file's text; errors name path:line and the fix."""
     try:
-        doc = tomllib.loads(text)
+        parsed = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"line (\d+)", str(e))
         # "at end of document" (e.g. an unclosed quote): point at the last line
@@ -183,118 +254,93 @@ def parse_mapping(text: str, path: str, default_kind: str = "user") -> MappingFi
     except RecursionError:
         raise MappingError(f"{path}:1: not valid TOML (nested too deeply)") from None
     hl = _header_line(text)
-    unknown_top = set(doc) - {"mapping", "rule", "pool"}
+    doc = _Table(parsed, text, path, 1, locate=False)  # its errors point at line 1
+    unknown_top = set(parsed) - {"mapping", "rule", "pool"}
     if unknown_top:
         raise MappingError(f"{path}:1: unknown table(s) {sorted(unknown_top)}: only [mapping], [[rule]] and "
                            "[[pool]] are allowed")
-    head = doc.get("mapping")
-    if not isinstance(head, dict):
-        raise MappingError(f"{path}:1: missing [mapping] header with at least `name`")
-    bad = set(head) - _HEADER_KEYS
+    head = _Table(doc.required("mapping", dict, "missing [mapping] header with at least `name`"), text, path, hl)
+    bad = set(head.fields) - _HEADER_KEYS
     if bad:
         raise MappingError(f"{path}:{hl}: unknown [mapping] key(s) {sorted(bad)}; allowed: {sorted(_HEADER_KEYS)}")
-    name = head.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", name):
-        raise MappingError(f"{path}:{_key_line(text, hl - 1, 'name')}: `name` must be a short identifier "
-                           "(letters, digits, _.+-)")
-    kind = head.get("kind", default_kind)
+    name_error = "`name` must be a short identifier (letters, digits, _.+-)"
+    name = head.value("name", str, "", name_error)
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", name):
+        raise MappingError(f"{head.at('name')}: {name_error}")
+    kind_error = f"`kind` must be one of {', '.join(KINDS)}"
+    kind = head.value("kind", str, default_kind, kind_error)
     if kind not in KINDS:
-        raise MappingError(f"{path}:{_key_line(text, hl - 1, 'kind')}: `kind` must be one of {', '.join(KINDS)}")
-    for key, typ in (("version", str), ("description", str), ("verified", bool)):
-        if key in head and not isinstance(head[key], typ):
-            raise MappingError(f"{path}:{_key_line(text, hl - 1, key)}: `{key}` must be a {typ.__name__}")
-    mf = MappingFile(path, name, head.get("version", "0"), kind, head.get("description", ""),
-                     head.get("verified", False))
-    detect = head.get("detect", {})
-    if not isinstance(detect, dict) or set(detect) - _DETECT_KEYS:
-        raise MappingError(f"{path}:{hl}: [mapping.detect] takes lists `dso` and `symbol` of regexes "
-                           "and `go` (true or false)")
-    if not isinstance(detect.get("go", False), bool):
-        raise MappingError(f"{path}:{hl}: [mapping.detect] `go` must be true or false")
-    mf.detect_go = detect.get("go", False)
+        raise MappingError(f"{head.at('kind')}: {kind_error}")
+    mf = MappingFile(path, name, head.value("version", str, "0", "`version` must be a str"), kind,
+                     head.value("description", str, "", "`description` must be a str"),
+                     head.value("verified", bool, False, "`verified` must be a bool"))
+    header = _Table(head.fields, text, path, hl, locate=False)  # [mapping.detect]'s errors point at [mapping]
+    detect = _Table(header.value("detect", dict, {}, _DETECT_ERROR), text, path, hl, locate=False)
+    if set(detect.fields) - _DETECT_KEYS:
+        raise MappingError(f"{path}:{hl}: {_DETECT_ERROR}")
+    mf.detect_go = detect.value("go", bool, False, "[mapping.detect] `go` must be true or false")
     for key, dest in (("dso", mf.detect_dso), ("symbol", mf.detect_symbol)):
-        vals = detect.get(key, [])
-        if not isinstance(vals, list):
-            raise MappingError(f"{path}:{hl}: [mapping.detect] `{key}` must be a list of regexes")
+        vals = detect.value(key, list, [], f"[mapping.detect] `{key}` must be a list of regexes")
         dest.extend(_regex(v, f"{path}:{hl}", f"detect.{key}") for v in vals)
     if kind in ("library", "stack") and not (mf.detect_dso or mf.detect_symbol or mf.detect_go):
         raise MappingError(f"{path}:{hl}: a {kind} mapping needs [mapping.detect] patterns so it loads "
                            "only for matching processes")
-    rules = doc.get("rule", [])
-    if not isinstance(rules, list):
-        raise MappingError(f"{path}:1: `rule` must be an array of tables: write [[rule]]")
+    rules = doc.value("rule", list, [], "`rule` must be an array of tables: write [[rule]]")
     lines = _rule_lines(text)
     for i, r in enumerate(rules):
         line = lines[i] if i < len(lines) else 1
-        mf.rules.append(_parse_rule(r, text, path, line, name))
-    pools = doc.get("pool", [])
-    if not isinstance(pools, list):
-        raise MappingError(f"{path}:1: `pool` must be an array of tables: write [[pool]]")
+        mf.rules.append(_parse_rule(_table(r, "rule", _RULE_KEYS, text, path, line), name))
+    pools = doc.value("pool", list, [], "`pool` must be an array of tables: write [[pool]]")
     lines = _rule_lines(text, "pool")
     for i, pool in enumerate(pools):
-        mf.pools.append(_parse_pool(pool, text, path, lines[i] if i < len(lines) else 1))
+        mf.pools.append(_parse_pool(_table(pool, "pool", _POOL_KEYS, text, path, lines[i] if i < len(lines) else 1)))
     return mf
 
 
-def _table(t: Any, what: str, allowed: set[str], text: str, path: str, line: int) -> dict[str, Any]:
+_DETECT_ERROR = "[mapping.detect] takes lists `dso` and `symbol` of regexes and `go` (true or false)"
+
+
+def _table(t: object, what: str, allowed: set[str], text: str, path: str, line: int) -> _Table:
     """A [[rule]] or [[pool]] table, checked for being one and for keys it may have."""
     if not isinstance(t, dict):
         raise MappingError(f"{path}:{line}: a {what} must be a table")
-    bad = set(t) - allowed
-    if bad:
-        k = sorted(bad)[0]
-        raise MappingError(f"{path}:{_key_line(text, line - 1, k)}: unknown {what} key `{k}`; "
-                           f"allowed: {', '.join(sorted(allowed))}")
-    return t
+    return _Table(t, text, path, line).keys(what, allowed)
 
 
-def _parse_pool(p: Any, text: str, path: str, line: int) -> Pool:
-    where = f"{path}:{line}"
-    p = _table(p, "pool", _POOL_KEYS, text, path, line)
-    name = p.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name) > 64:
-        raise MappingError(f"{path}:{_key_line(text, line - 1, 'name')}: a pool needs a `name` "
-                           "(a short label, at most 64 characters)")
-    if "symbol" not in p:
+def _parse_pool(p: _Table) -> Pool:
+    where = p.at()
+    name_error = "a pool needs a `name` (a short label, at most 64 characters)"
+    name = p.value("name", str, "", name_error)
+    if not name.strip() or len(name) > 64:
+        raise MappingError(f"{p.at('name')}: {name_error}")
+    if not p.has("symbol"):
         raise MappingError(f"{where}: pool {name!r} needs `symbol`, a frame its threads' stacks run through")
-    note = p.get("note", "")
-    if not isinstance(note, str):
-        raise MappingError(f"{path}:{_key_line(text, line - 1, 'note')}: `note` must be a string")
-    return Pool(where, name, _regex(p["symbol"], f"{path}:{_key_line(text, line - 1, 'symbol')}", "symbol"), note)
+    note = p.value("note", str, "", "`note` must be a string")
+    return Pool(where, name, _regex(p.fields["symbol"], p.at("symbol"), "symbol"), note)
 
 
-def _parse_rule(r: Any, text: str, path: str, line: int, mapping: str) -> Rule:
-    where = f"{path}:{line}"
-    r = _table(r, "rule", _RULE_KEYS, text, path, line)
-
-    def at(key: str) -> str:
-        return f"{path}:{_key_line(text, line - 1, key)}"
-
-    symbol = _regex(r["symbol"], at("symbol"), "symbol") if "symbol" in r else None
-    dso = _regex(r["dso"], at("dso"), "dso") if "dso" in r else None
-    within = _regex(r["within"], at("within"), "within") if "within" in r else None
-    kernel = r.get("kernel")
-    if kernel is not None and not isinstance(kernel, bool):
-        raise MappingError(f"{at('kernel')}: `kernel` must be true or false")
-    leaf = r.get("leaf", False)
-    if not isinstance(leaf, bool):
-        raise MappingError(f"{at('leaf')}: `leaf` must be true or false")
+def _parse_rule(r: _Table, mapping: str) -> Rule:
+    where = r.at()
+    symbol, dso, within = r.regex("symbol"), r.regex("dso"), r.regex("within")
+    kernel = r.optional("kernel", bool, "`kernel` must be true or false")
+    leaf = r.value("leaf", bool, False, "`leaf` must be true or false")
     if symbol is None and dso is None and within is None and kernel is None:
         raise MappingError(f"{where}: rule matches everything: give `symbol`, `dso`, `kernel` or `within`")
-    category, sub = r.get("category"), r.get("subcategory")
-    transparent = r.get("transparent", False)
-    if not isinstance(transparent, bool):
-        raise MappingError(f"{at('transparent')}: `transparent` must be true or false")
+    transparent = r.value("transparent", bool, False, "`transparent` must be true or false")
+    category = r.optional("category", str, f"`category` must be a string; {_CATEGORIES}")
     if category is not None and category not in CATEGORIES:
-        raise MappingError(f"{at('category')}: unknown category {category!r}; use one of: "
-                           + ", ".join(CATEGORIES))
-    if sub is not None and (not isinstance(sub, str) or not sub.strip()):
-        raise MappingError(f"{at('subcategory')}: `subcategory` must be a non-empty string")
+        raise MappingError(f"{r.at('category')}: unknown category {category!r}; {_CATEGORIES}")
+    sub = r.optional("subcategory", str, "`subcategory` must be a non-empty string")
+    if sub is not None and not sub.strip():
+        raise MappingError(f"{r.at('subcategory')}: `subcategory` must be a non-empty string")
     if transparent and (category is not None or sub is not None):
         raise MappingError(f"{where}: a transparent rule cannot also set a category or subcategory")
     if not transparent and category is None and sub is None:
         raise MappingError(f"{where}: rule has no outcome: set `category`, `subcategory` or `transparent = true`")
     return Rule(where, mapping, symbol, dso, kernel, within, category, sub, transparent, leaf)
+
+
+_CATEGORIES = "use one of: " + ", ".join(CATEGORIES)
 
 
 def load_file(path: str | os.PathLike[str], default_kind: str = "user") -> MappingFile:

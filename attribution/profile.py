@@ -17,7 +17,7 @@ from qprof.attribution import handoff, symbols
 from qprof.attribution.application import application_rule
 from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_IO, PROBE_COST
 from qprof.attribution.engine import Classifier, Decision
-from qprof.attribution.mapping import MappingSet
+from qprof.attribution.mapping import MappingSet, MappingUse
 from qprof.attribution.pools import PoolMatcher
 from qprof.attribution.skid import SkidSplitter
 from qprof.archive import Run
@@ -105,7 +105,7 @@ class ProcessProfile:
     role: str | None
     breakdown: Breakdown = field(default_factory=Breakdown)
     threads: dict[int, ThreadProfile] = field(default_factory=dict)
-    mappings: list[dict[str, Any]] = field(default_factory=list)
+    mappings: list[MappingUse] = field(default_factory=list)
     dso_only: Counter[str] = field(default_factory=Counter)  # period per category decided by rules naming only an object
     mmsg_seen: set[str] = field(default_factory=set)  # "sendmmsg"/"recvmmsg" kernel entry points in its stacks
     proc_cpu_seconds: float | None = None  # from /proc between its first and last reading, a cross-check
@@ -250,7 +250,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
         pools = [pool for f in files for pool in f.pools]
         per_pid_pools[pid] = PoolMatcher(pools)
         procs[pid] = ProcessProfile(pid, target.comm if target else "?", target.role if target else None,
-                                    mappings=[f.describe(why) for f, why in chosen],
+                                    mappings=[f.use(why) for f, why in chosen],
                                     mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
                                     application=app.source if app else None,
                                     pool_notes={pool.name: pool.note for pool in pools})

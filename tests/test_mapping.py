@@ -241,6 +241,29 @@ def test_arbitrary_text_raises_only_mapping_error(text: str) -> None:
         assert mf.name
 
 
+_toml_values = st.sampled_from(["1", "1.5", "true", "false", '"x"', '""', "'('", '"Crypto"', '"stack"', "[]",
+                                 '["x"]', "[1]", "{a = 1}", '"1970-01-01"', "1970-01-01"])
+
+
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["mapping", "mapping.detect", "rule", "pool"]),
+       st.sampled_from(["name", "version", "kind", "description", "verified", "go", "dso", "symbol", "kernel",
+                        "within", "leaf", "category", "subcategory", "transparent", "note"]), _toml_values)
+def test_each_key_of_each_table_checked_for_its_type(table: str, key: str, value: str) -> None:
+    """Whatever type a key's value has, the file loads or its error names the file and line (the
+    typed reader of each table is the one place a value's type is checked)."""
+    head = '[mapping]\nname = "t"\n' + (f"{key} = {value}\n" if table == "mapping" else "")
+    detect = f"[mapping.detect]\n{key} = {value}\n" if table == "mapping.detect" else ""
+    body = {"rule": "[[rule]]\nsymbol = 'x'\n", "pool": "[[pool]]\nname = 'p'\nsymbol = 'x'\n"}.get(table, "")
+    body += f"{key} = {value}\n" if body and key not in ("symbol", "name") else ""
+    try:
+        mf = parse_mapping(head + detect + body, "p.toml")
+    except MappingError as e:
+        assert re.match(r"^p\.toml:\d+: ", str(e)) and "\n" not in str(e), str(e)
+    else:
+        assert mf.name == "t"
+
+
 # ---------------------------------------------------------------- MappingSet
 
 

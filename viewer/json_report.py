@@ -52,7 +52,7 @@ def process_dict(p: ProcessReport) -> JsonObject:
         "other_bpf_share": p.other_bpf_share,
         "mmsg_seen": list(p.mmsg_seen),
         "interrupt_skid": p.interrupt_skid,
-        "mappings": list(p.mappings),
+        "mappings": [m.to_json() for m in p.mappings],
         "application": p.application,
         "threads": [{"tid": t.tid, "comm": t.comm, **figures_dict(t.figures)} for t in p.threads],
         "thread_view": None if p.thread_view is None else p.thread_view.to_json(p.seconds_per_period),

@@ -29,11 +29,12 @@ from opentelemetry.proto.profiles.v1development import profiles_pb2 as P
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
+from qprof.attribution.mapping import stack_name
 from qprof.attribution.symbols import FrameAddresses
 from qprof.archive.stacks import StackRecord
 from qprof.version import __version__
 from qprof.viewer.folded import frame_name
-from qprof.viewer.pprof import NO_STACK, PprofCollector, Strings, stack_name, start_nanos
+from qprof.viewer.pprof import NO_STACK, PprofCollector, Strings, start_nanos
 
 # the attribute keys a backend groups by
 CATEGORY, SUBCATEGORY, ROLE, STACK = "qprof.category", "qprof.subcategory", "qprof.role", "qprof.stack"

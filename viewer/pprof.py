@@ -39,6 +39,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.engine import Decision
+from qprof.attribution.mapping import stack_name
 from qprof.attribution.symbols import FrameAddresses
 from qprof.archive.model import Meta
 from qprof.archive.stacks import StackRecord
@@ -120,11 +121,6 @@ class Strings:
         return i
 
 
-def stack_name(mappings: list[dict[str, Any]]) -> str | None:
-    names = [m["name"] for m in mappings if m.get("kind") == "stack"]
-    return "+".join(names) if names else None
-
-
 def start_nanos(start_time: str | None) -> int:
     try:
         return int(datetime.fromisoformat(str(start_time)).timestamp() * 1e9)
@@ -147,7 +143,7 @@ def pprof_bytes(analysis: Analysis, seen: PprofCollector, address: FrameAddresse
     build_ids = {o.path: o.build_id or "" for t in info.targets for o in t.objects}
     procs = {p.pid: p for p in analysis.profile.processes}
     stacks = {pid: stack_name(p.mappings) for pid, p in procs.items()}
-    files = sorted({m["name"] for p in procs.values() for m in p.mappings})
+    files = sorted({m.name for p in procs.values() for m in p.mappings})
     prof.comment.append(strings(f"qprof run {analysis.profile.run.path}; labels: category, subcategory, role, "
                                 "stack, comm, thread, pid, tid (qprof's attribution)"))
     prof.comment.append(strings("mapping files: " + (", ".join(files) or "none")))

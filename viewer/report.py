@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.cryptocalls import Crypto
+from qprof.attribution.mapping import MappingUse, stack_name
 from qprof.attribution.packetio import PacketIO
 from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
 from qprof.attribution.recommend import Recommendation
@@ -104,7 +105,7 @@ class ProcessReport:
     other_bpf_share: float
     mmsg_seen: tuple[str, ...]
     interrupt_skid: Mapping[str, Any]  # as attribution.skid records it
-    mappings: tuple[Mapping[str, Any], ...]  # the mapping files it was read with (attribution.profile)
+    mappings: tuple[MappingUse, ...]  # the mapping files it was read with (attribution.profile)
     application: str | None
     threads: tuple[ThreadReport, ...]  # busiest first
     thread_view: ThreadView | None
@@ -122,7 +123,7 @@ class ProcessReport:
     @property
     def stack(self) -> str | None:
         """The QUIC stack(s) whose mapping file it was read with (auto-detected or --stack)."""
-        return "+".join(str(m["name"]) for m in self.mappings if m.get("kind") == "stack") or None
+        return stack_name(self.mappings)
 
     @property
     def goodput_gbps(self) -> float | None:

@@ -272,7 +272,7 @@ def table_rows(report: Report, run: TableRun) -> list[Row]:
         rows.append(_shape({**meta, **c, "configuration": run.configuration, "setting": run.setting,
                             "repetition": run.repetition, "scope": report.run.sampling.scope_mode,
                             "cause": verdict.cause if verdict is not None else None,
-                            "mappings": _joined((f"{m['name']} {m['version']}" for m in p.mappings), ", "),
+                            "mappings": _joined((f"{m.name} {m.version}" for m in p.mappings), ", "),
                             "configuration_recorded": run.recorded,
                             "unwind": unwinding.mode if unwinding is not None else None,
                             "tx_bytes": io.tx.bytes if io is not None else None,

@@ -449,9 +449,9 @@ def render(report: Report, console: Console, top: int = 5, verbose: bool = False
         if p.cpu_note:
             say(f"  note: {p.cpu_note}", "yellow")
         if verbose:
-            say("  mappings: " + ", ".join(f"{m['name']} {m['version']} ({m['path']})" for m in p.mappings))
+            say("  mappings: " + ", ".join(f"{m.name} {m.version} ({m.path})" for m in p.mappings))
         else:
-            say("  mappings: " + ", ".join(m["name"] for m in p.mappings) + " (files and versions: --verbose)", "dim")
+            say("  mappings: " + ", ".join(m.name for m in p.mappings) + " (files and versions: --verbose)", "dim")
         _symbols_line(p, info.symbols, say, verbose)
         _skid_note(p, say, verbose)
         console.print(_symbols_table(p, top, verbose))
