@@ -154,15 +154,6 @@ class ProcReading:
     def udp_through(self) -> float | None:
         return self.traffic.udp_through
 
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "ProcReading":
-        """A proc.jsonl line already checked against schema.PROC_READING, read as Run.proc_readings
-        reads it (schema.decode); for callers that hold a line's JSON."""
-        from qprof.archive import schema  # schema derives its shapes from this module
-
-        reading: ProcReading = schema.decode(cls, doc)
-        return reading
-
 
 # ---- meta.json: what was profiled, how, on what host ----------------------------------------------
 # One model both ways: the session builds these records and writes them (schema.encode), readers get them

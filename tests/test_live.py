@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import QPROF, examples
 from qprof.attribution.live import LiveMonitor
+from qprof.archive import schema
 from qprof.archive.model import LiveData, ProcReading, Target
 from qprof.probes.packetio import windows
 
@@ -24,7 +25,7 @@ TARGETS = (Target(10, "srv", "server"),)
 
 
 def _data(mono: float, on_cpu: dict[int, float], tx: int, txb: int, skbs: int, rx: int, sirq: float) -> LiveData:
-    reading = ProcReading.from_json({"mono": mono, "threads": {"10": [
+    reading = schema.decode(ProcReading, {"mono": mono, "threads": {"10": [
         {"tid": t, "comm": "srv", "on_cpu_s": s, "utime_s": 0, "stime_s": 0} for t, s in on_cpu.items()]}})
     maps = {"@tx_dgrams": {"10,11": tx}, "@tx_bytes": {"10,11": txb}, "@tx_skbs": {"10,11": skbs},
             "@rx_msgs": {"10,12,4433": rx}, "@rx_bytes": {"10,12": rx * 100}, "@udp_drops": {"2,4433": 7}}

@@ -16,6 +16,7 @@ from qprof.attribution.mapping import MappingError, MappingSet, parse_mapping
 from qprof.attribution.pools import PoolMatcher
 from qprof.attribution.profile import Breakdown, ProcessProfile, ThreadProfile
 from qprof.attribution.threads import busiest, thread_view, window
+from qprof.archive import schema
 from qprof.archive.model import ProcReading
 
 pytestmark = pytest.mark.usefixtures("user_config")
@@ -93,7 +94,7 @@ def test_handoff_kinds() -> None:
 
 
 def _reading(t: float, threads: list[tuple[int, str, float, float, int, int]], idle: float = 0.0) -> ProcReading:
-    return ProcReading.from_json({"mono": t, "threads": {"7": [
+    return schema.decode(ProcReading, {"mono": t, "threads": {"7": [
         {"tid": tid, "comm": comm, "state": "S", "utime_s": 0, "stime_s": 0, "on_cpu_s": on, "run_delay_s": rq,
          "voluntary": vol, "involuntary": inv, "cpu": 0} for tid, comm, on, rq, vol, inv in threads]},
         "cpu_idle": {"0": idle}})

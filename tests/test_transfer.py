@@ -17,13 +17,14 @@ from qprof.attribution.sampling import Estimate
 from qprof.attribution.tcp import ProcessTcp, TcpIO
 from qprof.attribution.timeline import _rates, _within
 from qprof.attribution.transfer import SPAN_FROM_PROC, SPAN_FROM_SAMPLES, transfer
+from qprof.archive import schema
 from qprof.archive.model import ProcReading
 from qprof.collectors.session import IdleWatch
 
 
 def _reading(t: float, cpu: float = 0.0, udp: tuple[float, float] | None = None,
              tcp: tuple[float, float] | None = None, pid: int = 7) -> ProcReading:
-    return ProcReading.from_json({"mono": t, "threads": {str(pid): [
+    return schema.decode(ProcReading, {"mono": t, "threads": {str(pid): [
         {"tid": pid, "comm": "x", "utime_s": 0.0, "stime_s": 0.0, "on_cpu_s": cpu, "run_delay_s": 0.0}]},
         **({"udp": {str(pid): list(udp)}} if udp else {}), **({"tcp": {str(pid): list(tcp)}} if tcp else {})})
 
@@ -84,7 +85,7 @@ def test_kept_intervals_keep_every_byte(parts: list[tuple[float, float, float]],
 def test_idle_watch_ends_after_the_work_not_before_it() -> None:
     w = IdleWatch([7, 8], 1.0)
     for t in (0.0, 0.25, 0.5):  # both idle from the start: nothing ended, nothing began
-        w.see(ProcReading.from_json({"mono": t, "threads": {"7": [], "8": []}}))
+        w.see(schema.decode(ProcReading, {"mono": t, "threads": {"7": [], "8": []}}))
     assert not w.ended()
     cpu = {7: 0.0}
     for i in range(1, 13):  # pid 7 busy for 1 s, then idle; its bytes stop with it

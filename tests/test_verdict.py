@@ -44,8 +44,11 @@ def readings(pid: int, seconds: float, on_cpu: float, runq: float, quota: float 
 
 
 def typed(rs: list[dict[str, Any]]) -> list[ProcReading]:
-    """The readings as the archive hands them out (they are written as proc.jsonl's lines)."""
-    return [ProcReading.from_json(r) for r in rs]
+    """The readings as the archive hands them out (they are written as proc.jsonl's lines): each
+    checked against the line's shape, then decoded, as Run.proc_readings reads them."""
+    for r in rs:
+        schema.validate(r, schema.PROC_READING, "proc.jsonl")
+    return [schema.decode(ProcReading, r) for r in rs]
 
 
 def merge(*rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
