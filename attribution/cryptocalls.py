@@ -11,14 +11,13 @@ filled in.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 from qprof.attribution.packetio import PacketIO
-from qprof.attribution.probemaps import keyed as _keyed
+from qprof.attribution import probemaps
 from qprof.archive import schema
-from qprof.archive.model import CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
+from qprof.archive.model import CryptoCost, CryptoObject, CryptoSlot, CryptoTarget, ProbeRecord
 from qprof.jsonvalue import JsonObject
 
 KINDS = ("aead_seal", "aead_open", "header_protection")
@@ -41,8 +40,8 @@ def _kind(slot: CryptoSlot) -> str:
 @dataclass
 class ProcessCrypto:
     pid: int
-    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls: Counter[str] = field(default_factory=Counter)  # operation (KINDS, aad_update) -> calls
+    bytes: Counter[str] = field(default_factory=Counter)
     bytes_complete: dict[str, bool] = field(default_factory=dict)  # False: some calls carry no length
     threads: dict[int, dict[str, int]] = field(default_factory=dict)
     symbols: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # "symbol (part)" -> calls
@@ -63,11 +62,11 @@ class ProcessCrypto:
     def per_datagram(self) -> dict[str, float | None]:
         tx, rx = self.tx_dgrams, self.rx_dgrams
         both = (tx or 0) + (rx or 0)
-        total = sum(self.calls.get(k, 0) for k in (*KINDS, "aad_update"))
+        total = sum(self.calls[k] for k in (*KINDS, "aad_update"))
         return {
-            "seal_per_datagram_sent": _r(self.calls.get("aead_seal", 0) / tx) if tx else None,
-            "open_per_datagram_received": _r(self.calls.get("aead_open", 0) / rx) if rx else None,
-            "header_protection_per_datagram": _r(self.calls.get("header_protection", 0) / both) if both else None,
+            "seal_per_datagram_sent": _r(self.calls["aead_seal"] / tx) if tx else None,
+            "open_per_datagram_received": _r(self.calls["aead_open"] / rx) if rx else None,
+            "header_protection_per_datagram": _r(self.calls["header_protection"] / both) if both else None,
             "calls_per_datagram": _r(total / both) if both else None,
         }
 
@@ -101,8 +100,8 @@ class ProcessCrypto:
     def to_json(self) -> JsonObject:
         symbols = sorted(self.symbols.items(), key=lambda kv: -kv[1])
         return {
-            "calls": {k: self.calls.get(k, 0) for k in (*KINDS, "aad_update")},
-            "bytes": {k: self.bytes.get(k, 0) for k in KINDS if k in self.bytes},
+            "calls": {k: self.calls[k] for k in (*KINDS, "aad_update")},
+            "bytes": {k: self.bytes[k] for k in KINDS if k in self.bytes},
             "bytes_complete": self.bytes_complete,
             **self.per_datagram(),
             "datagrams_sent": self.tx_dgrams, "datagrams_received": self.rx_dgrams,
@@ -119,12 +118,13 @@ class ProcessCrypto:
 class Crypto:
     processes: dict[int, ProcessCrypto]
     cpu_flags: dict[str, bool]
-    cost: dict[str, Any] | None  # probes.json's crypto cost as written (archive.model.CryptoCost)
+    cost: CryptoCost | None  # what the crypto probes cost (the report carries it as probes.json has it)
     slots: int
 
     def to_json(self) -> JsonObject:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
-                "cpu_flags": self.cpu_flags, "probe_cost": self.cost, "slots": self.slots}
+                "cpu_flags": self.cpu_flags, "probe_cost": None if self.cost is None else schema.encode(self.cost),
+                "slots": self.slots}
 
 
 def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = None) -> Crypto | None:
@@ -150,7 +150,7 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
             proc.notes += [n for n in o.notes if n not in proc.notes]
         proc.notes += entry.notes
     has_bytes: dict[tuple[int, str], list[bool]] = defaultdict(list)
-    for key, n in _keyed(maps.get("@calls")):
+    for key, n in probemaps.counters(maps, "@calls"):
         if len(key) < 3 or key[0] not in procs or key[2] not in slots:
             continue
         proc, slot = procs[key[0]], slots[key[2]]
@@ -173,7 +173,7 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
                      "one 16-byte AES block or 5 ChaCha20 bytes); a payload that small is counted with them")
             if basis not in proc.basis:
                 proc.basis.append(basis)
-    for key, n in _keyed(maps.get("@bytes")):
+    for key, n in probemaps.counters(maps, "@bytes"):
         if len(key) < 3 or key[0] not in procs or key[2] not in slots:
             continue
         procs[key[0]].bytes[_kind(slots[key[2]])] += n
@@ -183,12 +183,12 @@ def analyse(probes: ProbeRecord, pids: list[int], packet_io: PacketIO | None = N
         if packet_io is not None and pid in packet_io.processes:
             pp = packet_io.processes[pid]
             proc.tx_dgrams, proc.rx_dgrams = pp.tx.dgrams, pp.rx.dgrams
-        if proc.calls.get("aead_seal") and not proc.calls.get("aead_open") and proc.rx_dgrams:
+        if proc.calls["aead_seal"] and not proc.calls["aead_open"] and proc.rx_dgrams:
             proc.notes.append(f"no AEAD open counted although {proc.rx_dgrams:,} datagrams were received: "
                               "the open path may enter below the probed symbols (inlined or another API)")
-        hp = proc.calls.get("header_protection", 0)
-        if hp and proc.bytes.get("header_protection") and proc.bytes_complete.get("header_protection"):
+        hp = proc.calls["header_protection"]
+        if hp and proc.bytes["header_protection"] and proc.bytes_complete.get("header_protection"):
             per = proc.bytes["header_protection"] / hp
             proc.basis.append(f"header protection input {per:.1f} bytes per call (an AES mask encrypts one "
                               "16-byte sample; a ChaCha20 mask is 5 bytes)")
-    return Crypto(procs, rec.cpu_flags, None if rec.cost is None else schema.encode(rec.cost), len(slots))
+    return Crypto(procs, rec.cpu_flags, rec.cost, len(slots))

@@ -120,7 +120,7 @@ class LiveMonitor:
                 # rates are its averages since then (a second print can be 2 s later)
                 self._packets = _PacketCounts(0.0, {p: (0.0,) * 6 for p in pio.processes})
             self._update_packets(_PacketCounts(
-                pio.sampling["span_s"] if pio.sampling is not None else d.reading.mono,
+                pio.sampling.span_s if pio.sampling is not None else d.reading.mono,
                 {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
                  for p, v in pio.processes.items()}))
         now = _Counters(d.reading.mono, _on_cpu(d.reading), sum(d.softirq_seconds.values()),

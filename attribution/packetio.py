@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from qprof.attribution.probemaps import keyed as _keyed
+from qprof.attribution import probemaps
 from qprof.attribution.sampling import Estimate, GroupSample
 from qprof.archive import schema
-from qprof.archive.model import ProbeRecord, UdpSocket
+from qprof.archive.model import ProbeCost, ProbeRecord, UdpSocket, UnavailableProbe
 from qprof.jsonvalue import JsonObject
 from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
 from qprof.probes.packetio.windows import AUX
@@ -30,40 +30,35 @@ _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InE
              "MemErrors", "InCsumErrors")
 
 
-def _quantile_of_hist(h: list[dict[str, int]] | None, q: float) -> float | None:
-    """Bucket midpoint at quantile q of a bpftrace hist/lhist (buckets of min/max/count)."""
-    if not h:
-        return None
-    total = sum(b.get("count", 0) for b in h)
-    if total == 0:
-        return None
-    acc = 0
-    for b in h:
-        acc += b.get("count", 0)
-        if acc >= q * total:
-            return (b.get("min", 0) + b.get("max", b.get("min", 0))) / 2
-    return None
+@dataclass(frozen=True)
+class SyscallTime:
+    """One syscall of one process, from the opt-in `syscalls` probes: calls, time, p50/p99 (bucket midpoints)."""
+
+    calls: int
+    total_s: float
+    mean_us: float
+    p50_us: float | None
+    p99_us: float | None
+
+    def to_json(self) -> JsonObject:
+        return {"calls": self.calls, "total_s": self.total_s, "mean_us": self.mean_us, "p50_us": self.p50_us,
+                "p99_us": self.p99_us}
 
 
-def _median_of_hist(h: list[dict[str, int]] | None) -> float | None:
-    return _quantile_of_hist(h, 0.5)
-
-
-def _syscall_time(maps: dict[str, Any], procs: dict[int, "ProcessPacketIO"]) -> None:
+def _syscall_time(maps: Mapping[str, object], procs: dict[int, "ProcessPacketIO"]) -> None:
     """Per process and syscall: calls, total time, and p50/p99 from the `syscalls` probe group."""
-    calls = maps.get("@syscall_calls") or {}
-    totals = maps.get("@syscall_total_ns") or {}
-    hists = maps.get("@syscall_ns") or {}
-    for key, n in calls.items():
-        pid_s, _, probe = str(key).partition(",")
+    totals = probemaps.values(maps, "@syscall_total_ns")
+    hists = probemaps.histograms(maps, "@syscall_ns")
+    for key, n in probemaps.values(maps, "@syscall_calls").items():
+        pid_s, _, probe = key.partition(",")
         if not pid_s.isdigit() or int(pid_s) not in procs or not n:
             continue
         name = probe.rsplit("sys_exit_", 1)[-1]
-        total = int(totals.get(key, 0))
-        procs[int(pid_s)].syscall_time[name] = {
-            "calls": int(n), "total_s": round(total / 1e9, 6), "mean_us": round(total / n / 1e3, 3),
-            "p50_us": _r((_quantile_of_hist(hists.get(key), 0.5) or 0) / 1e3),
-            "p99_us": _r((_quantile_of_hist(hists.get(key), 0.99) or 0) / 1e3)}
+        total = int(totals[key]) if key in totals else 0
+        h = hists[key] if key in hists else probemaps.Histogram()
+        procs[int(pid_s)].syscall_time[name] = SyscallTime(
+            int(n), round(total / 1e9, 6), round(total / n / 1e3, 3),
+            _r((h.quantile(0.5) or 0) / 1e3), _r((h.quantile(0.99) or 0) / 1e3))
 
 
 @dataclass
@@ -105,6 +100,33 @@ def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
 
+@dataclass(frozen=True)
+class Gso:
+    """Segmentation offload on send: whether the socket asked for it and what the kernel did."""
+
+    enabled: str  # "socket option", "per-call cmsg" or "no"
+    gso_sends: int
+    segments_per_gso_send: float | None
+    segment_size: float | None  # the median of the probes' histogram
+
+    def to_json(self) -> JsonObject:
+        return {"enabled": self.enabled, "gso_sends": self.gso_sends,
+                "segments_per_gso_send": self.segments_per_gso_send, "segment_size": self.segment_size}
+
+
+@dataclass(frozen=True)
+class Gro:
+    """Receive offload: whether the socket asked for it and how many datagrams a receive held."""
+
+    enabled: str  # "socket option" or "no"
+    coalesced_receives: int
+    datagrams_per_receive: float | None
+
+    def to_json(self) -> JsonObject:
+        return {"enabled": self.enabled, "coalesced_receives": self.coalesced_receives,
+                "datagrams_per_receive": self.datagrams_per_receive}
+
+
 @dataclass
 class ProcessPacketIO:
     pid: int
@@ -117,26 +139,24 @@ class ProcessPacketIO:
     gro_segs_median: float | None = None
     sockets: list[UdpSocket] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)  # reason name -> datagrams dropped at our ports
-    syscall_time: dict[str, dict[str, Any]] = field(default_factory=dict)  # opt-in `syscalls` probes
+    syscall_time: dict[str, SyscallTime] = field(default_factory=dict)  # opt-in `syscalls` probes
     estimates: dict[str, Estimate] = field(default_factory=dict)  # headline figures with their intervals
 
     def thread(self, tid: int) -> tuple[Direction, Direction]:
         return self.threads.setdefault(tid, (Direction(), Direction()))
 
     @property
-    def gso(self) -> dict[str, Any]:
+    def gso(self) -> "Gso":
         enabled = "socket option" if self.tx.offload_socket_msgs else (
             "per-call cmsg" if self.tx.offload_skbs else "no")
         used = self.tx.offload_skbs
-        return {"enabled": enabled, "gso_sends": used,
-                "segments_per_gso_send": _r((self.tx.dgrams - (self.tx.skbs - used)) / used) if used else None,
-                "segment_size": self.gso_segment_size}
+        return Gso(enabled, used, _r((self.tx.dgrams - (self.tx.skbs - used)) / used) if used else None,
+                   self.gso_segment_size)
 
     @property
-    def gro(self) -> dict[str, Any]:
-        return {"enabled": "socket option" if self.rx.offload_socket_msgs else "no",
-                "coalesced_receives": self.rx.offload_skbs,
-                "datagrams_per_receive": _r(self.rx.dgrams / self.rx.skbs) if self.rx.skbs else None}
+    def gro(self) -> "Gro":
+        return Gro("socket option" if self.rx.offload_socket_msgs else "no", self.rx.offload_skbs,
+                   _r(self.rx.dgrams / self.rx.skbs) if self.rx.skbs else None)
 
     @property
     def ack_ratio(self) -> float | None:
@@ -148,10 +168,11 @@ class ProcessPacketIO:
         return all(e.exact for e in self.estimates.values())
 
     def to_json(self) -> JsonObject:
-        return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso, "gro": self.gro,
+        return {"tx": self.tx.to_json(), "rx": self.rx.to_json(), "gso": self.gso.to_json(), "gro": self.gro.to_json(),
                 "ack_ratio": self.ack_ratio, "ports": sorted(self.ports),
                 "sockets": [schema.encode(sk) for sk in self.sockets],
-                "drops": self.drops, "syscall_time": self.syscall_time, "counted": "exact" if self.exact else "sampled",
+                "drops": self.drops, "syscall_time": {k: v.to_json() for k, v in self.syscall_time.items()},
+                "counted": "exact" if self.exact else "sampled",
                 "estimates": {k: {"value": _r(e.value), "interval": e.interval(), "exact": e.exact}
                               for k, e in sorted(self.estimates.items())},
                 "threads": {str(t): {"tx": a.to_json(), "rx": b.to_json()} for t, (a, b) in sorted(self.threads.items())}}
@@ -162,17 +183,19 @@ class PacketIO:
     """The whole run's packet I/O picture."""
 
     processes: dict[int, ProcessPacketIO]
-    softirq: dict[str, Any]
+    softirq: "Softirq"
     udp_mib: dict[str, dict[str, int | float]]
     sysctl: dict[str, str | float]
-    cost: dict[str, Any] | None  # probes.json's cost as written (archive.model.ProbeCost)
-    unavailable: list[dict[str, str]]
-    sampling: dict[str, Any] | None = None  # how the packet counts were taken (None: counted whole)
+    cost: ProbeCost | None  # what the BPF programs cost (the report carries it as probes.json has it)
+    unavailable: list[UnavailableProbe]
+    sampling: "SamplingSummary | None" = None  # how the packet counts were taken (None: counted whole)
 
     def to_json(self) -> JsonObject:
         return {"processes": {str(p): v.to_json() for p, v in sorted(self.processes.items())},
-                "softirq": self.softirq, "udp_mib_delta": self.udp_mib, "sysctl": self.sysctl,
-                "probe_cost": self.cost, "unavailable": self.unavailable, "sampling": self.sampling}
+                "softirq": self.softirq.to_json(), "udp_mib_delta": self.udp_mib, "sysctl": self.sysctl,
+                "probe_cost": None if self.cost is None else schema.encode(self.cost),
+                "unavailable": [{"probe": u.probe, "reason": u.reason} for u in self.unavailable],
+                "sampling": None if self.sampling is None else self.sampling.to_json()}
 
 
 # struct counts (probes/packetio/packetio.bpf.c) -> (direction, Direction attribute)
@@ -280,15 +303,33 @@ def _sample(w: Windows, key: str) -> GroupSample | None:
                        totals, w.expansion, {n: kernel_counters_for(n) for n in aux_of})
 
 
-def _sampling_summary(w: Windows) -> dict[str, Any]:
-    return {"method": ("per-packet programs counting in one window per period, the window's length set by "
-                       "the hook rate against a CPU budget; totals scaled to the kernel's counters of each "
-                       "namespace (bytes and datagrams sent to its IP OutOctets, all else to its UDP "
-                       "datagrams; regression estimator), 95% intervals by the delta method"),
-            "exact": w.exact, "periods": w.periods, "full_periods": w.full_periods,
-            "span_s": round(w.span_s, 3), "counted_s": round(w.counted_s, 3),
-            "coverage": _r(w.counted_s / w.span_s) if w.span_s else None,
-            "hook_runs": w.events, "budget": w.budget}
+@dataclass(frozen=True)
+class SamplingSummary:
+    """How the packet counts were taken: the sampler's windows against the run (probes/packetio/windows.py)."""
+
+    exact: bool
+    periods: int
+    full_periods: int
+    span_s: float
+    counted_s: float
+    coverage: float | None  # share of the run inside windows
+    hook_runs: dict[str, int]
+    budget: dict[str, float]
+
+    METHOD = ("per-packet programs counting in one window per period, the window's length set by "
+              "the hook rate against a CPU budget; totals scaled to the kernel's counters of each "
+              "namespace (bytes and datagrams sent to its IP OutOctets, all else to its UDP "
+              "datagrams; regression estimator), 95% intervals by the delta method")
+
+    @classmethod
+    def of(cls, w: Windows) -> "SamplingSummary":
+        return cls(w.exact, w.periods, w.full_periods, round(w.span_s, 3), round(w.counted_s, 3),
+                   _r(w.counted_s / w.span_s) if w.span_s else None, w.events, w.budget)
+
+    def to_json(self) -> JsonObject:
+        return {"method": self.METHOD, "exact": self.exact, "periods": self.periods,
+                "full_periods": self.full_periods, "span_s": self.span_s, "counted_s": self.counted_s,
+                "coverage": self.coverage, "hook_runs": self.hook_runs, "budget": self.budget}
 
 
 def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
@@ -299,7 +340,7 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
     procs: dict[int, ProcessPacketIO] = {p: ProcessPacketIO(p) for p in pids}
     mmsg = probes.maps("syscalls")
     for name, (direction, attr) in _MMSG_MAPS.items():
-        for key, value in _keyed(mmsg.get(name)):
+        for key, value in probemaps.counters(mmsg, name):
             if len(key) >= 2 and key[0] in procs:
                 proc = procs[key[0]]
                 for d in (getattr(proc, direction), proc.thread(key[1])[0 if direction == "tx" else 1]):
@@ -324,9 +365,9 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
             rx.finish_rx()
         if sample is not None:
             proc.estimates = _headline(sample, proc.tx, proc.rx)
-        proc.gso_segment_size = _median_of_hist(rec.hists.get("@tx_gso_size", {}).get(pid))
-        proc.gso_segs_median = _median_of_hist(rec.hists.get("@tx_gso_segs", {}).get(pid))
-        proc.gro_segs_median = _median_of_hist(rec.hists.get("@rx_gro_segs", {}).get(pid))
+        proc.gso_segment_size = probemaps.Histogram.of(rec.hists.get("@tx_gso_size", {}).get(pid)).median
+        proc.gso_segs_median = probemaps.Histogram.of(rec.hists.get("@tx_gso_segs", {}).get(pid)).median
+        proc.gro_segs_median = probemaps.Histogram.of(rec.hists.get("@rx_gro_segs", {}).get(pid)).median
     _syscall_time(mmsg, procs)
     names = probes.drop_reason_names
     for sk in probes.sockets:
@@ -345,18 +386,33 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
         return None
     sirq_maps = probes.maps("softirq") or probes.maps("packetio")
     return PacketIO(procs, _softirq(sirq_maps, probes), _mib_delta(probes), dict(probes.before.sysctl),
-                    None if probes.cost is None else schema.encode(probes.cost),
-                    [{"probe": u.probe, "reason": u.reason} for u in probes.unavailable],
-                    _sampling_summary(w) if w is not None else None)
+                    probes.cost, list(probes.unavailable), SamplingSummary.of(w) if w is not None else None)
 
 
-def _softirq(maps: dict[str, Any], probes: ProbeRecord) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Softirq:
+    """Softirq time over the run, per CPU: the network softirqs (opt-in softirq probes, with the share
+    that ran in the targets' own threads), or all softirqs from /proc/stat."""
+
+    source: str
+    per_cpu: Mapping[str, Mapping[str, float | None]]  # CPU -> its figures (seconds, runs)
+    total_s: float
+    in_target_s: float | None = None
+    in_target_share: float | None = None
+
+    def to_json(self) -> JsonObject:
+        return {"source": self.source, "per_cpu": self.per_cpu, "total_s": self.total_s,
+                "in_target_s": self.in_target_s, "in_target_share": self.in_target_share}
+
+
+def _softirq(maps: Mapping[str, object], probes: ProbeRecord) -> Softirq:
     """Network softirq time per CPU from the opt-in softirq probes; otherwise all softirq time per
     CPU from /proc/stat (tick-sampled) and the NET_RX/NET_TX run counts."""
-    if maps.get("@softirq_ns"):
+    probed = probemaps.counters(maps, "@softirq_ns")
+    if probed:
         per_cpu: dict[int, dict[str, float]] = defaultdict(lambda: {"net_rx_s": 0.0, "net_tx_s": 0.0,
                                                                     "in_target_s": 0.0})
-        for key, ns in _keyed(maps.get("@softirq_ns")):
+        for key, ns in probed:
             if len(key) < 3:
                 continue
             cpu, vec, in_target = key[:3]
@@ -366,10 +422,9 @@ def _softirq(maps: dict[str, Any], probes: ProbeRecord) -> dict[str, Any]:
                 slot["in_target_s"] += ns / 1e9
         total = sum(v["net_rx_s"] + v["net_tx_s"] for v in per_cpu.values())
         in_target_s = sum(v["in_target_s"] for v in per_cpu.values())
-        return {"source": "softirq probes (network softirqs)",
-                "per_cpu": {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
-                "total_s": round(total, 6), "in_target_s": round(in_target_s, 6),
-                "in_target_share": _r(in_target_s / total) if total else None}
+        return Softirq("softirq probes (network softirqs)",
+                       {str(c): {k: round(x, 6) for k, x in v.items()} for c, v in sorted(per_cpu.items())},
+                       round(total, 6), round(in_target_s, 6), _r(in_target_s / total) if total else None)
     s0, s1 = probes.before.softirq_seconds, probes.after.softirq_seconds
     c0, c1 = probes.before.softirqs, probes.after.softirqs
 
@@ -384,9 +439,8 @@ def _softirq(maps: dict[str, Any], probes: ProbeRecord) -> dict[str, Any]:
         seconds = round(t - s0.get(i, t), 6)
         total2 += seconds
         per_cpu2[str(i)] = {"softirq_s": seconds, "net_rx_runs": runs("NET_RX", i), "net_tx_runs": runs("NET_TX", i)}
-    return {"source": "/proc/stat (all softirqs, tick-sampled); the targets' own share is the Packet I/O "
-                      "softirq subcategory of their samples",
-            "per_cpu": per_cpu2, "total_s": round(total2, 6), "in_target_s": None, "in_target_share": None}
+    return Softirq("/proc/stat (all softirqs, tick-sampled); the targets' own share is the Packet I/O "
+                   "softirq subcategory of their samples", per_cpu2, round(total2, 6))
 
 
 def _mib_delta(probes: ProbeRecord) -> dict[str, dict[str, int | float]]:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 from qprof.archive.model import Meta
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.method import MethodDifference
-from qprof.attribution.packetio import ProcessPacketIO
+from qprof.attribution.packetio import Gro, Gso, ProcessPacketIO
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.attribution.verdict import SideEvidence, Verdict
 from qprof.viewer.report import Report, the_goodput
@@ -35,8 +35,8 @@ _REP = re.compile(r"rep-(\d+)")
 CATEGORY_COLUMNS = ("run", "pid", "comm", "role", "stack", "category", "share", "cpu_seconds", "samples")
 SYMBOL_COLUMNS = ("run", "pid", "comm", "role", "category", "symbol", "dso", "samples", "share", "cpu_seconds")
 _DIRECTION_KEYS = tuple(ProcessPacketIO(0).tx.to_json())
-_GSO_KEYS = tuple(ProcessPacketIO(0).gso)
-_GRO_KEYS = tuple(ProcessPacketIO(0).gro)
+_GSO_KEYS = tuple(f.name for f in fields(Gso))
+_GRO_KEYS = tuple(f.name for f in fields(Gro))
 
 
 _ESTIMATED = ("tx.datagrams", "tx.bytes", "rx.datagrams", "rx.bytes")  # estimates with intervals
@@ -124,8 +124,8 @@ def probe_rows(report: Report) -> list[Row]:
         base = {"run": report.run.path, "pid": pid, "comm": seen.comm if seen else None,
                 "role": seen.role if seen else None}
         rows.append(_shape({**base, "tid": None, **_direction_columns(p.tx.to_json(), p.rx.to_json()),
-                            **{_offload_column("gso", k): v for k, v in p.gso.items()},
-                            **{_offload_column("gro", k): v for k, v in p.gro.items()},
+                            **{_offload_column("gso", k): v for k, v in p.gso.to_json().items()},
+                            **{_offload_column("gro", k): v for k, v in p.gro.to_json().items()},
                             "ack_ratio": p.ack_ratio, "drops": sum(p.drops.values()),
                             "drop_reasons": _joined(f"{r}={n}" for r, n in sorted(p.drops.items())),
                             "ports": _joined(sorted(p.ports)), "counted": "exact" if p.exact else "sampled",

@@ -241,10 +241,10 @@ def _packet_io_table(p: ProcessPacketIO) -> Table:
     t.add_column("MB", justify="right")
     t.add_column("offload")
     gso, gro = p.gso, p.gro
-    gso_txt = (f"GSO ({gso['enabled']}): {gso['gso_sends']:,} sends x {_fmt(gso['segments_per_gso_send'], '.1f')} "
-               f"segs" if gso["gso_sends"] else f"no GSO (socket: {gso['enabled']})")
-    gro_txt = (f"GRO: {gro['coalesced_receives']:,} receives x {_fmt(gro['datagrams_per_receive'], '.1f')}"
-               if gro["coalesced_receives"] else f"no GRO (socket: {gro['enabled']})")
+    gso_txt = (f"GSO ({gso.enabled}): {gso.gso_sends:,} sends x {_fmt(gso.segments_per_gso_send, '.1f')} "
+               f"segs" if gso.gso_sends else f"no GSO (socket: {gso.enabled})")
+    gro_txt = (f"GRO: {gro.coalesced_receives:,} receives x {_fmt(gro.datagrams_per_receive, '.1f')}"
+               if gro.coalesced_receives else f"no GRO (socket: {gro.enabled})")
     for name, d, off in (("send", p.tx, gso_txt), ("receive", p.rx, gro_txt)):
         extra = f"; {d.mmsg_calls:,} mmsg calls" if d.mmsg_calls else ""
         t.add_row(name, f"{d.syscalls:,}", f"{d.dgrams:,}", _fmt(d.per_syscall(), ".2f"),
@@ -287,8 +287,8 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
         notes.append("drops at its sockets: " + ", ".join(f"{n:,} {r}" for r, n in p.drops.items()))
     say("  " + "; ".join(notes))
     for name, st in sorted(p.syscall_time.items()):
-        say(f"  {name}: {st['calls']:,} calls, {st['total_s']:.3f} s, mean {st['mean_us']:.2f} us, "
-            f"p50 ~{_fmt(st['p50_us'], '.2f')} us, p99 ~{_fmt(st['p99_us'], '.2f')} us")
+        say(f"  {name}: {st.calls:,} calls, {st.total_s:.3f} s, mean {st.mean_us:.2f} us, "
+            f"p50 ~{_fmt(st.p50_us, '.2f')} us, p99 ~{_fmt(st.p99_us, '.2f')} us")
     for sk in p.sockets:
         d = (sk.last.get("drops") or 0) - (sk.first.get("drops") or 0)
         seen = sk.last_time - sk.first_time
@@ -314,11 +314,11 @@ def _skid_note(p: ProcessProfile, say: "Callable[..., None]", verbose: bool) -> 
 
 def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
     sq = pio.softirq
-    if sq.get("total_s"):
-        share = sq.get("in_target_share")
-        say(f"softirq: {sq['total_s']:.3f} CPU s on {len(sq['per_cpu'])} CPU(s)"
+    if sq.total_s:
+        share = sq.in_target_share
+        say(f"softirq: {sq.total_s:.3f} CPU s on {len(sq.per_cpu)} CPU(s)"
             + (f", {share:.0%} of it in the targets' own threads" if share is not None else "")
-            + f" [{sq.get('source', '')}]")
+            + f" [{sq.source}]")
     for ns, mib in pio.udp_mib.items():
         bad = {k: v for k, v in mib.items() if v and k not in ("InDatagrams", "OutDatagrams")}
         say(f"UDP counters ({ns}): in {mib.get('InDatagrams', 0):,}, out {mib.get('OutDatagrams', 0):,}"
@@ -328,15 +328,15 @@ def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
                                     if k.startswith("net.core")))
     if pio.sampling:
         sm = pio.sampling
-        say("packet probes: " + ("counted the whole run" if sm["exact"] else
-            f"counted in {sm['periods'] - sm['full_periods']} sampling windows and {sm['full_periods']} whole "
-            f"periods, {sm['coverage'] or 0:.0%} of {sm['span_s']:.1f} s (hook rate against a "
-            f"{sm['budget'].get('cpu_share', 0):.1%} CPU budget)"))
+        say("packet probes: " + ("counted the whole run" if sm.exact else
+            f"counted in {sm.periods - sm.full_periods} sampling windows and {sm.full_periods} whole "
+            f"periods, {sm.coverage or 0:.0%} of {sm.span_s:.1f} s (hook rate against a "
+            f"{sm.budget.get('cpu_share', 0):.1%} CPU budget)"))
     if pio.cost:
-        say(f"probe cost: {pio.cost['bpf_run_time_ns'] / 1e9:.3f} CPU s in BPF programs over "
-            f"{pio.cost['bpf_run_cnt']:,} probe hits")
+        say(f"probe cost: {pio.cost.bpf_run_time_ns / 1e9:.3f} CPU s in BPF programs over "
+            f"{pio.cost.bpf_run_cnt:,} probe hits")
     for u in pio.unavailable:
-        say(f"probe {u['probe']} unavailable: {u['reason']}", "yellow")
+        say(f"probe {u.probe} unavailable: {u.reason}", "yellow")
 
 
 def _crypto_section(c: ProcessCrypto, say: "Callable[..., None]", console: Console) -> None:
@@ -366,8 +366,8 @@ def _crypto_section(c: ProcessCrypto, say: "Callable[..., None]", console: Conso
 
 def _crypto_cost(cr: Crypto, say: "Callable[..., None]") -> None:
     if cr.cost:
-        line = cr.cost.get("summary") or f"crypto probes: {cr.cost.get('target_hits', 0):,} uprobe hits in the targets"
-        say(line + f" [{cr.cost.get('basis')}]")
+        line = cr.cost.summary or f"crypto probes: {cr.cost.target_hits:,} uprobe hits in the targets"
+        say(line + f" [{cr.cost.basis}]")
 
 
 def _symbols_line(p: ProcessProfile, sources: Sequence[ObjectSymbols], say: "Callable[..., None]",
