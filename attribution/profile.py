@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qprof.attribution import handoff, symbols
 from qprof.attribution.application import application_rule
@@ -19,10 +19,11 @@ from qprof.attribution.categories import CATEGORIES, HANDOFF, OTHER_BPF, PACKET_
 from qprof.attribution.engine import Classifier, Decision
 from qprof.attribution.mapping import MappingSet, MappingUse
 from qprof.attribution.pools import PoolMatcher
-from qprof.attribution.skid import SkidSplitter
+from qprof.attribution.skid import SkidSplitter, SkidSummary
 from qprof.archive import Run
 from qprof.archive.model import ProcReading, Sampling
 from qprof.archive.stacks import StackRecord
+from qprof.jsonvalue import JsonObject
 
 # Called with every stack record and the engine's decision for it, in the same pass that aggregates:
 # how views that need more than the totals (flame graphs) see exactly what the report counted.
@@ -111,7 +112,7 @@ class ProcessProfile:
     proc_cpu_seconds: float | None = None  # from /proc between its first and last reading, a cross-check
     proc_span_s: float | None = None  # how far apart those readings are
     cpu_note: str | None = None  # why sampled CPU falls short of /proc's, when it does beyond chance
-    skid: dict[str, Any] = field(default_factory=dict)  # interrupt skid per vector (attribution.skid)
+    skid: SkidSummary = field(default_factory=SkidSummary)  # interrupt skid per vector
     application: str | None = None  # what names the process's own code (attribution.application)
     handoffs: Counter[str] = field(default_factory=Counter)  # period per handoff kind (attribution.handoff)
     pool_notes: dict[str, str] = field(default_factory=dict)  # pool name -> its mapping's note
@@ -146,12 +147,23 @@ class ProcessProfile:
         return sum(b.subcategories[(c, sub)] for c in CATEGORIES) / b.period if b.period else 0.0
 
 
+@dataclass(frozen=True)
+class EmptyTarget:
+    """A target that was not sampled once (idle, or exited before sampling began)."""
+
+    pid: int
+    comm: str
+
+    def to_json(self) -> JsonObject:
+        return {"pid": self.pid, "comm": self.comm}
+
+
 @dataclass
 class Profile:
     run: Run
     processes: list[ProcessProfile]
     seconds_per_period: float  # multiply a period sum to get CPU seconds
-    empty_targets: list[dict[str, Any]]
+    empty_targets: list["EmptyTarget"]  # targets with no samples
     classifiers: dict[int, Classifier] = field(default_factory=dict)  # per pid: what decided its samples
 
     def cpu_seconds(self, period: int) -> float:
@@ -300,7 +312,7 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
     for p in procs.values():
         if p.breakdown.samples == 0:
             if p.pid in targets:
-                empty.append({"pid": p.pid, "comm": p.comm})
+                empty.append(EmptyTarget(p.pid, p.comm))
             continue
         p.proc_cpu_seconds, p.proc_span_s = _proc_cpu(readings, p.pid)
         sampled.append(p)

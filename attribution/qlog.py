@@ -89,10 +89,13 @@ class SenderRecord:
         shares = self.shares()
         return max(shares, key=lambda r: shares[r]) if self.states_seen and any(shares.values()) else None
 
+    def rounded_shares(self) -> dict[str, float]:
+        return {r: round(s, 3) for r, s in self.shares().items()}
+
     def to_json(self) -> JsonObject:
         return {"file": self.file, "role": self.role, "span_s": round(self.span_s, 3),
                 "seconds": {r: round(s, 3) for r, s in self.seconds.items()},
-                "shares": {r: round(s, 3) for r, s in self.shares().items()}, "dominant": self.dominant,
+                "shares": self.rounded_shares(), "dominant": self.dominant,
                 "packets_sent": self.packets_sent, "packets_lost": self.packets_lost,
                 "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3)}
 
@@ -391,6 +394,21 @@ def sender(records: list[SenderRecord]) -> SenderRecord | None:
     """The record of the side that sent most (a bulk transfer's sender), among those with states."""
     with_states = [r for r in records if r.states_seen]
     return max(with_states, key=lambda r: r.packets_sent) if with_states else None
+
+
+@dataclass(frozen=True)
+class StackWord:
+    """The sender's own record set beside a verdict: what the verdict's cause expects it to say, and
+    whether it does (None: it cannot say)."""
+
+    record: SenderRecord
+    expected: tuple[str, ...]
+    agrees: bool | None
+    files: tuple[str, ...]  # every qlog read, the sender's among them
+
+    def to_json(self) -> JsonObject:
+        return {**self.record.to_json(), "expected": list(self.expected), "agrees": self.agrees,
+                "files": list(self.files)}
 
 
 def agreement(causes: Sequence[Cause], limiting_roles: list[str],

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from qprof.attribution.categories import CATEGORIES, SKID, UNCATEGORIZED
 from qprof.attribution.engine import Classifier, Decision
@@ -61,12 +61,41 @@ class VectorSkid:
     evidence: Counter[str] = field(default_factory=Counter)  # category -> period of follow-up samples
     evidence_samples: int = 0
 
-    def to_json(self, total: int) -> JsonObject:
+    def shares(self, total: int) -> "VectorShares":
+        """Its figures as shares of the process's sampled time (`total`), as every report shows them."""
         ev = sum(self.evidence.values()) or 1
-        return {"samples": self.samples, "share": round(self.period / total, 6),
-                "to": {c: round(self.to[c] / total, 6) for c in CATEGORIES if self.to[c]},
-                "evidence_samples": self.evidence_samples,
-                "evidence": {c: round(self.evidence[c] / ev, 4) for c in CATEGORIES if self.evidence[c]}}
+        return VectorShares(self.samples, round(self.period / total, 6),
+                            {c: round(self.to[c] / total, 6) for c in CATEGORIES if self.to[c]},
+                            self.evidence_samples,
+                            {c: round(self.evidence[c] / ev, 4) for c in CATEGORIES if self.evidence[c]})
+
+
+@dataclass(frozen=True)
+class VectorShares:
+    """One vector's skid in a process, rounded: its share, where it went, and the evidence it was split by."""
+
+    samples: int
+    share: float
+    to: dict[str, float]  # category -> share of the process's time given to it
+    evidence_samples: int
+    evidence: dict[str, float]  # category -> share of the follow-up samples
+
+    def to_json(self) -> JsonObject:
+        return {"samples": self.samples, "share": self.share, "to": self.to,
+                "evidence_samples": self.evidence_samples, "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class SkidSummary:
+    """A process's interrupt skid (shares of its sampled time) per vector, largest first."""
+
+    share: float = 0.0
+    attributed: float = 0.0  # placed in a category by the follow-up work
+    vectors: dict[str, VectorShares] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return {"share": self.share, "attributed": self.attributed, "method": METHOD,
+                "vectors": {k: v.to_json() for k, v in self.vectors.items()}}
 
 
 def split(total: int, weights: dict[str, int]) -> dict[str, int]:
@@ -136,14 +165,14 @@ class SkidSplitter:
                 yield replace(rec, samples=samples.get(cat, 0), period=periods[cat]), replace(d, category=cat)
         self._held = []
 
-    def summary(self, pid: int, total: int) -> dict[str, Any]:
-        """A process's skid per interrupt vector (shares of its sampled time), with the method."""
+    def summary(self, pid: int, total: int) -> SkidSummary:
+        """A process's skid per interrupt vector (shares of its sampled time)."""
         vecs = self.vectors.get(pid, {})
         held = {k: v for k, v in vecs.items() if v.samples}
         share = sum(v.period for v in held.values()) / (total or 1)
         moved = sum(v.period - v.to[UNCATEGORIZED] for v in held.values()) / (total or 1)
-        return {"share": round(share, 6), "attributed": round(moved, 6), "method": METHOD,
-                "vectors": {k: v.to_json(total or 1) for k, v in sorted(held.items(), key=lambda kv: -kv[1].period)}}
+        return SkidSummary(round(share, 6), round(moved, 6),
+                           {k: v.shares(total or 1) for k, v in sorted(held.items(), key=lambda kv: -kv[1].period)})
 
 
 def _entry(clf: Classifier, rule: Rule, frames: Sequence[Frame]) -> str:

@@ -64,7 +64,7 @@ from typing import Any, Iterable
 
 from qprof.attribution.causes import Cause
 from qprof.attribution.packetio import PacketIO
-from qprof.attribution.qlog import SenderRecord, agreement, sender
+from qprof.attribution.qlog import SenderRecord, StackWord, agreement, sender
 from qprof.attribution.threads import ThreadView, busiest, window
 from qprof.attribution.transfer import MIN_WINDOW_S, Transfer, working
 from qprof.attribution.waits import ON_CPU, RUNNABLE, WallClock, WallSplit
@@ -273,7 +273,7 @@ class Verdict:
     sides: list[SideEvidence]
     thresholds: dict[str, float]
     notes: list[str] = field(default_factory=list)
-    stack_record: dict[str, Any] | None = None  # the stack's own word (qlog) and whether it agrees
+    stack_record: StackWord | None = None  # the stack's own word (qlog) and whether it agrees
 
     @property
     def cause(self) -> str:
@@ -288,7 +288,8 @@ class Verdict:
     def to_json(self) -> JsonObject:
         return {"limited_by": self.limited_by, "cause": self.cause, "summary": self.summary,
                 "evidence": {_evidence_key(s, self.sides): s.to_json() for s in self.sides},
-                "thresholds": self.thresholds, "notes": self.notes, "stack_record": self.stack_record}
+                "thresholds": self.thresholds, "notes": self.notes,
+                "stack_record": None if self.stack_record is None else self.stack_record.to_json()}
 
 
 def _evidence_key(s: SideEvidence, sides: list[SideEvidence]) -> str:
@@ -813,6 +814,5 @@ def judge(sides: Iterable[SideEvidence], records: list[SenderRecord] | None = No
     rec = sender(records or [])
     if rec is not None:
         want, agrees = agreement(causes, sorted(limiting), rec)
-        v.stack_record = {**rec.to_json(), "expected": list(want), "agrees": agrees,
-                          "files": [r.file for r in records or []]}
+        v.stack_record = StackWord(rec, want, agrees, tuple(r.file for r in records or []))
     return v

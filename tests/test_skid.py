@@ -70,8 +70,8 @@ def test_skid_after_network_ipi_goes_where_its_softirq_work_went(shipped: Classi
     parts = [(r.period, r.samples, d.category, d.subcategory) for r, d in out if r.frames == skid.frames]
     assert parts == [(3_000_000, 3, PACKET_IO, SKID)]
     v = sp.summary(1, 4_000_000)
-    assert v["share"] == 0.75 and v["attributed"] == 0.75
-    assert v["vectors"]["asm_sysvec_call_function_single"]["evidence"] == {PACKET_IO: 1.0}
+    assert v.share == 0.75 and v.attributed == 0.75
+    assert v.vectors["asm_sysvec_call_function_single"].evidence == {PACKET_IO: 1.0}
 
 
 def test_skid_without_follow_up_or_after_scheduling_stays_named(shipped: Classifier) -> None:
@@ -92,7 +92,7 @@ def test_skid_without_follow_up_or_after_scheduling_stays_named(shipped: Classif
     assert decided[1, "finish_task_switch.isra.0__schedule"] == ("Crypto", HANDOFF)
     assert decided[2, "irqentry_exit_to_user_modeasm_sysvec_reschedule_ipi"] == (UNCATEGORIZED, HANDOFF)
     assert decided[2, "finish_task_switch.isra.0__schedule"] == (UNCATEGORIZED, HANDOFF)
-    assert sp.summary(1, 5_000_000)["attributed"] == 0.0
+    assert sp.summary(1, 5_000_000).attributed == 0.0
 
 
 def test_skid_inside_one_code_path_is_decided_by_its_callers(shipped: Classifier) -> None:

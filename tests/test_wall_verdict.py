@@ -62,7 +62,7 @@ def test_the_qlog_tells_the_path_from_flow_control() -> None:
     v = verdict({(1, 1): {"on_cpu": 0.3, "runnable": 0.01, "network": 0.69}}, RECEIVER, record=cc)
     assert (v.limited_by, v.cause) == ("neither", "path")
     assert "RTT 30.0 ms" in v.summary and "20 of 1000 packets lost" in v.summary
-    assert v.stack_record is not None and v.stack_record["agrees"] is True
+    assert v.stack_record is not None and v.stack_record.agrees is True
     fc = SenderRecord("s.sqlog", "server", 10.0, {"congestion_control": 1.0, "flow_control": 8.0, "application": 1.0},
                       1000, 0, True)
     assert verdict({(1, 1): {"on_cpu": 0.3, "network": 0.7}}, RECEIVER, record=fc).cause == "flow-control"

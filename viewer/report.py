@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.cryptocalls import Crypto
 from qprof.attribution.mapping import MappingUse, stack_name
 from qprof.attribution.packetio import PacketIO
-from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfile, Profile
+from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, EmptyTarget, ProcessProfile, Profile
 from qprof.attribution.recommend import Recommendation
 from qprof.attribution.rtt import RoundTrip
+from qprof.attribution.skid import SkidSummary
 from qprof.attribution.symbols import ObjectNaming, naming
 from qprof.attribution.tcp import TcpIO
 from qprof.attribution.threads import ThreadView
@@ -104,7 +105,7 @@ class ProcessReport:
     probe_share: float
     other_bpf_share: float
     mmsg_seen: tuple[str, ...]
-    interrupt_skid: Mapping[str, Any]  # as attribution.skid records it
+    interrupt_skid: SkidSummary
     mappings: tuple[MappingUse, ...]  # the mapping files it was read with (attribution.profile)
     application: str | None
     threads: tuple[ThreadReport, ...]  # busiest first
@@ -183,7 +184,7 @@ class Report:
 
     run: RunInfo
     processes: tuple[ProcessReport, ...]
-    targets_without_samples: tuple[Mapping[str, Any], ...]
+    targets_without_samples: tuple[EmptyTarget, ...]
     services: tuple[ServiceReport, ...]
     packet_io: PacketIO | None
     tcp: TcpIO | None

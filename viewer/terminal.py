@@ -16,6 +16,7 @@ from rich.text import Text
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.services import ServiceView
+from qprof.attribution.skid import METHOD as SKID_METHOD
 from qprof.attribution.verdict import Verdict
 from qprof.attribution.cryptocalls import KINDS as CRYPTO_KINDS, Crypto, ProcessCrypto
 from qprof.viewer.palette import TERMINAL
@@ -300,16 +301,16 @@ def _packet_io_notes(p: ProcessPacketIO, say: "Callable[..., None]") -> None:
 def _skid_note(p: ProcessProfile, say: "Callable[..., None]", verbose: bool) -> None:
     """Where samples that skidded to the end of an interrupt went (and, verbose, how that was decided)."""
     sk = p.skid
-    if not sk.get("share"):
+    if not sk.share:
         return
     parts = []
-    for vec, v in sk["vectors"].items():
-        to = ", ".join(f"{c} {s:.1%}" for c, s in v["to"].items())
-        parts.append(f"{vec.removeprefix('asm_sysvec_')} {v['share']:.1%} -> {to} "
-                     f"(by {v['evidence_samples']} samples of its follow-up work)")
-    say(f"  interrupt skid: {sk['share']:.1%} of samples, {sk['attributed']:.1%} placed: " + "; ".join(parts))
+    for vec, v in sk.vectors.items():
+        to = ", ".join(f"{c} {s:.1%}" for c, s in v.to.items())
+        parts.append(f"{vec.removeprefix('asm_sysvec_')} {v.share:.1%} -> {to} "
+                     f"(by {v.evidence_samples} samples of its follow-up work)")
+    say(f"  interrupt skid: {sk.share:.1%} of samples, {sk.attributed:.1%} placed: " + "; ".join(parts))
     if verbose:
-        say(f"    method: {sk['method']}", "dim")
+        say(f"    method: {SKID_METHOD}", "dim")
 
 
 def _run_wide(pio: PacketIO, say: "Callable[..., None]") -> None:
@@ -478,7 +479,7 @@ def render(report: Report, console: Console, top: int = 5, verbose: bool = False
         if cr is not None and p.pid in cr.processes:
             _crypto_section(cr.processes[p.pid], say, console)
     for e in profile.empty_targets:
-        say(f"\npid {e['pid']} {e['comm']}: no samples (idle or exited before sampling)")
+        say(f"\npid {e.pid} {e.comm}: no samples (idle or exited before sampling)")
     if pio is not None:
         console.print()
         _run_wide(pio, say)
@@ -512,13 +513,14 @@ def render_verdict(v: Verdict, console: Console) -> None:
                                style="" if met else "dim"))
             for f in findings:
                 console.print(Text(f"      [{'x' if f.met else ' '}] {f.text}", style="" if f.met else "dim"))
-    rec = v.stack_record
-    if rec is not None:
-        split = ", ".join(f"{r} {x:.0%}" for r, x in sorted(rec["shares"].items(), key=lambda kv: -kv[1]))
-        said = {True: "agrees", False: "disagrees", None: "cannot say"}[rec["agrees"]]
-        want = " or ".join(rec["expected"]) or "nothing for this cause"
-        console.print(Text(f"  the stack's own record (qlog, {rec['role']}, the sender): {split} of "
-                           f"{rec['span_s']:.1f} s; {rec['packets_lost']} of {rec['packets_sent']} packets lost: "
+    word = v.stack_record
+    if word is not None:
+        rec = word.record  # its span and shares as the JSON report rounds them: both print the same figure
+        split = ", ".join(f"{r} {x:.0%}" for r, x in sorted(rec.rounded_shares().items(), key=lambda kv: -kv[1]))
+        said = {True: "agrees", False: "disagrees", None: "cannot say"}[word.agrees]
+        want = " or ".join(word.expected) or "nothing for this cause"
+        console.print(Text(f"  the stack's own record (qlog, {rec.role}, the sender): {split} of "
+                           f"{round(rec.span_s, 3):.1f} s; {rec.packets_lost} of {rec.packets_sent} packets lost: "
                            f"{said} (a {v.cause} verdict expects {want})", style="bold"))
     for n in v.notes:
         console.print(Text(f"  - {n}", style="dim"))
