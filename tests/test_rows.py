@@ -4,6 +4,7 @@ on a made-up archive's real report and on made-up rows."""
 from __future__ import annotations
 
 import io
+import json
 import random
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 from qprof.api import ALL_SYMBOLS, typed_report
 from qprof.archive import Run
 from qprof.archive.model import Configuration, Meta, RecordEntry
-from qprof.attribution.categories import CATEGORIES
+from qprof.attribution.categories import CATEGORIES, UNCATEGORIZED
 from qprof.attribution.stats import median, median_ci, min_n
 from qprof.viewer import rows as R
 from qprof.viewer.console import text_console
-from qprof.viewer.json_report import to_dict
+from qprof.errors import QprofError
+from qprof.viewer.json_report import to_dict, unplaced_share
 from qprof.viewer.report import Report
 from qprof.viewer.table import render_summary
 from test_archive import CLIENT, SERVER, _fake_run
@@ -156,6 +158,17 @@ def test_run_names_are_relative_to_the_common_root() -> None:
     assert R.run_names(runs) == {runs[0]: "gso-on/rep-01", runs[1]: "gso-off/rep-01"}
     assert R.run_names(["/a/run"]) == {"/a/run": "run"}
     assert R.run_names(["/a/rep-01", "/a/rep-02"]) == {"/a/rep-01": "rep-01", "/a/rep-02": "rep-02"}
+
+
+def test_unplaced_share_of_a_report_process_read_back(report: Report) -> None:
+    """unplaced_share reads a JSON report's process (as written, or read back from a file); anything
+    else is one line naming what is missing."""
+    for p in json.loads(json.dumps(to_dict(report)))["processes"]:
+        assert 0.0 <= unplaced_share(p) <= p["categories"][UNCATEGORIZED] + 1e-9
+    for bad in ({"categories": {}, "subcategories": {}}, {"categories": [1], "subcategories": "x"},
+                {"categories": {UNCATEGORIZED: "x"}, "subcategories": {UNCATEGORIZED: {}}}):
+        with pytest.raises(QprofError, match="^not a report's process"):
+            unplaced_share(bad)
 
 
 # ---------------------------------------------------------------- the summary

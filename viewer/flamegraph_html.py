@@ -28,10 +28,11 @@ from __future__ import annotations
 import html
 import json
 from importlib import resources
-from typing import Any, Callable
+from typing import Callable
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.waits import LABELS, STATES
+from qprof.jsonvalue import JsonObject
 from qprof.viewer.flametree import Flame, FrameNode
 from qprof.viewer.palette import SEARCH_MATCH, category_colour
 
@@ -51,7 +52,7 @@ def script_json(text: str) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def tree_json(root: FrameNode, fields: Callable[[FrameNode], dict[str, Any]]) -> str:
+def tree_json(root: FrameNode, fields: Callable[[FrameNode], JsonObject]) -> str:
     """The tree as d3-flame-graph's nested {name, value, children} JSON, written without recursion
     (json.dumps recurses once per level and stops at Python's recursion limit)."""
     parts: list[str] = []
@@ -263,7 +264,7 @@ def flame_html(flame: Flame) -> str:
     """The page: title, subtitle, legend of category shares, search/zoom controls, the graph."""
     total = flame.root.period or 1
 
-    def fields(n: FrameNode) -> dict[str, Any]:
+    def fields(n: FrameNode) -> JsonObject:
         return {"name": n.name, "value": n.period, "samples": n.samples, "share": round(n.period / total, 6),
                 "category": n.category, "fill": n.colour, "tip": flame.describe(n)}
 

@@ -8,13 +8,14 @@ time; the shares sum to 1.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Mapping
 
 from qprof.attribution.analysis import Analysis, verdict_of
 from qprof.attribution.categories import CATEGORIES, OTHER_BPF, PROBE_COST, UNCATEGORIZED, is_named_other
 from qprof.attribution.timeline import Timeline
 from qprof.archive import schema
-from qprof.jsonvalue import JsonObject
+from qprof.errors import QprofError
+from qprof.jsonvalue import JsonObject, JsonValue
 from qprof.viewer.report import Figures, ProcessReport, Report, report_of
 
 
@@ -32,12 +33,21 @@ def figures_dict(f: Figures) -> JsonObject:
     }
 
 
-def unplaced_share(process: dict[str, Any], probes_apart: bool = False) -> float:
+def _at(doc: JsonValue, key: str) -> JsonValue:
+    """A JSON object's member; None where there is no object or no such member."""
+    return doc.get(key) if isinstance(doc, Mapping) else None
+
+
+def unplaced_share(process: Mapping[str, JsonValue], probes_apart: bool = False) -> float:
     """A report process's Uncategorized share that qprof could not place: without what it names as the
-    program's own code or its language runtime (and, with `probes_apart`, without eBPF programs' frames)."""
-    subs = process["subcategories"][UNCATEGORIZED]
-    named = sum(v for s, v in subs.items() if is_named_other(s) or (probes_apart and s in (PROBE_COST, OTHER_BPF)))
-    return float(process["categories"][UNCATEGORIZED]) - float(named)
+    program's own code or its language runtime (and, with `probes_apart`, without eBPF programs' frames).
+    `process`: an entry of a JSON report's `processes`, as written or read back from a file."""
+    mine, share = _at(_at(process, "subcategories"), UNCATEGORIZED), _at(_at(process, "categories"), UNCATEGORIZED)
+    if not isinstance(mine, Mapping) or not isinstance(share, (int, float)):
+        raise QprofError("not a report's process: its categories and subcategories lack Uncategorized")
+    named = sum(float(v) for s, v in mine.items() if isinstance(v, (int, float))
+                and (is_named_other(s) or (probes_apart and s in (PROBE_COST, OTHER_BPF))))
+    return float(share) - named
 
 
 def process_dict(p: ProcessReport) -> JsonObject:

@@ -10,8 +10,8 @@ place in the format; open the SVG or HTML flame graph for those.
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from qprof.jsonvalue import JsonObject
 from qprof.version import __version__
 from qprof.viewer.flametree import Flame, FrameNode
 
@@ -19,7 +19,7 @@ SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 NO_STACK = "[no stack]"
 
 
-def _profile(proc: FrameNode, frame_index: dict[tuple[str, str], int], frames: list[dict[str, str]]) -> dict[str, Any]:
+def _profile(proc: FrameNode, frame_index: dict[tuple[str, str], int], frames: list[dict[str, str]]) -> JsonObject:
     samples: list[list[int]] = []
     weights: list[int] = []
     path: list[int] = []
@@ -47,7 +47,7 @@ def _profile(proc: FrameNode, frame_index: dict[tuple[str, str], int], frames: l
             "samples": samples, "weights": weights}
 
 
-def speedscope_doc(flame: Flame) -> dict[str, Any]:
+def speedscope_doc(flame: Flame) -> JsonObject:
     frames: list[dict[str, str]] = []
     index: dict[tuple[str, str], int] = {}
     profiles = [_profile(p, index, frames) for p in flame.root.sorted_children()]
