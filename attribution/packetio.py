@@ -90,7 +90,7 @@ class Direction:
     def per_syscall(self) -> float | None:
         return self.dgrams / self.syscalls if self.syscalls else None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> dict[str, int | float | None]:
         return {"syscalls": self.syscalls, "messages": self.msgs, "bytes": self.bytes, "datagrams": self.dgrams,
                 "skbs": self.skbs, "mmsg_calls": self.mmsg_calls, "empty_calls": self.empty,
                 "errors": self.errors, "datagrams_per_syscall": _r(self.per_syscall())}
@@ -109,7 +109,7 @@ class Gso:
     segments_per_gso_send: float | None
     segment_size: float | None  # the median of the probes' histogram
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> dict[str, str | int | float | None]:
         return {"enabled": self.enabled, "gso_sends": self.gso_sends,
                 "segments_per_gso_send": self.segments_per_gso_send, "segment_size": self.segment_size}
 
@@ -122,7 +122,7 @@ class Gro:
     coalesced_receives: int
     datagrams_per_receive: float | None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> dict[str, str | int | float | None]:
         return {"enabled": self.enabled, "coalesced_receives": self.coalesced_receives,
                 "datagrams_per_receive": self.datagrams_per_receive}
 

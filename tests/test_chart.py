@@ -19,14 +19,14 @@ from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import min_n
 from qprof.viewer.chart import BAR_W, CHAR_W, LABEL_ANGLE, PANEL_H, bars, chart_html, chart_svg
 from qprof.viewer.palette import category_colour
-from qprof.viewer.rows import TABLE_COLUMNS, Notice, configuration
+from qprof.viewer.rows import TABLE_COLUMNS, Notice, TableRow, configuration
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def _rows(run: str, role: str, shares: dict[str, float], cpu_s: float = 2.0, moved: int | None = 10 ** 9,
           stack: str = "ngtcp2", pid: int = 1, goodput: float | None = None,
-          conf: str | None = None) -> list[dict[str, Any]]:
+          conf: str | None = None) -> list[TableRow]:
     """A run's table rows for one side; its configuration by default as a run without a recorded one
     is placed (by its directory's name)."""
     out = []
@@ -35,7 +35,7 @@ def _rows(run: str, role: str, shares: dict[str, float], cpu_s: float = 2.0, mov
         row.update(run=run, configuration=conf or configuration(run), pid=pid, comm=role, role=role, stack=stack,
                    category=c, share=shares.get(c, 0.0), cpu_seconds=cpu_s * shares.get(c, 0.0), tx_bytes=moved,
                    rx_bytes=0 if moved else None, goodput_gbps=goodput, configuration_recorded=conf is not None)
-        out.append(row)
+        out.append(TableRow(**row))
     return out
 
 

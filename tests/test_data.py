@@ -141,8 +141,9 @@ def test_table_parquet_round_trip(runs: list[Path], tmp_path: Path) -> None:
     qprof_cli("table", *map(str, runs), "--parquet", str(out), "--summary-parquet", str(summary))
     places = R.place_runs([(str(r), Run.open(r).meta) for r in runs])
     table_rows = [row for r, p in zip(runs, places) for row in R.table_rows(typed_report(r, top=1), p)]
-    pd.testing.assert_frame_equal(pd.read_parquet(out), frame(table_rows, R.TABLE_COLUMNS))
-    pd.testing.assert_frame_equal(pd.read_parquet(summary), frame(R.summary_rows(table_rows), R.SUMMARY_COLUMNS))
+    pd.testing.assert_frame_equal(pd.read_parquet(out), frame([r.cells() for r in table_rows], R.TABLE_COLUMNS))
+    pd.testing.assert_frame_equal(pd.read_parquet(summary),
+                                  frame([s.cells() for s in R.summary_rows(table_rows)], R.SUMMARY_COLUMNS))
 
 
 def test_table_on_the_terminal(runs: list[Path]) -> None:

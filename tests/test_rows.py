@@ -97,7 +97,7 @@ def test_run_and_table_rows(report: Report) -> None:
     assert meta["samples"] == sum(p["samples"] for p in doc["processes"])
     assert meta["unwind"] == "dwarf,fp" and meta["frequency"] == 999 and meta["duration_s"] == 10.0
     (place,) = R.place_runs([(doc["run"]["path"], Run.open(doc["run"]["path"]).meta)])
-    rows = R.table_rows(report, place)
+    rows = [r.cells() for r in R.table_rows(report, place)]
     _keys(rows, R.TABLE_COLUMNS)
     assert [(r["pid"], r["category"], r["share"]) for r in rows] == \
         [(r["pid"], r["category"], r["share"]) for r in R.category_rows(report)]
@@ -174,15 +174,24 @@ def test_unplaced_share_of_a_report_process_read_back(report: Report) -> None:
 # ---------------------------------------------------------------- the summary
 
 def _table_row(run: str, conf: str, role: str, category: str, share: float, goodput: float | None = None,
-               verdict: str | None = "client-limited", **method: object) -> dict:
-    row = dict.fromkeys(R.TABLE_COLUMNS)
+               verdict: str | None = "client-limited", **method: object) -> R.TableRow:
+    row: dict[str, object] = dict.fromkeys(R.TABLE_COLUMNS)
     row.update(run=run, configuration=conf, setting=conf, pid=hash((run, role)) % 1000, comm=role, role=role,
                stack="ngtcp2", category=category, share=share, cpu_seconds=share, goodput_gbps=goodput,
                verdict=verdict, cause="cpu-busy" if verdict not in (None, "neither") else None,
                configuration_recorded=True,
                event="cpu-clock", frequency=999, scope="cgroup", probes="packetio", unwind="fp", mappings="ngtcp2 1")
     row.update(method)
-    return row
+    return _record(row)
+
+
+def _record(row: dict) -> R.TableRow:
+    """A table row as table_rows makes it, from its cells (those not given empty)."""
+    return R.TableRow(**{**dict.fromkeys(R.TABLE_COLUMNS), **row})
+
+
+def _summary(rows: list[R.TableRow]) -> list[dict]:
+    return [s.cells() for s in R.summary_rows(rows)]
 
 
 def test_two_configurations_never_pool() -> None:
@@ -191,7 +200,7 @@ def test_two_configurations_never_pool() -> None:
     rows = [_table_row(f"/s/{c}/rep-0{i}", c, side, "Crypto", share, goodput)
             for c, share, goodput in (("gso-on", 0.2, 2.0), ("gso-off", 0.4, 1.0)) for i in (1, 2)
             for side in ("server", "client")]
-    summary = R.summary_rows(rows)
+    summary = _summary(rows)
     assert [(s["configuration"], s["role"], s["n"], s["share_median"], s["goodput_gbps_median"]) for s in summary] == [
         ("gso-off", "client", 2, 0.4, 1.0), ("gso-off", "server", 2, 0.4, 1.0),
         ("gso-on", "client", 2, 0.2, 2.0), ("gso-on", "server", 2, 0.2, 2.0)]
@@ -206,7 +215,7 @@ def test_goodput_interval_and_verdicts_seen() -> None:
     rows = [r for i in range(7) for r in (
         _table_row(f"/r/rep-0{i}", "c", "client", "Crypto", 0.1, 1.0 + i / 10, "client-limited" if i else "neither"),
         _table_row(f"/r/rep-0{i}", "c", "server", "Crypto", 0.1, 9.0, "client-limited" if i else "neither"))]
-    (s, _) = R.summary_rows(rows)
+    (s, _) = _summary(rows)
     want = median_ci([1.0 + i / 10 for i in range(7)])
     assert (s["goodput_gbps_median"], s["goodput_gbps_ci_low"], s["goodput_gbps_ci_high"]) == \
         (want.median, want.low, want.high) and s["goodput_ci_note"] is None
@@ -228,7 +237,7 @@ def test_pooled_runs_measured_differently_are_one_warning() -> None:
     assert "unwinding (dwarf vs fp) in a (ngtcp2 server): callers differ" in warning.text
     assert "probes (none vs packetio) in a (ngtcp2 server, ngtcp2 client): the probes' own CPU" in warning.text
     assert "sampling rate" not in warning.text and " b " not in warning.text
-    by = {(s["configuration"], s["role"]): s["method_differs"] for s in R.summary_rows(rows)}
+    by = {(s["configuration"], s["role"]): s["method_differs"] for s in _summary(rows)}
     assert by == {("a", "client"): "probes: none vs packetio",
                   ("a", "server"): "probes: none vs packetio; unwinding: dwarf vs fp", ("b", "server"): None}
 
@@ -275,10 +284,10 @@ def _consistent(rows: list[dict]) -> list[dict]:
 @settings(max_examples=examples(200))
 @given(st.lists(_row, max_size=60).map(_consistent), st.randoms(use_true_random=False))
 def test_summary_groups_and_is_invariant_to_order(rows: list[dict], rnd: random.Random) -> None:
-    summary = R.summary_rows(rows)
-    shuffled = rows[:]
-    rnd.shuffle(shuffled)
-    assert R.summary_rows(shuffled) == summary
+    records = [_record(r) for r in rows]
+    summary = _summary(records)
+    rnd.shuffle(records)
+    assert _summary(records) == summary
     _keys(summary, R.SUMMARY_COLUMNS)
     assert sum(s["n"] for s in summary) == len(rows)
     for s in summary:

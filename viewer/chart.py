@@ -24,15 +24,14 @@ import json
 import math
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.viewer.flamegraph_svg import xml_attr, xml_text
 from qprof.viewer.palette import category_colour
-from qprof.viewer.rows import Notice, configuration_summaries, side_label
+from qprof.viewer.rows import Notice, TableRow, configuration_summaries, side_label
 
-Row = dict[str, Any]
 
 FONT = 12  # px: labels and ticks
 NOTE_FONT = 10
@@ -62,29 +61,29 @@ def _label(conf: str, stack: str | None, side: str, one_configuration: bool) -> 
     return f"{stack} · {side}" if one_configuration and stack else side_label(conf, stack, side)
 
 
-def bars(rows: Sequence[Row]) -> list[Bar]:
+def bars(rows: Sequence[TableRow]) -> list[Bar]:
     """The bars of `qprof table`'s rows (viewer.rows.TABLE_COLUMNS): servers before clients, in the
     order the configurations first appear."""
-    one_configuration = len({r["configuration"] for r in rows}) == 1
-    goodput = {c: s.goodput for c, s in configuration_summaries(list(rows)).items()}
-    procs: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, Row]]] = {}
+    one_configuration = len({r.configuration for r in rows}) == 1
+    goodput = {c: s.goodput for c, s in configuration_summaries(rows).items()}
+    procs: dict[tuple[str, str | None, str], dict[tuple[str, int], dict[str, TableRow]]] = {}
     for r in rows:
-        key = (r["configuration"], r["stack"], r["role"] or r["comm"])
-        procs.setdefault(key, {}).setdefault((r["run"], r["pid"]), {})[r["category"]] = r
+        key = (r.configuration, r.stack, r.role or r.comm)
+        procs.setdefault(key, {}).setdefault((r.run, r.pid), {})[r.category] = r
     out = []
     for (conf, stack, side), per_run in procs.items():
         shares: dict[str, list[float]] = {c: [] for c in CATEGORIES}
         per_gb: dict[str, list[float]] = {c: [] for c in CATEGORIES}
         for cats in per_run.values():
             first = next(iter(cats.values()))
-            moved = (first["tx_bytes"] or 0) + (first["rx_bytes"] or 0)
+            moved = (first.tx_bytes or 0) + (first.rx_bytes or 0)
             for c in CATEGORIES:
                 row = cats.get(c)
-                if row is None or row["share"] is None:
+                if row is None:
                     continue
-                shares[c].append(row["share"])
-                if moved > 0 and row["cpu_seconds"] is not None:
-                    per_gb[c].append(row["cpu_seconds"] / (moved / 1e9))
+                shares[c].append(row.share)
+                if moved > 0:
+                    per_gb[c].append(row.cpu_seconds / (moved / 1e9))
         out.append(Bar(conf, stack, side, len(per_run), {c: median_ci(v) for c, v in shares.items()},
                        {c: median_ci(v) for c, v in per_gb.items()} if any(per_gb.values()) else {},
                        _label(conf, stack, side, one_configuration), goodput[conf]))

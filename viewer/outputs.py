@@ -20,7 +20,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from qprof.attribution.analysis import Analysis, analyse_run, verdict_of
 from qprof.attribution.engine import Decision
@@ -39,7 +39,7 @@ from qprof.viewer.output import output_format
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from qprof.viewer.rows import Notice
+    from qprof.viewer.rows import Notice, TableRow
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Attributed:
     analyses: list[Analysis]
 
     @functools.cached_property
-    def table_rows(self) -> list[dict[str, Any]]:
+    def table_rows(self) -> list["TableRow"]:
         """One row per run x process x category (viewer.rows), from each analysis's report (viewer.report) and each run's
         place among the runs (its recorded configuration): made once for the table, its summary and the
         chart alike."""
@@ -303,20 +303,21 @@ class _Rows:
         from qprof.viewer.table import render as render_rows, render_summary
 
         rows = result.table_rows
-        part, columns = (R.summary_rows(rows), R.SUMMARY_COLUMNS) if self.request.summary else \
-            (rows, R.TABLE_COLUMNS)
+        summary = R.summary_rows(rows) if self.request.summary else []
+        cells, columns = ([s.cells() for s in summary], R.SUMMARY_COLUMNS) if self.request.summary else \
+            ([r.cells() for r in rows], R.TABLE_COLUMNS)
         notices = tuple(R.summary_notices(rows)) if self.request.summary else ()
-        what = f"{'summary ' if self.request.summary else ''}({len(part)} rows)"
+        what = f"{'summary ' if self.request.summary else ''}({len(cells)} rows)"
         if self.fmt == "csv":
-            return Rendered(frame(part, columns).to_csv(index=False), what, notices)
+            return Rendered(frame(cells, columns).to_csv(index=False), what, notices)
         if self.fmt == "parquet":
-            return Rendered(frame(part, columns).to_parquet(None, index=False), what, notices)
+            return Rendered(frame(cells, columns).to_parquet(None, index=False), what, notices)
         buf = io.StringIO()
         console = _console(self.request, buf)
         if self.request.summary:
-            render_summary(part, list(notices), console)
+            render_summary(summary, list(notices), console)
         else:
-            render_rows(part, console)
+            render_rows(rows, console)
         return Rendered(buf.getvalue(), notices=notices)
 
 

@@ -24,12 +24,13 @@ from typing import Any, Iterable, Sequence
 from qprof.archive.model import Meta
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.method import MethodDifference
-from qprof.attribution.packetio import Gro, Gso, ProcessPacketIO
+from qprof.attribution.packetio import Direction, Gro, Gso, ProcessPacketIO
 from qprof.attribution.stats import METHOD, MedianCI, median_ci, min_n
 from qprof.attribution.verdict import SideEvidence, Verdict
 from qprof.viewer.report import Report, the_goodput
 
-Row = dict[str, Any]
+Cell = str | int | float | bool | None  # one value of a row: what a CSV file and a DataFrame hold
+Row = dict[str, Cell]  # a row of a table (CSV, DataFrame) as its columns name its cells
 _REP = re.compile(r"rep-(\d+)")
 
 CATEGORY_COLUMNS = ("run", "pid", "comm", "role", "stack", "category", "share", "cpu_seconds", "samples")
@@ -68,20 +69,6 @@ VERDICT_COLUMNS = ("run", "limited_by", *_EVIDENCE, "summary", "notes")
 RUN_COLUMNS = ("run", "status", "start_time", "duration_s", "stop_reason", "hostname", "cpus", "cpu_model",
                "kernel", "event", "frequency", "unwind", "probes", "stack", "perf", "samples", "cpu_seconds",
                "goodput_gbps", "verdict")
-# `configuration`, `setting`, `repetition`: where the run stands among the table's runs (TableRun);
-# `event`, `frequency`, `scope`, `probes`, `mappings`, `unwind`: how it was measured, what pooled runs must share
-TABLE_COLUMNS = ("run", "configuration", "setting", "repetition", "start_time", "duration_s", "hostname", "event",
-                 "frequency", "scope", "probes", "verdict", "cause", "pid", "comm", "role", "stack", "mappings",
-                 "unwind", "category", "share", "cpu_seconds", "samples", "tx_bytes", "rx_bytes", "goodput_gbps",
-                 "cpu_limited", "configuration_recorded")
-# per configuration x side x category; `runs` to `verdicts` are the configuration's, on each of its rows
-SUMMARY_COLUMNS = ("configuration", "setting", "stack", "role", "category", "n", "share_median", "share_ci_low",
-                   "share_ci_high", "cpu_seconds_median", "cpu_seconds_ci_low", "cpu_seconds_ci_high",
-                   "ci_coverage", "ci_note", "runs", "goodput_gbps_median", "goodput_gbps_ci_low",
-                   "goodput_gbps_ci_high", "goodput_ci_note", "verdicts", "method_differs",
-                   "configuration_recorded")
-
-
 def _shape(row: Row, columns: tuple[str, ...]) -> Row:
     return {c: row.get(c) for c in columns}
 
@@ -107,8 +94,8 @@ def symbol_rows(report: Report) -> list[Row]:
             for p in report.processes for c in CATEGORIES for s in p.figures.top_symbols[c]]
 
 
-def _direction_columns(tx: dict[str, Any], rx: dict[str, Any]) -> Row:
-    return {**{f"tx_{k}": v for k, v in tx.items()}, **{f"rx_{k}": v for k, v in rx.items()}}
+def _direction_columns(tx: Direction, rx: Direction) -> Row:
+    return {**{f"tx_{k}": v for k, v in tx.to_json().items()}, **{f"rx_{k}": v for k, v in rx.to_json().items()}}
 
 
 def probe_rows(report: Report) -> list[Row]:
@@ -121,9 +108,9 @@ def probe_rows(report: Report) -> list[Row]:
     rows = []
     for pid, p in sorted(report.packet_io.processes.items()):
         seen = who.get(pid)
-        base = {"run": report.run.path, "pid": pid, "comm": seen.comm if seen else None,
+        base: Row = {"run": report.run.path, "pid": pid, "comm": seen.comm if seen else None,
                 "role": seen.role if seen else None}
-        rows.append(_shape({**base, "tid": None, **_direction_columns(p.tx.to_json(), p.rx.to_json()),
+        rows.append(_shape({**base, "tid": None, **_direction_columns(p.tx, p.rx),
                             **{_offload_column("gso", k): v for k, v in p.gso.to_json().items()},
                             **{_offload_column("gro", k): v for k, v in p.gro.to_json().items()},
                             "ack_ratio": p.ack_ratio, "drops": sum(p.drops.values()),
@@ -131,7 +118,7 @@ def probe_rows(report: Report) -> list[Row]:
                             "ports": _joined(sorted(p.ports)), "counted": "exact" if p.exact else "sampled",
                             **_estimate_columns(p)}, PROBE_COLUMNS))
         for tid, (tx, rx) in sorted(p.threads.items()):
-            rows.append(_shape({**base, "tid": tid, **_direction_columns(tx.to_json(), rx.to_json())}, PROBE_COLUMNS))
+            rows.append(_shape({**base, "tid": tid, **_direction_columns(tx, rx)}, PROBE_COLUMNS))
     return rows
 
 
@@ -257,27 +244,69 @@ def place_runs(runs: Sequence[tuple[str, Meta]]) -> list[TableRun]:
     return [TableRun(path, labels[key], setting, rep, key[0] == "recorded") for path, key, _, setting, rep in keyed]
 
 
-def table_rows(report: Report, run: TableRun) -> list[Row]:
+@dataclass(frozen=True)
+class TableRow:
+    """One row of `qprof table`: a run x process x category, with the run's place among the table's runs
+    (`configuration`, `setting`, `repetition`: TableRun) and its metadata beside; `event`, `frequency`,
+    `scope`, `probes`, `mappings`, `unwind`: how it was measured, what pooled runs must share. Its
+    fields are the table's columns, in order (TABLE_COLUMNS)."""
+
+    run: str
+    configuration: str
+    setting: str
+    repetition: int | None
+    start_time: str | None
+    duration_s: float | None
+    hostname: str | None
+    event: str
+    frequency: int | None
+    scope: str
+    probes: str | None
+    verdict: str | None
+    cause: str | None
+    pid: int
+    comm: str
+    role: str | None
+    stack: str | None
+    mappings: str | None
+    unwind: str | None
+    category: str
+    share: float
+    cpu_seconds: float
+    samples: int
+    tx_bytes: int | None
+    rx_bytes: int | None
+    goodput_gbps: float | None
+    cpu_limited: bool | None
+    configuration_recorded: bool
+
+    def cells(self) -> Row:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+TABLE_COLUMNS = tuple(f.name for f in fields(TableRow))
+
+
+def table_rows(report: Report, run: TableRun) -> list[TableRow]:
     """`qprof table`'s rows for one run: one per process x category, with the run's place among the
     table's runs (`run`: place_runs) and its metadata beside."""
-    meta = run_row(report)
+    r = report.run
     pio = report.packet_io.processes if report.packet_io is not None else {}
     verdict = report.verdict
     limited = {ev.pid: ev.cpu_limited for ev in _judged(verdict)} if verdict is not None else {}
-    procs = {p.pid: p for p in report.processes}
     rows = []
-    for c in category_rows(report):
-        p = procs[c["pid"]]
-        io, unwinding = pio.get(p.pid), report.run.unwinding.get(p.pid)
-        rows.append(_shape({**meta, **c, "configuration": run.configuration, "setting": run.setting,
-                            "repetition": run.repetition, "scope": report.run.sampling.scope_mode,
-                            "cause": verdict.cause if verdict is not None else None,
-                            "mappings": _joined((f"{m.name} {m.version}" for m in p.mappings), ", "),
-                            "configuration_recorded": run.recorded,
-                            "unwind": unwinding.mode if unwinding is not None else None,
-                            "tx_bytes": io.tx.bytes if io is not None else None,
-                            "rx_bytes": io.rx.bytes if io is not None else None,
-                            "goodput_gbps": p.goodput_gbps, "cpu_limited": limited.get(p.pid)}, TABLE_COLUMNS))
+    for p in report.processes:
+        io, unwinding = pio.get(p.pid), r.unwinding.get(p.pid)
+        for c in CATEGORIES:
+            rows.append(TableRow(
+                r.path, run.configuration, run.setting, run.repetition, r.start_time, r.duration_s, r.host.hostname,
+                r.sampling.event, r.sampling.frequency, r.sampling.scope_mode, _joined(r.probes),
+                verdict.limited_by if verdict is not None else None, verdict.cause if verdict is not None else None,
+                p.pid, p.comm, p.role, p.stack, _joined((f"{m.name} {m.version}" for m in p.mappings), ", "),
+                unwinding.mode if unwinding is not None else None, c, p.figures.categories[c],
+                p.figures.category_cpu_seconds[c], p.figures.category_samples[c],
+                io.tx.bytes if io is not None else None, io.rx.bytes if io is not None else None,
+                p.goodput_gbps, limited.get(p.pid), run.recorded))
     return rows
 
 
@@ -317,21 +346,21 @@ class ConfigurationSummary:
         return ", ".join(f"{v} x{n}" for v, n in self.verdicts)
 
 
-def _verdict(row: Row) -> str:
-    if row["verdict"] is None:
+def _verdict(row: TableRow) -> str:
+    if row.verdict is None:
         return "no verdict (no roles)"
-    return f"{row['verdict']} ({row['cause']})" if row["cause"] else str(row["verdict"])
+    return f"{row.verdict} ({row.cause})" if row.cause else row.verdict
 
 
-def configuration_summaries(rows: list[Row]) -> dict[str, ConfigurationSummary]:
+def configuration_summaries(rows: Sequence[TableRow]) -> dict[str, ConfigurationSummary]:
     """Each configuration of the table's rows over its runs, in the order the configurations appear."""
-    procs: dict[str, dict[str, dict[Any, Row]]] = {}  # configuration -> run -> pid -> a row
+    procs: dict[str, dict[str, dict[int, TableRow]]] = {}  # configuration -> run -> pid -> a row
     for r in rows:
-        procs.setdefault(r["configuration"], {}).setdefault(r["run"], {}).setdefault(r["pid"], r)
+        procs.setdefault(r.configuration, {}).setdefault(r.run, {}).setdefault(r.pid, r)
     out = {}
     for conf, runs in procs.items():
-        goodputs = [g for ps in runs.values() if (g := the_goodput((p["role"], p["goodput_gbps"]) for p in ps.values()
-                                                                    if p["goodput_gbps"] is not None)) is not None]
+        goodputs = [g for ps in runs.values() if (g := the_goodput((p.role, p.goodput_gbps) for p in ps.values()
+                                                                    if p.goodput_gbps is not None)) is not None]
         seen = Counter(_verdict(next(iter(ps.values()))) for ps in runs.values())
         out[conf] = ConfigurationSummary(conf, len(runs), median_ci(goodputs),
                                          tuple(sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))))
@@ -344,10 +373,13 @@ _METHOD = (("event", "sampling event", ""), ("frequency", "sampling rate", " Hz"
            ("probes", "probes", ""), ("unwind", "unwinding", ""), ("mappings", "mapping files", ""))
 
 
-def _side_key(r: Row) -> tuple[Any, Any, Any]:
+Side = tuple[str, str | None, str]  # configuration, stack, role (or comm)
+
+
+def _side_key(r: TableRow) -> Side:
     """What a summary pools over: a configuration's side (a process without a role by its comm, so a
     server and a client never pool)."""
-    return (r["configuration"], r["stack"], r["role"] or r["comm"])
+    return (r.configuration, r.stack, r.role or r.comm)
 
 
 def _natural(value: str) -> tuple[int, float, str]:
@@ -358,15 +390,16 @@ def _natural(value: str) -> tuple[int, float, str]:
         return (1, 0.0, value)
 
 
-def method_differences(rows: list[Row]) -> list[MethodDifference]:
+def method_differences(rows: Sequence[TableRow]) -> list[MethodDifference]:
     """Every respect in which runs pooled into one side of a configuration were measured differently."""
-    sides: dict[tuple[Any, Any, Any], list[Row]] = defaultdict(list)
+    sides: dict[Side, list[TableRow]] = defaultdict(list)
     for r in rows:
         sides[_side_key(r)].append(r)
     out = []
     for side, members in sides.items():
+        cells = [m.cells() for m in members]
         for column, what, unit in _METHOD:
-            values = sorted({"none" if m[column] is None else str(m[column]) for m in members}, key=_natural)
+            values = sorted({"none" if c[column] is None else str(c[column]) for c in cells}, key=_natural)
             if len(values) > 1:
                 out.append(MethodDifference.of(what, tuple(None if x is None else str(x) for x in side),
                                                tuple(v if v == "none" else v + unit for v in values)))
@@ -381,7 +414,7 @@ class Notice:
     warning: bool = False  # loud: the summary pools what should not be pooled
 
 
-def summary_notices(rows: list[Row]) -> list[Notice]:
+def summary_notices(rows: Sequence[TableRow]) -> list[Notice]:
     """What the reader of a summary must know besides its figures: runs pooled though measured
     differently (one warning line naming what differs, where, and what it moves), and runs whose
     configuration was not recorded, grouped by their directory's name."""
@@ -399,7 +432,7 @@ def summary_notices(rows: list[Row]) -> list[Notice]:
             parts.append(f"{what} ({' vs '.join(sorted(values, key=_natural))}) in {places}: {affects}")
         out.append(Notice("runs pooled into one summary row were measured differently, record them alike or "
                           "give them apart | " + " | ".join(parts), warning=True))
-    inferred = {r["run"]: r["configuration"] for r in rows if not r["configuration_recorded"]}
+    inferred = {r.run: r.configuration for r in rows if not r.configuration_recorded}
     if inferred:
         one = len(inferred) == 1
         out.append(Notice(f"{len(inferred)} run{'' if one else 's'} ({', '.join(sorted(set(inferred.values())))}) "
@@ -408,36 +441,67 @@ def summary_notices(rows: list[Row]) -> list[Notice]:
     return out
 
 
-def summary_rows(rows: list[Row]) -> list[Row]:
+@dataclass(frozen=True)
+class SummaryRow:
+    """One row of the summary over runs: a configuration x side x category, its median share and CPU
+    seconds with their 95% intervals; `runs` to `verdicts` are the configuration's, on each of its
+    rows. Its fields are the summary's columns, in order (SUMMARY_COLUMNS)."""
+
+    configuration: str
+    setting: str
+    stack: str | None
+    role: str  # the side: its role, or its comm
+    category: str
+    n: int
+    share_median: float | None
+    share_ci_low: float | None
+    share_ci_high: float | None
+    cpu_seconds_median: float | None
+    cpu_seconds_ci_low: float | None
+    cpu_seconds_ci_high: float | None
+    ci_coverage: float | None
+    ci_note: str | None
+    runs: int
+    goodput_gbps_median: float | None
+    goodput_gbps_ci_low: float | None
+    goodput_gbps_ci_high: float | None
+    goodput_ci_note: str | None
+    verdicts: str
+    method_differs: str | None
+    configuration_recorded: bool
+
+    def cells(self) -> Row:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+SUMMARY_COLUMNS = tuple(f.name for f in fields(SummaryRow))
+
+
+def summary_rows(rows: Sequence[TableRow]) -> list[SummaryRow]:
     """Per configuration x side x category over the table's rows (the repetitions): median share and
     CPU seconds with a 95% distribution-free interval (attribution.stats); beside them the
     configuration's runs, goodput (median and interval) and verdicts, and what its pooled runs did
     not share in method. Runs of two configurations never pool (place_runs)."""
-    groups: dict[tuple[Any, Any, Any, str], list[Row]] = defaultdict(list)
+    groups: dict[tuple[str, str | None, str, str], list[TableRow]] = defaultdict(list)
     for r in rows:
-        groups[(*_side_key(r), r["category"])].append(r)
+        groups[(*_side_key(r), r.category)].append(r)
     confs = configuration_summaries(rows)
-    differs: dict[tuple[Any, ...], list[MethodDifference]] = defaultdict(list)
+    differs: dict[tuple[str | None, ...], list[MethodDifference]] = defaultdict(list)
     for d in method_differences(rows):
         differs[d.where].append(d)
     out = []
     for (conf, stack, role, cat), members in sorted(groups.items(), key=lambda kv: (
             str(kv[0][0]), str(kv[0][1]), str(kv[0][2]), CATEGORIES.index(kv[0][3]))):
-        share = median_ci([m["share"] for m in members if m["share"] is not None])
-        cpu = median_ci([m["cpu_seconds"] for m in members if m["cpu_seconds"] is not None])
+        share = median_ci([m.share for m in members])
+        cpu = median_ci([m.cpu_seconds for m in members])
         c = confs[conf]
-        out.append(_shape({"configuration": conf, "setting": members[0]["setting"], "stack": stack, "role": role,
-                           "category": cat, "n": share.n,
-                           "share_median": share.median, "share_ci_low": share.low, "share_ci_high": share.high,
-                           "cpu_seconds_median": cpu.median, "cpu_seconds_ci_low": cpu.low,
-                           "cpu_seconds_ci_high": cpu.high, "ci_coverage": share.coverage,
-                           "ci_note": ci_note(share), "runs": c.runs, "goodput_gbps_median": c.goodput.median,
-                           "goodput_gbps_ci_low": c.goodput.low, "goodput_gbps_ci_high": c.goodput.high,
-                           "goodput_ci_note": ci_note(c.goodput, c.runs), "verdicts": c.verdicts_seen,
-                           "method_differs": _joined((f"{d.what}: {' vs '.join(d.values)}"
-                                                      for d in differs[tuple(None if x is None else str(x)
-                                                                              for x in (conf, stack, role))]), "; "),
-                           "configuration_recorded": members[0]["configuration_recorded"]}, SUMMARY_COLUMNS))
+        out.append(SummaryRow(
+            conf, members[0].setting, stack, role, cat, share.n, share.median, share.low, share.high, cpu.median,
+            cpu.low, cpu.high, share.coverage, ci_note(share), c.runs, c.goodput.median, c.goodput.low,
+            c.goodput.high, ci_note(c.goodput, c.runs), c.verdicts_seen,
+            _joined((f"{d.what}: {' vs '.join(d.values)}"
+                     for d in differs[tuple(None if x is None else str(x) for x in (conf, stack, role))]), "; "),
+            members[0].configuration_recorded))
     return out
 
 
