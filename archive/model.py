@@ -13,15 +13,19 @@ defaults readers assume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, TypedDict
+from typing import Any, Iterator
 
-from qprof.probes.packetio.maps import PacketioMaps, Windows
+# The probes' records the archive holds as they are, and the field markers schema.shape_of reads
+from qprof.probes.crypto.records import (AesHardware as AesHardware, CryptoCost as CryptoCost,
+                                         CryptoFindings as CryptoFindings, CryptoObject as CryptoObject,
+                                         CryptoProbe as CryptoProbe, CryptoSite as CryptoSite,
+                                         CryptoSlot as CryptoSlot, CryptoTarget as CryptoTarget)
+from qprof.probes.fields import INLINE as INLINE, NEVER_NULL as NEVER_NULL, NULL_IS_ABSENT as NULL_IS_ABSENT
+from qprof.probes.group import ProgramCost as ProgramCost
+from qprof.probes.libbpf import LoaderConfig as LoaderConfig
+from qprof.probes.mapsout import HistBucket as HistBucket, Json, MapEntry as MapEntry, RawMap as RawMap
+from qprof.probes.packetio.maps import PacketioMaps, ProbeMaps as ProbeMaps, Windows as Windows
 from qprof.probes.waits.maps import WaitMaps
-
-
-# A field `X | None` only because older archives lack it: absent is allowed, null is refused
-# (schema.shape_of reads the marker).
-NEVER_NULL = {"never_null": True}
 
 # how an object got its function names, best first (collectors.debuginfo decides)
 SYMTAB, DEBUG_FILE, DEBUGLINK, MINIDEBUGINFO, DEBUGINFOD, UNWIND, DYNSYM, NONE = (
@@ -47,7 +51,7 @@ class LiveData:
     elapsed_s: float
     duration_s: float | None
     reading: "ProcReading"  # the latest /proc reading of the targets
-    maps: dict[str, Any]  # the probe groups' maps as last printed (bpftrace JSON shape)
+    maps: dict[str, Json]  # the probe groups' maps as last printed (probes.mapsout), not yet checked
     softirq_seconds: dict[int, float]  # per CPU since boot (/proc/stat)
     targets: tuple["Target", ...]
 
@@ -58,13 +62,6 @@ class LiveData:
 # schema.encode), readers get them back (Run.proc_readings: schema.decode) after the line was checked
 # against the shape derived from them (schema.PROC_READING). Fields absent from older archives take
 # the defaults below.
-
-# A map field whose older archives wrote null for "nothing here" (a process gone when its cgroup was
-# read): null values are accepted and read as absent; the writer leaves such keys out.
-NULL_IS_ABSENT = {"null_is_absent": True}
-# A record field whose fields are written beside its parent's, not under a key of its own (the
-# byte totals, which proc.jsonl has always held at the top level of a reading).
-INLINE = {"inline": True}
 
 
 @dataclass(frozen=True)
@@ -409,34 +406,8 @@ class Meta:
 # bpftrace and libbpf loaders print, `@name` maps keyed by strings the program chose ("pid,tid,port"),
 # whose meaning is the group's own (probes/<group>/maps.py reads them); the packetio sampler's
 # `@windows` is the one printed map with a fixed structure, and is typed (probes.packetio.maps.Windows).
-
-
-class HistBucket(TypedDict, total=False):
-    """One bucket of a histogram map, as bpftrace prints it."""
-
-    min: int | float | None
-    max: int | float | None
-    count: int | float
-
-
-# A map entry's value: a count or sum, a histogram, or (a map printed per key) a map of them
-MapEntry = int | float | list[HistBucket] | dict[str, int | float | list[HistBucket]]
-RawMap = dict[str, MapEntry]  # a map as a loader prints it: its keys are the program's own text
-ProbeMaps = dict[str, RawMap | Windows]  # a program's maps by name ("@tx_msgs", "@windows")
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """What a libbpf group's loader was started with (probes/<group>/__init__.py `config`)."""
-
-    pids: list[int] = field(default_factory=list)
-    follow: bool | None = field(default=None, metadata=NEVER_NULL)
-    added: str | None = field(default=None, metadata=NEVER_NULL)  # the file of targets added while following
-    gro_bit: int | None = field(default=None, metadata=NEVER_NULL)  # packetio
-    kfree_skb_has_socket: bool | None = field(default=None, metadata=NEVER_NULL)
-    netns: list[int] | None = field(default=None, metadata=NEVER_NULL)
-    stack_interval_ms: float | None = field(default=None, metadata=NEVER_NULL)  # waits
-    preempt_from_rq: int | None = field(default=None, metadata=NEVER_NULL)
+# The records a group hands over (its loader's LoaderConfig, the crypto group's findings) are its own,
+# imported above: the collector records them as they are.
 
 
 @dataclass
@@ -536,17 +507,6 @@ class HostSnapshot:
 
 
 @dataclass(frozen=True)
-class ProgramCost:
-    """One BPF program's run-time statistics (bpftool prog show), scaled to the probes' lifetime."""
-
-    id: int | None = None
-    name: str | None = None
-    run_cnt: int | float | None = None
-    run_time_ns: int | float | None = None
-    type: str | None = None
-
-
-@dataclass(frozen=True)
 class GroupCost:
     bpf_run_cnt: int | float
     bpf_run_time_ns: int | float
@@ -566,114 +526,6 @@ class ProbeCost:
     probes_s: int | float | None = field(default=None, metadata=NEVER_NULL)
     programs: list[ProgramCost] | None = field(default=None, metadata=NEVER_NULL)
     stats_on_s: int | float | None = field(default=None, metadata=NEVER_NULL)
-
-
-@dataclass(frozen=True)
-class AesHardware:
-    present: bool | None = None
-    evidence: str | None = None
-    software_only: bool | None = field(default=None, metadata=NEVER_NULL)
-
-
-@dataclass(frozen=True)
-class CryptoProbe:
-    """One entry point found in an object (probes.crypto.symbols.Probe); `address` in hex."""
-
-    address: str
-    symbol: str
-    library: str | None = None
-    table: str | None = None
-    kind: str | None = None
-    cipher: str | None = None
-    length: str | None = None  # the bpftrace expression of its byte count
-    path: str | None = None
-    split: str | None = None
-    note: str | None = None
-    size: int = 0
-
-
-@dataclass(frozen=True)
-class CryptoObject:
-    """What the crypto group found in one mapped object (probes.crypto.symbols.ObjectCrypto)."""
-
-    path: str | None = field(default=None, metadata=NEVER_NULL)
-    symbols: str | None = field(default=None, metadata=NEVER_NULL)
-    libraries: list[str] = field(default_factory=list)
-    found: dict[str, list[str]] = field(default_factory=dict)
-    probes: list[CryptoProbe] = field(default_factory=list)
-    ciphers: list[str] = field(default_factory=list)
-    aes_hw: AesHardware = field(default_factory=AesHardware)
-    notes: list[str] = field(default_factory=list)
-    go_morestack: str | None = None  # hex
-    probe_delta: int | None = None
-
-
-@dataclass(frozen=True)
-class CryptoSite:
-    """An entry point one target's calls are counted at."""
-
-    object: str
-    address: str
-    symbol: str
-    kind: str | None = None
-
-
-@dataclass(frozen=True)
-class CryptoTarget:
-    """The objects of one target the crypto group looked at (pending: needed but not mapped yet)."""
-
-    objects: list[str] = field(default_factory=list)
-    pending_objects: list[str] = field(default_factory=list)
-    probes: list[CryptoSite] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class CryptoSlot:
-    """One counted call site of the crypto program: the map key's slot number and what it counts."""
-
-    slot: int
-    symbol: str
-    part: str | None = None  # evp splits one call into aad, short (header protection) and payload
-    kind: str | None = None
-    cipher: str | None = None
-    path: str | None = None  # hw or sw AES
-    bytes: bool = False  # its byte count is known
-    object: str | None = field(default=None, metadata=NEVER_NULL)
-    address: str | None = field(default=None, metadata=NEVER_NULL)
-    library: str | None = field(default=None, metadata=NEVER_NULL)
-    table: str | None = field(default=None, metadata=NEVER_NULL)
-
-
-@dataclass(frozen=True)
-class CryptoCost:
-    """What the crypto probes cost (probes.crypto.program.cost); fields in the order probes.json
-    writes them, the report carries it as written."""
-
-    all_hits: int | None = None
-    basis: str | None = field(default=None, metadata=NEVER_NULL)
-    bpf_ns_per_hit: float | None = None
-    bpf_run_time_ns: int | None = None
-    host_estimated_ns: int | None = None
-    summary: str | None = field(default=None, metadata=NEVER_NULL)
-    target_estimated_ns: int | None = None
-    target_hits: int = 0
-    target_reentries: int = 0
-    trap_ns_per_hit: int | float | None = field(default=None, metadata=NEVER_NULL)
-    uprobes: int | None = field(default=None, metadata=NEVER_NULL)
-
-
-@dataclass
-class CryptoFindings:
-    """What the crypto group found to probe and what probing it cost (probes.json `crypto`)."""
-
-    slots: list[CryptoSlot] = field(default_factory=list)
-    objects: dict[str, CryptoObject] = field(default_factory=dict)
-    processes: dict[int, CryptoTarget] = field(default_factory=dict)
-    cpu_flags: dict[str, bool] = field(default_factory=dict)
-    aes_hw_usable_by_cpu: bool | None = field(default=None, metadata=NEVER_NULL)
-    skipped: list[str] | None = field(default=None, metadata=NEVER_NULL)  # entry points bpftrace cannot take
-    cost: CryptoCost | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass(frozen=True)

@@ -364,21 +364,6 @@ def validate(doc: Any, shape: Of, name: str) -> None:
                          "the archive is damaged or from an incompatible qprof")
 
 
-def field_value(cls: type, name: str | None, value: Any, what: str) -> Any:
-    """A JSON-ready part the probes layer hands over (a group's program entry, what it found) as the
-    typed value of `cls`'s field `name` (None: `cls` itself), through the shape and decoder derived
-    from it; a part of the wrong shape is a bug in the group and says so."""
-    hint: Any = cls
-    shape: Of = shape_of(cls)
-    if name is not None:
-        f = next(f for f in _fields(cls) if f.name == name)
-        hint, shape = _hints(cls)[name], _field_shape(f, _hints(cls)[name])
-    bad = shape.check(value, what)
-    if bad:
-        raise QprofError(f"{bad} (a bug in qprof's probes)")
-    return _decoder(hint)(value)
-
-
 def conforms(doc: Any, shape: Of) -> bool:
     return shape.check(doc, "") is None
 

@@ -34,7 +34,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qprof import archive
 from qprof.archive import schema
@@ -47,9 +47,9 @@ from qprof.probes import btf
 from qprof.probes.bpftrace import announce
 from qprof.probes.children import ProbeProcess
 from qprof.probes.follow import TargetsWriter, targets_file
-from qprof.probes.group import Context, Unavailable
+from qprof.probes.group import Context, Findings, ProgramFiles, Unavailable
 from qprof.probes.leftovers import owned_prog_ids
-from qprof.probes.mapsout import MapTail, read_maps
+from qprof.probes.mapsout import Json, MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle
@@ -103,9 +103,20 @@ def program_stats(owner_pids: set[int]) -> list[ProgramCost]:
         progs = json.loads(r.stdout or "[]")
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
         return []
-    return [ProgramCost(id=p.get("id"), type=p.get("type"), name=p.get("name"),
-                        run_time_ns=p.get("run_time_ns", 0), run_cnt=p.get("run_cnt", 0))
-            for p in progs if p.get("id") in ids]
+    # each program's fields of a ProgramCost, checked against its shape; bpftool leaves the run-time
+    # statistics out of a program that never ran with them on: 0
+    found = (schema.decode(ProgramCost, p) for p in progs if schema.conforms(p, _PROGRAM_COST)) \
+        if isinstance(progs, list) else ()
+    return [replace(c, run_time_ns=c.run_time_ns or 0, run_cnt=c.run_cnt or 0) for c in found if c.id in ids]
+
+
+_PROGRAM_COST = schema.shape_of(ProgramCost)
+
+
+def program_record(files: ProgramFiles) -> ProgramRecord:
+    """A started group's entry in probes.json's `programs`: its files; the rest is added as it runs."""
+    return ProgramRecord(output=files.output, script=files.script, mechanism=files.mechanism, object=files.object,
+                         config=files.config, series=files.series, timing=files.timing)
 
 
 class ProbeCollector:
@@ -118,7 +129,7 @@ class ProbeCollector:
         self._added: TargetsWriter | None = None
         self._known = set(self.pids)  # start targets and every pid added
         self.record = ProbeRecord(groups=list(groups))
-        self._extra: dict[str, dict[str, Any]] = {}  # each group's own parts of probes.json, as it started
+        self._findings: dict[str, Findings] = {}  # each group's own parts of probes.json, as it started
         self.procs: list[ProbeProcess] = []
         self._stats_fd: int | None = None
         self._stats_since = 0.0  # monotonic time stats were last switched on (or off)
@@ -163,13 +174,14 @@ class ProbeCollector:
     def _save(self) -> None:
         archive.write_probes(self.out, self.record)
 
-    def _take_extra(self, name: str, extra: dict[str, Any]) -> None:
-        """A group's own parts of probes.json (what the crypto group found to probe, the bpftrace
-        version), handed over JSON-ready by the probes layer, as the record's fields."""
-        self._extra[name] = extra
-        for key, value in extra.items():
-            if value is not None:
-                setattr(self.record, key, schema.field_value(ProbeRecord, key, value, f"the {name} group's {key}"))
+    def _take_findings(self, name: str, findings: Findings) -> None:
+        """A group's own parts of probes.json (the bpftrace version, what the crypto group found to
+        probe), into the record's fields."""
+        self._findings[name] = findings
+        if findings.bpftrace_version is not None:
+            self.record.bpftrace_version = findings.bpftrace_version
+        if findings.crypto is not None:
+            self.record.crypto = findings.crypto
 
     def launch(self) -> None:
         """Snapshot counters and start every probe group (they compile while perf starts)."""
@@ -188,9 +200,8 @@ class ProbeCollector:
                 self._unavailable(name, str(e))
                 continue
             self.procs.append(launched.process)
-            self.record.programs[name] = schema.field_value(ProgramRecord, None, launched.entry,
-                                                            f"the {name} group's program")
-            self._take_extra(name, launched.extra)
+            self.record.programs[name] = program_record(launched.program)
+            self._take_findings(name, launched.findings)
             if launched.follow_note:
                 self._unavailable(f"{name} following", launched.follow_note)
 
@@ -216,9 +227,10 @@ class ProbeCollector:
         """The processes that became targets during the run, so far: pid -> the target that forked
         it (0: given to add_targets), as packetio's last print tells (every second)."""
         out = {e.pid: 0 for e in self.record.follow.added} if self.record.follow is not None else {}
-        maps = self.live_maps()
-        for key, parent in (maps.get("@followed") or {}).items():
-            out.setdefault(int(key), int(parent))
+        found = self.live_maps().get("@followed")  # {"pid": parent}, printed by packetio's sampler
+        for key, parent in found.items() if isinstance(found, dict) else ():
+            if isinstance(parent, int):
+                out.setdefault(int(key), parent)
         return out
 
     def tick(self) -> None:
@@ -269,9 +281,10 @@ class ProbeCollector:
                 self._stats_next = self._probes_since + random.uniform(0, STATS_FIRST_S)
         self._save()
 
-    def live_maps(self) -> dict[str, Any]:
-        """Every running group's maps as last printed (new output lines only are parsed)."""
-        maps: dict[str, Any] = {}
+    def live_maps(self) -> dict[str, Json]:
+        """Every running group's maps as last printed (new output lines only are parsed), not checked:
+        each reader checks the maps it reads (traffic.udp_totals, the live view)."""
+        maps: dict[str, Json] = {}
         for p in self.procs:
             tail = self._tails.setdefault(p.name, MapTail(p.output))
             maps.update(tail.read())
@@ -322,13 +335,12 @@ class ProbeCollector:
                                       "run-time statistics window")
         for p in self.procs:
             rc = p.stop()
-            maps = read_maps(p.output)
             prog = self.record.programs[p.name]
             prog.exit, prog.log_tail, prog.cpu_s = rc, p.log_tail() if rc not in (0, None) else "", p.cpu_s
-            prog.maps = schema.probe_maps(maps)
-            extra = self._extra.get(p.name, {})
-            GROUPS[p.name].finish(extra, maps, [schema.encode(x) for x in by_group.get(p.name, [])], self.status)
-            self._take_extra(p.name, extra)
+            prog.maps = maps = schema.probe_maps(read_maps(p.output))
+            findings = self._findings.get(p.name, Findings())
+            GROUPS[p.name].finish(findings, maps, by_group.get(p.name, []), self.status)
+            self._take_findings(p.name, findings)
         self.poll_sockets(final=True)
         self._udp.close()
         if self._added is not None:

@@ -15,15 +15,20 @@ bpftrace group needs but its script.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from qprof import runfiles
 from qprof.probes.bpftrace import BpftraceProcess, follow_probes, pid_predicate, render
 from qprof.probes.children import ProbeProcess
 from qprof.probes.features import bpftrace_problem, bpftrace_version
+
+if TYPE_CHECKING:  # the groups import this module: their records are named for the checker only
+    from qprof.probes.crypto.records import CryptoFindings
+    from qprof.probes.libbpf import LoaderConfig
+    from qprof.probes.packetio.maps import ProbeMaps
 
 
 class Unavailable(Exception):
@@ -43,14 +48,48 @@ class Context:
     follow: bool = False
 
 
+@dataclass(frozen=True)
+class ProgramFiles:
+    """What a started group runs, as its entry in probes.json's `programs` records it (the collector's
+    archive.model.ProgramRecord): its files in the run directory, and a libbpf loader's config."""
+
+    output: str  # its printed maps (probes.mapsout)
+    mechanism: str
+    script: str | None = None  # the program: bpftrace script or C source
+    object: str | None = None  # libbpf: the compiled object
+    config: LoaderConfig | None = None
+    series: str | None = None  # waits: its wall clock per 100 ms
+    timing: str | None = None  # packetio: its messages' timing
+
+
+@dataclass
+class Findings:
+    """A group's own parts of probes.json, at its top: the bpftrace that ran it, what the crypto group
+    found to probe (its `cost` added by `finish`)."""
+
+    bpftrace_version: str | None = None
+    crypto: CryptoFindings | None = None
+
+
+@dataclass(frozen=True)
+class ProgramCost:
+    """One BPF program's run-time statistics (bpftool prog show), scaled to the probes' lifetime."""
+
+    id: int | None = None
+    name: str | None = None
+    run_cnt: int | float | None = None
+    run_time_ns: int | float | None = None
+    type: str | None = None
+
+
 @dataclass
 class Launch:
-    """A started group: its helper process, its entry in probes.json's `programs`, and entries of
-    its own at the top of probes.json (e.g. what the crypto group found to probe)."""
+    """A started group: its helper process, its entry in probes.json's `programs`, and its own parts
+    of probes.json (`finish` adds to them)."""
 
     process: ProbeProcess
-    entry: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
+    program: ProgramFiles
+    findings: Findings = field(default_factory=Findings)
     follow_note: str | None = None  # following: what this group cannot follow, in one line
 
 
@@ -74,10 +113,10 @@ class ProbeGroup(Protocol):
     def start(self, ctx: Context) -> Launch:
         """Write its program into the run, start its helper (raise Unavailable when it cannot)."""
 
-    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, findings: Findings, maps: ProbeMaps, programs: list[ProgramCost],
                status: Callable[[str], None]) -> None:
         """After its helper stopped: add what needs the final maps to its own parts of probes.json
-        (`extra`, what `start` returned beside its program; `programs`: the kernel's run-time
+        (`findings`, what `start` returned beside its program; `programs`: the kernel's run-time
         statistics of its BPF programs)."""
 
 
@@ -96,12 +135,12 @@ class BpftraceGroup:
     tracepoints: tuple[str, ...]
     default: bool = False
 
-    def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
+    def program(self, ctx: Context) -> tuple[str, Findings]:
         """The script to run for these targets, and what to record beside it in probes.json."""
         return render(program_text(self.package, self.name),
-                      {"TARGET": pid_predicate(ctx.pids, follow=ctx.follow)}), {}
+                      {"TARGET": pid_predicate(ctx.pids, follow=ctx.follow)}), Findings()
 
-    def flags(self, extra: dict[str, Any]) -> tuple[str, ...]:
+    def flags(self, findings: Findings) -> tuple[str, ...]:
         """bpftrace options this group's program needs, from what `program` recorded beside it."""
         return ()
 
@@ -109,17 +148,17 @@ class BpftraceGroup:
         problem = bpftrace_problem()
         if problem is not None:
             raise Unavailable(problem)
-        text, extra = self.program(ctx)
+        text, findings = self.program(ctx)
         path = ctx.out / runfiles.probe_file(self.name, "bt")
         path.write_text(follow_probes(ctx.pids) + text if ctx.follow else text, encoding="utf-8")
         proc = BpftraceProcess(self.name, path, ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                 ctx.out / runfiles.probe_file(self.name, "log"))
         ctx.status(f"starting probes: {self.name}")
-        proc.spawn(shutil.which("bpftrace") or "bpftrace", self.flags(extra))
-        return Launch(proc, {"script": path.name, "output": proc.output.name, "mechanism": "bpftrace"},
-                      {"bpftrace_version": bpftrace_version(), **extra})
+        proc.spawn(shutil.which("bpftrace") or "bpftrace", self.flags(findings))
+        return Launch(proc, ProgramFiles(proc.output.name, "bpftrace", script=path.name),
+                      replace(findings, bpftrace_version=bpftrace_version()))
 
-    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, findings: Findings, maps: ProbeMaps, programs: list[ProgramCost],
                status: Callable[[str], None]) -> None:
         return None
 

@@ -34,12 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TextIO
 
 from qprof.probes.children import ProbeProcess, die_with_parent
+from qprof.probes.fields import NEVER_NULL
 from qprof.probes.group import Unavailable
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "bpf"
@@ -332,18 +333,55 @@ class Loaded:
         return out
 
 
+@dataclass(frozen=True)
+class LoaderConfig:
+    """What a libbpf group's loader is started with (probes/<group>/__init__.py `config`): handed to the
+    child as JSON, and recorded in probes.json as its program's `config` (there without the files the
+    loader writes beside its stream, which the program's record names itself)."""
+
+    pids: list[int] = field(default_factory=list)
+    follow: bool | None = field(default=None, metadata=NEVER_NULL)
+    added: str | None = field(default=None, metadata=NEVER_NULL)  # the file of targets added while following
+    gro_bit: int | None = field(default=None, metadata=NEVER_NULL)  # packetio
+    kfree_skb_has_socket: bool | None = field(default=None, metadata=NEVER_NULL)
+    netns: list[int] | None = field(default=None, metadata=NEVER_NULL)
+    stack_interval_ms: float | None = field(default=None, metadata=NEVER_NULL)  # waits
+    preempt_from_rq: int | None = field(default=None, metadata=NEVER_NULL)
+    series: str | None = field(default=None, metadata=NEVER_NULL)  # waits: the series file it appends to
+    timing: str | None = field(default=None, metadata=NEVER_NULL)  # packetio: the messages' timing file
+
+    def to_argv(self) -> str:
+        """The JSON the child is given: the fields set (None is absent, as in probes.json)."""
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+    @classmethod
+    def from_argv(cls, text: str) -> "LoaderConfig":
+        """The config `to_argv` wrote, from the parent of this same qprof: its keys are this record's
+        fields (ValueError otherwise)."""
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        try:
+            config = cls(**doc)
+        except TypeError as e:  # a key it does not know
+            raise ValueError(str(e)) from None
+        if not isinstance(config.pids, list):
+            raise ValueError("pids is not a list")
+        return config
+
+
 class LibbpfProcess(ProbeProcess):
     """A probe group's loader (`python -m MODULE OBJECT CONFIG_JSON`) writing JSON lines to `output`:
     it loads and attaches, prints READY once its probes are live, then its measurements every
     second and a last time on SIGINT/SIGTERM."""
 
-    def __init__(self, name: str, module: str, obj: Path, config: dict[str, Any], output: Path,
+    def __init__(self, name: str, module: str, obj: Path, config: LoaderConfig, output: Path,
                  log: Path) -> None:
         super().__init__(name, output, log)
         self.module, self.obj, self.config = module, obj, config
 
     def spawn(self) -> None:
-        cmd = [sys.executable, "-m", self.module, str(self.obj), json.dumps(self.config)]
+        cmd = [sys.executable, "-m", self.module, str(self.obj), self.config.to_argv()]
         self._popen(cmd, die_with_parent(signal.SIGTERM))
 
 
@@ -373,7 +411,7 @@ class Runner(Protocol):
         """Run until stopped; `wake` is a pipe a signal writes to, to end a wait at once."""
 
 
-def loader_main(argv: list[str], module: str, make: Callable[[Path, dict[str, Any], TextIO, Stop], Runner],
+def loader_main(argv: list[str], module: str, make: Callable[[Path, LoaderConfig, TextIO, Stop], Runner],
                 errors: tuple[type[Exception], ...] = ()) -> int:
     """The entry of a group's loader (`python -m MODULE OBJECT CONFIG_JSON`): the config checked, SIGINT and
     SIGTERM turned into a stop and a wake-up, the loader made and run; exit 2 on bad arguments, 1 with one
@@ -382,9 +420,7 @@ def loader_main(argv: list[str], module: str, make: Callable[[Path, dict[str, An
         print(f"usage: python -m {module} OBJECT CONFIG_JSON", file=sys.stderr)
         return 2
     try:
-        config = json.loads(argv[1])
-        if not isinstance(config, dict) or not isinstance(config.get("pids"), list):
-            raise ValueError
+        config = LoaderConfig.from_argv(argv[1])
     except ValueError:
         print('qprof: error: CONFIG_JSON is not {"pids": [...], ...}', file=sys.stderr)
         return 2

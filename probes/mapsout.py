@@ -12,10 +12,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Mapping, TypedDict, Union
 
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular
+
+# A JSON value as json.loads gives it: what a line holds before its shape is checked
+Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
+
+
+class HistBucket(TypedDict, total=False):
+    """One bucket of a histogram map, as bpftrace prints it."""
+
+    min: int | float | None
+    max: int | float | None
+    count: int | float
+
+
+# A map entry's value: a count or sum, a histogram, or (a map printed per key) a map of them
+MapEntry = int | float | list[HistBucket] | dict[str, int | float | list[HistBucket]]
+# A map as a loader prints it, once its shape is checked (archive.schema.probe_maps): its keys are the
+# program's own text ("pid,tid,port"), whose meaning is the group's own (probes/<group>/maps.py reads them)
+RawMap = dict[str, MapEntry]
+
+
+def raw_map(maps: Mapping[str, RawMap | object], name: str) -> RawMap:
+    """A group's raw map by name from its checked maps; {} when its program printed none (a map it
+    prints only once it holds something) or the name is of a typed one (packetio's `@windows`)."""
+    m = maps.get(name)
+    return m if isinstance(m, dict) else {}
 
 
 def last_path(output: Path) -> Path:
@@ -23,21 +48,22 @@ def last_path(output: Path) -> Path:
     return output.with_name(output.name.removesuffix(".jsonl") + ".last.json")
 
 
-def _read_lines(stream: Iterable[str | bytes], maps: dict[str, Any]) -> None:
+def _read_lines(stream: Iterable[str | bytes], maps: dict[str, Json]) -> None:
     for line in stream:
         try:
-            obj = json.loads(line)
+            obj: Json = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             continue
-        if isinstance(obj, dict) and obj.get("type") in ("map", "hist", "stats") and \
-                isinstance(obj.get("data"), dict):
-            maps.update(obj["data"])
+        match obj:  # a print of maps; other lines (READY, a loader's notes) are not
+            case {"type": "map" | "hist" | "stats", "data": dict() as data}:
+                maps.update(data)
 
 
-def read_maps(output: Path) -> dict[str, Any]:
-    """The last value printed for each map: what compaction kept, then the stream (a line cut
-    off by a kill does not parse and is ignored)."""
-    maps: dict[str, Any] = {}
+def read_maps(output: Path) -> dict[str, Json]:
+    """The last value printed for each map, as printed (its shape is checked where it is read: the
+    collector's archive.schema.probe_maps): what compaction kept, then the stream (a line cut off by
+    a kill does not parse and is ignored)."""
+    maps: dict[str, Json] = {}
     for path in (last_path(output), output):
         try:
             f = open_regular(path)
@@ -55,10 +81,10 @@ class MapTail:
 
     def __init__(self, output: Path) -> None:
         self.output = output
-        self.maps: dict[str, Any] = {}
+        self.maps: dict[str, Json] = {}
         self._offset = 0
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, Json]:
         try:
             f = open(self.output, "rb")
         except OSError:

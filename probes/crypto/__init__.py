@@ -8,16 +8,19 @@ that calls the function traps: opt-in, with the cost told before and after.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
 from qprof.probes.crypto import program
-from qprof.probes.group import BpftraceGroup, Context, Launch, Unavailable
+from qprof.probes.group import BpftraceGroup, Context, Findings, Launch, ProgramCost, Unavailable
+
+if TYPE_CHECKING:
+    from qprof.probes.packetio.maps import ProbeMaps
 
 
 @dataclass(frozen=True)
 class CryptoGroup(BpftraceGroup):
-    def program(self, ctx: Context) -> tuple[str, dict[str, Any]]:
+    def program(self, ctx: Context) -> tuple[str, Findings]:
         from qprof.probes.crypto import symbols  # pyelftools work only when the group is asked for
         found = symbols.discover(ctx.pids, ctx.mapped_objects)
         text, slots = program.build(found, follow=ctx.follow)
@@ -25,30 +28,31 @@ class CryptoGroup(BpftraceGroup):
             ctx.status(f"crypto: {line}")
         if text is None:
             raise Unavailable("no crypto entry point found in the targets' objects")
-        ctx.status(program.estimate_text(slots, found))
-        return text, {"crypto": {**found, "slots": slots}}
+        ctx.status(program.estimate_text(slots))
+        found.slots = slots
+        return text, Findings(crypto=found)
 
-    def flags(self, extra: dict[str, Any]) -> tuple[str, ...]:
+    def flags(self, findings: Findings) -> tuple[str, ...]:
         """bpftrace checks an address uprobe against the object's symbol table and refuses one it cannot
         match ("Could not resolve address"); a stripped Go binary's entry points come from its own
         function table (.gopclntab), which bpftrace does not read. --unsafe lifts that check only: the
         addresses are function entries Go's table gives, and the program uses no unsafe builtin."""
-        slots = extra.get("crypto", {}).get("slots", [])
-        return ("--unsafe",) if any(s.get("table") == "gopclntab" for s in slots) else ()
+        slots = findings.crypto.slots if findings.crypto is not None else []
+        return ("--unsafe",) if any(s.table == "gopclntab" for s in slots) else ()
 
     def start(self, ctx: Context) -> Launch:
         launched = super().start(ctx)
-        if ctx.follow:
-            launched.follow_note = program.follow_limit(launched.extra["crypto"]["slots"])
+        if ctx.follow and launched.findings.crypto is not None:
+            launched.follow_note = program.follow_limit(launched.findings.crypto.slots)
         return launched
 
-    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, findings: Findings, maps: ProbeMaps, programs: list[ProgramCost],
                status: Callable[[str], None]) -> None:
-        crypto = extra.get("crypto")
+        crypto = findings.crypto
         if crypto is not None:
-            cost = program.cost(crypto["slots"], maps, programs)
-            crypto["cost"] = {**cost, "summary": program.cost_text(cost)}
-            status(crypto["cost"]["summary"])
+            cost = program.cost(crypto.slots, maps, programs)
+            crypto.cost = replace(cost, summary=program.cost_text(cost))
+            status(crypto.cost.summary or "")
 
 
 GROUP = CryptoGroup("crypto", __name__, "AEAD seal/open and header-protection calls and bytes per thread "

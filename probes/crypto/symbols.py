@@ -38,12 +38,13 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from qprof.probes import gopclntab
+from qprof.probes.crypto.records import AesHardware, CryptoFindings, CryptoObject, CryptoProbe, CryptoSite, CryptoTarget
 from qprof.probes.elf import DYNSYM, SYMTAB, UNREADABLE, ElfObject
 
 CPU_FLAGS = ("aes", "vaes", "pclmulqdq", "vpclmulqdq", "avx2", "avx512f", "sse4_1", "ssse3")
@@ -186,10 +187,10 @@ class Probe:
     note: str
     size: int = 0  # the function's bytes (Go: where a morestack call comes from)
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["address"] = hex(self.address)
-        return d
+    def record(self) -> CryptoProbe:
+        """As probes.json records it: the address in hex."""
+        return CryptoProbe(hex(self.address), self.symbol, self.library, self.table, self.kind, self.cipher,
+                           self.length, self.path, self.split, self.note, self.size)
 
 
 @dataclass
@@ -202,19 +203,18 @@ class ObjectCrypto:
     found: dict[str, list[str]] = field(default_factory=dict)  # table -> matching crypto symbols
     probes: list[Probe] = field(default_factory=list)
     ciphers: list[str] = field(default_factory=list)
-    aes_hw: dict[str, Any] = field(default_factory=dict)  # present: bool|None, evidence, software_only
+    aes_hw: AesHardware = field(default_factory=AesHardware)
     notes: list[str] = field(default_factory=list)
     go_morestack: int | None = None  # runtime.morestack's address in a Go object (re-entries: _GO_MORESTACK)
     # where an address has no symbol (a stripped Go binary), bpftrace places the probe at the number as a
     # file offset: an address minus this (its executable segment's address less its file offset) is one
     probe_delta: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "symbols": self.symbols, "libraries": self.libraries, "found": self.found,
-                "probes": [p.to_json() for p in self.probes], "ciphers": self.ciphers, "aes_hw": self.aes_hw,
-                "notes": self.notes,
-                "go_morestack": hex(self.go_morestack) if self.go_morestack is not None else None,
-                "probe_delta": self.probe_delta}
+    def record(self) -> CryptoObject:
+        """As probes.json records it: addresses in hex."""
+        return CryptoObject(self.path, self.symbols, list(self.libraries), dict(self.found),
+                            [p.record() for p in self.probes], list(self.ciphers), self.aes_hw, list(self.notes),
+                            hex(self.go_morestack) if self.go_morestack is not None else None, self.probe_delta)
 
 
 def _text_delta(obj: ElfObject) -> int | None:
@@ -383,16 +383,16 @@ def object_crypto(path: str) -> ObjectCrypto:
             found.setdefault(tname + "_paths", set()).update(hw[:20])
     obj.found = {k: sorted(v) for k, v in found.items()}
     if hw_ev:
-        obj.aes_hw = {"present": True, "evidence": f"symbols: {', '.join(hw_ev[:4])}" +
-                      (f" (+{len(hw_ev) - 4})" if len(hw_ev) > 4 else "")}
+        obj.aes_hw = AesHardware(True, f"symbols: {', '.join(hw_ev[:4])}" +
+                                 (f" (+{len(hw_ev) - 4})" if len(hw_ev) > 4 else ""))
     elif banners:
-        obj.aes_hw = {"present": True, "evidence": "symbols stripped; the object carries the AES-NI code's banners: "
-                      + "; ".join(banners)}
+        obj.aes_hw = AesHardware(True, "symbols stripped; the object carries the AES-NI code's banners: "
+                                 + "; ".join(banners))
     elif kind == "symtab" or "go" in obj.libraries:
-        obj.aes_hw = {"present": False, "evidence": "full symbol table has no AES-NI/VAES/aes_hw code"
-                      + (f"; software AES: {', '.join(sw_ev[:3])}" if sw_ev else "")}
+        obj.aes_hw = AesHardware(False, "full symbol table has no AES-NI/VAES/aes_hw code"
+                                 + (f"; software AES: {', '.join(sw_ev[:3])}" if sw_ev else ""))
     else:
-        obj.aes_hw = {"present": None, "evidence": "unknown: symbols stripped and no AES-NI banner found"}
+        obj.aes_hw = AesHardware(None, "unknown: symbols stripped and no AES-NI banner found")
     obj.notes += _stripped_notes(obj, names, crates)
     if go is not None and not go.functions:
         obj.notes.append(f"symbols absent: {os.path.basename(path)} is a Go binary without .symtab and its "
@@ -486,50 +486,46 @@ def process_objects(pid: int, mapped: list[str]) -> tuple[list[str], list[str]]:
     return mapped, pending
 
 
-def discover(pids: Iterable[int], mapped_objects: Callable[[int], list[str]]) -> dict[str, Any]:
+def discover(pids: Iterable[int], mapped_objects: Callable[[int], list[str]]) -> CryptoFindings:
     """The crypto picture of the targets: per object what is there, per process what to probe
-    (`mapped_objects`: a target's mapped files). JSON-ready: probes.json records it under "crypto"."""
+    (`mapped_objects`: a target's mapped files); program.build adds its slot table."""
     flags = cpu_flags()
     objects: dict[str, ObjectCrypto] = {}
-    processes: dict[str, Any] = {}
+    processes: dict[int, CryptoTarget] = {}
     for pid in pids:
         mapped, pending = process_objects(pid, mapped_objects(pid))
-        entry: dict[str, Any] = {"objects": [], "pending_objects": [], "probes": [], "notes": []}
+        entry = CryptoTarget()
         for path, is_pending in [(p, False) for p in mapped] + [(p, True) for p in pending]:
             obj = object_crypto(os.path.realpath(path))
             if not obj.libraries:
                 continue
             objects[obj.path] = obj
-            entry["pending_objects" if is_pending else "objects"].append(obj.path)
-        libs_here = {lib for p in entry["objects"] + entry["pending_objects"] for lib in objects[p].libraries}
-        for p in entry["objects"] + entry["pending_objects"]:
+            (entry.pending_objects if is_pending else entry.objects).append(obj.path)
+        libs_here = {lib for p in entry.objects + entry.pending_objects for lib in objects[p].libraries}
+        for p in entry.objects + entry.pending_objects:
             for probe in objects[p].probes:
                 if probe.library == "nettle" and "gnutls" in libs_here:
                     continue
-                entry["probes"].append({"object": p, "address": hex(probe.address), "symbol": probe.symbol,
-                                        "kind": probe.kind})
+                entry.probes.append(CryptoSite(p, hex(probe.address), probe.symbol, probe.kind))
         if "gnutls" in libs_here and "nettle" in libs_here:
-            entry["notes"].append("nettle is GnuTLS's back end here: calls are counted at GnuTLS's API, "
-                                  "not again in nettle")
-        if entry["pending_objects"]:
-            entry["notes"].append("libraries not mapped yet at attach (target held at exec) were found "
-                                  "through DT_NEEDED; dlopen()ed ones are not known in advance")
-        if not entry["probes"]:
-            entry["notes"].append("no crypto entry point found in this process's objects: nothing to count")
-        processes[str(pid)] = entry
-    return {"cpu_flags": flags,
-            "aes_hw_usable_by_cpu": bool(flags.get("aes") and flags.get("pclmulqdq")),
-            "objects": {p: o.to_json() for p, o in objects.items()},
-            "processes": processes}
+            entry.notes.append("nettle is GnuTLS's back end here: calls are counted at GnuTLS's API, "
+                               "not again in nettle")
+        if entry.pending_objects:
+            entry.notes.append("libraries not mapped yet at attach (target held at exec) were found "
+                               "through DT_NEEDED; dlopen()ed ones are not known in advance")
+        if not entry.probes:
+            entry.notes.append("no crypto entry point found in this process's objects: nothing to count")
+        processes[pid] = entry
+    return CryptoFindings(objects={p: o.record() for p, o in objects.items()}, processes=processes,
+                          cpu_flags=flags, aes_hw_usable_by_cpu=bool(flags.get("aes") and flags.get("pclmulqdq")))
 
 
-def describe(result: dict[str, Any]) -> list[str]:
+def describe(found: CryptoFindings) -> list[str]:
     """Human lines for `qprof attach` status output (what was found and what will be probed)."""
     lines = []
-    for path, o in result["objects"].items():
-        n = len(o["probes"])
-        lines.append(f"{Path(path).name}: {'/'.join(o['libraries'])}, {o['symbols']} symbols, "
-                     f"{n} entry point(s), AES hardware code "
-                     f"{ {True: 'present', False: 'absent', None: 'unknown'}[o['aes_hw'].get('present')] }")
-        lines += [f"  {note}" for note in o["notes"]]
+    for path, o in found.objects.items():
+        lines.append(f"{Path(path).name}: {'/'.join(o.libraries)}, {o.symbols} symbols, "
+                     f"{len(o.probes)} entry point(s), AES hardware code "
+                     f"{ {True: 'present', False: 'absent', None: 'unknown'}[o.aes_hw.present] }")
+        lines += [f"  {note}" for note in o.notes]
     return lines

@@ -8,14 +8,15 @@ process; record.py reads what it printed back as a typed record.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from qprof import runfiles
 from qprof.probes import btf, libbpf
 from qprof.probes.follow import targets_file
-from qprof.probes.group import Context, Launch, Unavailable
+from qprof.probes.group import Context, Findings, Launch, ProgramCost, ProgramFiles, Unavailable
 from qprof.probes.packetio import timing
+from qprof.probes.packetio.maps import ProbeMaps
 
 MAX_TARGETS = 4096  # packetio.bpf.c's limits.targets (the sampler checks it against the object)
 
@@ -37,7 +38,7 @@ class PacketioGroup:
     tracepoints: tuple[str, ...] = ("sock_send_length", "sock_recv_length", "net_dev_start_xmit",
                                     "skb_copy_datagram_iovec", "kfree_skb", "udp_fail_queue_rcv_skb")
 
-    def config(self, pids: list[int], follow: bool = False) -> dict[str, Any]:
+    def config(self, pids: list[int], follow: bool = False) -> libbpf.LoaderConfig:
         """The programs' settings from this kernel's BTF; Unavailable names what is missing."""
         try:
             missing = [tp for tp in self.tracepoints if not btf.tracepoint_exists(tp)]
@@ -53,27 +54,27 @@ class PacketioGroup:
                               "run with --probes none")
         if len(pids) > MAX_TARGETS:
             raise Unavailable(f"the packetio probes follow at most {MAX_TARGETS} targets")
-        return {"pids": pids, "follow": follow, "gro_bit": gro_bit, "kfree_skb_has_socket": kfree_skb_args >= 4,
-                "netns": sorted({n for p in pids if (n := _netns(p)) is not None})}
+        return libbpf.LoaderConfig(pids=pids, follow=follow, gro_bit=gro_bit,
+                                   kfree_skb_has_socket=kfree_skb_args >= 4,
+                                   netns=sorted({n for p in pids if (n := _netns(p)) is not None}))
 
     def start(self, ctx: Context) -> Launch:
         config = self.config(ctx.pids, ctx.follow)
         if ctx.follow:
-            config["added"] = str(targets_file(ctx.out))
+            config = replace(config, added=str(targets_file(ctx.out)))
         ctx.status("starting probes: packetio (compiled first if this kernel is new to qprof)")
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
         timing_file = ctx.out / timing.file_name()  # the messages' times per bin (timing.py), beside the stream
-        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, {**config, "timing": str(timing_file)},
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.sampler", obj, replace(config, timing=str(timing_file)),
                                     ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                     ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()
-        return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
-                             "output": proc.output.name, "timing": timing_file.name,
-                             "mechanism": "libbpf tp_btf, sampling windows"})
+        return Launch(proc, ProgramFiles(proc.output.name, "libbpf tp_btf, sampling windows", script=source.name,
+                                         object=obj.name, config=config, timing=timing_file.name))
 
-    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, findings: Findings, maps: ProbeMaps, programs: list[ProgramCost],
                status: Callable[[str], None]) -> None:
         return None
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from qprof.probes.mapsout import RawMap
 from qprof.probes.packetio.windows import AUX
 
 # Counters of struct counts in packetio.bpf.c by direction (a counter's name says it; the
@@ -128,6 +129,11 @@ class Windows:
         return replace(self, groups=groups)
 
 
+# A program's maps by name ("@tx_msgs", "@windows") as the archive holds them: raw maps, and the
+# sampler's `@windows` typed (the one printed map with a fixed structure)
+ProbeMaps = dict[str, RawMap | Windows]
+
+
 @dataclass
 class PacketioMaps:
     """The packetio group's measurements of one run."""
@@ -140,7 +146,7 @@ class PacketioMaps:
     hists: dict[str, dict[int, list[dict[str, int]]]] = field(default_factory=dict)  # name -> pid -> buckets
 
     @staticmethod
-    def from_maps(maps: dict[str, Any]) -> "PacketioMaps":
+    def from_maps(maps: ProbeMaps) -> "PacketioMaps":
         windows = maps.get("@windows")
         rec = PacketioMaps(windows=windows.usable() if isinstance(windows, Windows) else None)
         for name, counter in _LEGACY.items():
@@ -168,5 +174,6 @@ class PacketioMaps:
             m = maps.get(name)
             for pid, buckets in (m.items() if isinstance(m, dict) else []):
                 if str(pid).isdigit() and isinstance(buckets, list):
-                    rec.hists.setdefault(name, {})[int(pid)] = [b for b in buckets if isinstance(b, dict)]
+                    rec.hists.setdefault(name, {})[int(pid)] = [
+                        {k: v for k, v in b.items() if isinstance(v, int)} for b in buckets if isinstance(b, dict)]
         return rec

@@ -8,7 +8,7 @@ in the programs' .bss opens and closes each window at one instant, with the
 kernel's UDP counters of every target's network namespace read right around it.
 
 Following (config "follow": true, an `attach --cgroup` run): a target's new process becomes a
-target at its birth in the kernel (on_fork), and pids appended to the file config["added"] names
+target at its birth in the kernel (on_fork), and pids appended to the file config.added names
 (probes.follow) are made targets by the add_target program; the loader finds either kind in
 `target_slot` before each window's counts are taken and keys them by pid like the start targets.
 A target that exits keeps what it counted.
@@ -41,7 +41,7 @@ from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
 from qprof.probes.follow import TargetsReader
 from qprof.probes.group import Unavailable
-from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
+from qprof.probes.libbpf import READY, Loaded, LoaderConfig, Stop, loader_main
 from qprof.probes.packetio import timing, windows
 from qprof.probes.sockets import snmp_table, udp_ports
 
@@ -113,10 +113,10 @@ def _aux_delta(before: Mib, after: Mib) -> Mib:
 class Sampler:
     """The loaded programs, their windows, and what they counted."""
 
-    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: Stop) -> None:
+    def __init__(self, obj: Path, config: LoaderConfig, out: TextIO, stop: Stop) -> None:
         self._stop = stop
-        self.pids = [int(p) for p in config["pids"]]  # the targets in the order they became ones
-        self.follow = bool(config.get("follow"))
+        self.pids = [int(p) for p in config.pids]  # the targets in the order they became ones
+        self.follow = bool(config.follow)
         self.layout = layouts.read(obj)
         initial_limits = self.layout.initial("limits", "limits")  # scalars, each a map's or array's size
         limits = {k: layouts.one(initial_limits, k) for k in initial_limits}
@@ -124,14 +124,16 @@ class Sampler:
         if not least <= len(self.pids) <= limits["targets"]:
             raise Unavailable(f"the packetio probes follow {least} to {limits['targets']} targets, not {len(self.pids)}")
         self.limits = limits
-        netns = sorted({int(n) for n in config.get("netns", [])})
+        if config.gro_bit is None:
+            raise ValueError("the config lacks gro_bit (packetio.PacketioGroup.config reads it from BTF)")
+        netns = sorted({int(n) for n in config.netns or []})
         if len(netns) > limits["netns"]:
             netns = []  # more namespaces than the map holds: drops counted in every namespace
         scan = self.layout.struct("config").field("first").count  # a few targets: scanned for, no hash
         rodata = self.layout.section_with(".rodata", "cfg", "config", {
             "first": self.pids if len(self.pids) <= scan and not self.follow else [], "ntargets": len(self.pids),
-            "gro_bit": int(config["gro_bit"]), "nnetns": len(netns), "follow": int(self.follow)})
-        skip: tuple[str, ...] = ("free_skb",) if config.get("kfree_skb_has_socket") else ("free_skb_sk",)
+            "gro_bit": config.gro_bit, "nnetns": len(netns), "follow": int(self.follow)})
+        skip: tuple[str, ...] = ("free_skb",) if config.kfree_skb_has_socket else ("free_skb_sk",)
         skip += () if self.follow else FOLLOW
         self.prog = Loaded(obj, rodata, skip)
         # the targets, before anything is attached: their bits, their indexes, their namespaces
@@ -144,7 +146,7 @@ class Sampler:
             self.prog.update("target_slot", struct.pack("<I", pid), struct.pack("<I", i))
         self.pid_at = dict(enumerate(self.pids))  # a target's index -> its pid
         self.followed: dict[int, int] = {}  # targets added during the run -> the process that forked them (0: added)
-        self.added = TargetsReader(Path(config["added"])) if self.follow and config.get("added") else None
+        self.added = TargetsReader(Path(config.added)) if self.follow and config.added else None
         if self.follow:
             for i in range(len(self.pids), limits["targets"]):  # the indexes the programs may hand out
                 self.prog.push("free_slots", struct.pack("<I", i))
@@ -171,7 +173,7 @@ class Sampler:
         # the messages' timing (timing.py): the ring in .bss, counted while the flag is set
         self._timing = ctypes.c_uint32.from_buffer(bss, base + control.field("timing").offset)
         self.drainer: timing.Drainer | None = None
-        if config.get("timing"):
+        if config.timing:
             ring_var, ring = self.layout.variable("tim"), self.layout.struct("timing").field("n")
             bins = ring.size // 8  # [targets][2][bins] of u32
             ring_words = (ctypes.c_uint32 * (ring.count * 2 * bins)).from_buffer(bss, ring_var.offset)
@@ -185,7 +187,7 @@ class Sampler:
 
             shift = layouts.one(self.layout.initial("timing_cfg", "timing_cfg"), "shift")
             # the ring's rows: the first targets' (limits.timed); the others' messages are counted, not timed
-            self.drainer = timing.Drainer(Path(config["timing"]), self.pids[:ring.count], shift, bins, take)
+            self.drainer = timing.Drainer(Path(config.timing), self.pids[:ring.count], shift, bins, take)
             self.timed_rows = ring.count
         self.mib_start: Mib = {}
         self.mib_frame_end: Mib = {}

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import platform
 import struct
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
 from qprof import runfiles
 from qprof.probes import btf, libbpf
 from qprof.probes.follow import targets_file
-from qprof.probes.group import Context, Launch, Unavailable
+from qprof.probes.group import Context, Findings, Launch, ProgramCost, ProgramFiles, Unavailable
 from qprof.probes.waits.series import file_name
+
+if TYPE_CHECKING:
+    from qprof.probes.packetio.maps import ProbeMaps
 
 STACK_INTERVAL_MS = 10.0  # mean gap between one thread's sampled wait stacks
 _DATASEC = 15  # BTF kind
@@ -57,7 +60,7 @@ class WaitsGroup:
                                     "timer_expire_entry", "timer_expire_exit")
     stack_interval_ms: float = STACK_INTERVAL_MS
 
-    def config(self, pids: list[int]) -> dict[str, Any]:
+    def config(self, pids: list[int]) -> libbpf.LoaderConfig:
         """The loader's settings; Unavailable names what this kernel lacks."""
         try:
             missing = [tp for tp in self.tracepoints if not btf.tracepoint_exists(tp)]
@@ -66,26 +69,26 @@ class WaitsGroup:
             raise Unavailable(str(e)) from None
         if missing:
             raise Unavailable(f"this kernel lacks tracepoint(s) {', '.join(missing)}")
-        return {"pids": pids, "stack_interval_ms": self.stack_interval_ms, "preempt_from_rq": preempt}
+        return libbpf.LoaderConfig(pids=pids, stack_interval_ms=self.stack_interval_ms, preempt_from_rq=preempt)
 
     def start(self, ctx: Context) -> Launch:
         config = self.config(ctx.pids)
         if ctx.follow:
-            config.update(follow=True, added=str(targets_file(ctx.out)))
+            config = replace(config, follow=True, added=str(targets_file(ctx.out)))
         ctx.status("starting probes: waits (compiled first if this kernel is new to qprof)")
         obj = libbpf.build(__name__, self.name)
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
         series = ctx.out / file_name()  # the wall clock per 100 ms (series.py), beside the maps' stream
-        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, {**config, "series": str(series)},
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, replace(config, series=str(series)),
                                     ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                     ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()
-        return Launch(proc, {"script": source.name, "object": obj.name, "config": config,
-                             "output": proc.output.name, "series": series.name,
-                             "mechanism": "libbpf tp_btf, every context switch and wakeup, sampled stacks"})
+        return Launch(proc, ProgramFiles(proc.output.name,
+                                         "libbpf tp_btf, every context switch and wakeup, sampled stacks",
+                                         script=source.name, object=obj.name, config=config, series=series.name))
 
-    def finish(self, extra: dict[str, Any], maps: dict[str, Any], programs: list[dict[str, Any]],
+    def finish(self, findings: Findings, maps: ProbeMaps, programs: list[ProgramCost],
                status: Callable[[str], None]) -> None:
         return None
 

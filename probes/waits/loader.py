@@ -54,7 +54,7 @@ from qprof.probes.btf import ENUM
 from qprof.probes.children import cpu_seconds
 from qprof.probes.follow import TargetsReader
 from qprof.probes.group import Unavailable
-from qprof.probes.libbpf import READY, Loaded, Stop, loader_main
+from qprof.probes.libbpf import READY, Loaded, LoaderConfig, Stop, loader_main
 from qprof.probes.waits.maps import STATES
 from qprof.probes.lines import LineFile
 from qprof.probes.waits.series import Binner
@@ -186,12 +186,12 @@ class UserMaps:
 class Waits:
     """The loaded programs and what they measured."""
 
-    def __init__(self, obj: Path, config: dict[str, Any], out: TextIO, stop: Stop) -> None:
+    def __init__(self, obj: Path, config: LoaderConfig, out: TextIO, stop: Stop) -> None:
         self._stop = stop
         self.out = out
-        self.pids = [int(p) for p in config["pids"]]
-        self.added = TargetsReader(Path(config["added"])) if config.get("follow") and config.get("added") else None
-        self.interval_ms = float(config.get("stack_interval_ms", 10.0))
+        self.pids = [int(p) for p in config.pids]
+        self.added = TargetsReader(Path(config.added)) if config.follow and config.added else None
+        self.interval_ms = float(10.0 if config.stack_interval_ms is None else config.stack_interval_ms)
         if not self.interval_ms > 0:
             raise Unavailable(f"stack_interval_ms must be positive, not {self.interval_ms}")
         self.layout = lay = layouts.read(obj)
@@ -205,7 +205,7 @@ class Waits:
             raise Unavailable("struct thread's ns[] is not one per state: rebuild the object")
         rodata = lay.section_with(".rodata", "cfg", "config",
                                   {"stack_interval_ns": round(self.interval_ms * 1e6),
-                                   "preempt_from_rq": int(config.get("preempt_from_rq", 0))})
+                                   "preempt_from_rq": int(config.preempt_from_rq or 0)})
         self.prog = Loaded(obj, rodata)
         lib = self.prog.lib
         lib.bpf_map_delete_elem.restype, lib.bpf_map_delete_elem.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]
@@ -224,8 +224,7 @@ class Waits:
         self.dead_ns: dict[tuple[int, int], list[int]] = {}  # exited threads' totals per state (the series')
         self._unknown_state: dict[tuple[int, int], str] = {}  # /proc's state of a thread no event has told yet
         # the series: each thread's few fields it needs, unpacked without decoding the whole struct
-        series = config.get("series")
-        self.series_path = Path(series) if series else None
+        self.series_path = Path(config.series) if config.series else None
         self.binner: Binner | None = None
         self._series = LineFile(self.series_path) if self.series_path is not None else None
         self._series_cpu_ns = 0
