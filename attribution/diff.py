@@ -22,13 +22,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qprof.attribution.analysis import Analysis
 from qprof.attribution.categories import CATEGORIES
 from qprof.attribution.method import MethodDifference
 from qprof.attribution.profile import ProcessProfile, Profile
 from qprof.attribution.transfer import Transfer
+from qprof.archive.model import Target
 from qprof.errors import QprofError
 from qprof.jsonvalue import JsonObject
 
@@ -148,7 +148,7 @@ def method_differences(a: Analysis, b: Analysis, pairs: list["ProcessDiff"]) -> 
     return out
 
 
-def _unwinding(t: Any) -> str:
+def _unwinding(t: Target) -> str:
     """A target's unwinding modes in the order it ran them (a target that exec'd may have two)."""
     modes = list(dict.fromkeys(i.unwind for i in t.images if i.unwind)) or [t.unwind or "?"]
     return " then ".join(modes)

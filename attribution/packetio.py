@@ -54,8 +54,8 @@ def _syscall_time(maps: Mapping[str, object], procs: dict[int, "ProcessPacketIO"
         if not pid_s.isdigit() or int(pid_s) not in procs or not n:
             continue
         name = probe.rsplit("sys_exit_", 1)[-1]
-        total = int(totals[key]) if key in totals else 0
-        h = hists[key] if key in hists else probemaps.Histogram()
+        total = int(totals.get(key, 0))
+        h = hists.get(key, probemaps.Histogram())
         procs[int(pid_s)].syscall_time[name] = SyscallTime(
             int(n), round(total / 1e9, 6), round(total / n / 1e3, 3),
             _r((h.quantile(0.5) or 0) / 1e3), _r((h.quantile(0.99) or 0) / 1e3))

@@ -27,7 +27,7 @@ def keyed(m: object) -> list[tuple[list[int], int]]:
 
 def counters(maps: Mapping[str, object], name: str) -> list[tuple[list[int], int]]:
     """The integer-keyed counters of map `name` (keyed); none when the program printed no such map."""
-    return keyed(maps[name]) if name in maps else []
+    return keyed(maps.get(name))
 
 
 def _number(v: object) -> float | None:
@@ -36,7 +36,7 @@ def _number(v: object) -> float | None:
 
 def values(maps: Mapping[str, object], name: str) -> dict[str, float]:
     """Map `name`'s numeric values by their key's text ("pid,probe"); entries of another kind skipped."""
-    m = maps[name] if name in maps else None
+    m = maps.get(name)
     if not isinstance(m, dict):
         return {}
     return {str(k): n for k, v in m.items() if (n := _number(v)) is not None}
@@ -86,5 +86,5 @@ class Histogram:
 
 def histograms(maps: Mapping[str, object], name: str) -> dict[str, Histogram]:
     """Map `name`'s histograms by their key's text; {} when the program printed no such map."""
-    m = maps[name] if name in maps else None
+    m = maps.get(name)
     return {str(k): Histogram.of(v) for k, v in m.items()} if isinstance(m, dict) else {}
