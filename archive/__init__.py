@@ -27,7 +27,7 @@ from qprof.archive import identity, schema
 from qprof.archive.model import FunctionStarts
 from qprof.archive.model import (TcpRecord, FORMAT, STATUS_COLLECTING, STATUS_INCOMPLETE, VERSION, Meta, ProbeRecord,
                                      ProcReading, SampleGroup)
-from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_header, read_stacks
+from qprof.archive.stacks import NO_RAW, DamagedStacks, StackRecord, foldable_again, read_stacks, stacks_header
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
@@ -178,12 +178,12 @@ class Run:
     def unfolded_chunks(self) -> list[str]:
         """Raw perf data chunks the stacks file does not hold (a run cut short)."""
         try:
-            head = read_header(self.stacks_path)
+            head = stacks_header(self.stacks_path)
         except DamagedStacks as e:
             raise self._damaged(e) from None
         if head is None and self.stacks_path.is_file():  # folded in one piece from all its raw data
             return []
-        folded = set((head or {}).get("folded", []))
+        folded = set(head.folded if head is not None else ())
         return [name for name in self.raw_chunks() if name not in folded]
 
     @property

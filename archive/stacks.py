@@ -22,10 +22,12 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NotRequired, TypedDict
 
+from qprof.archive import schema
+from qprof.archive.model import NEVER_NULL, Scalar
 from qprof.errors import QprofError
 from qprof.readlimits import lines, open_gzip_text
 
@@ -117,7 +119,36 @@ def fold(samples: Iterable[Sample]) -> list[StackRecord]:
 HEADER_KEY = "qprof_stacks"
 
 
-def write_stacks(path: Path, records: Iterable[StackRecord], header: dict[str, Any] | None = None) -> int:
+@dataclass(frozen=True)
+class StacksHeader:
+    """The first line of a stacks file folded chunk by chunk (collectors.chunks), under HEADER_KEY: the
+    chunks it holds (a chunk is never counted twice), the ones lost, what folding met, the bins' grain.
+    Fields in the order the line has always been written."""
+
+    folded: list[str] = field(default_factory=list)
+    dropped: list[dict[str, Scalar]] = field(default_factory=list)  # chunk, bytes, reason
+    unreadable: list[dict[str, Scalar]] = field(default_factory=list)  # chunk, reason
+    samples: int = 0
+    bad_lines: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+    script_cpu_s: float | None = field(default=None, metadata=NEVER_NULL)  # older headers: not counted
+    bin_grain: int = 1  # time bins per kept bin: 1 is BIN_S
+
+
+class _Line(TypedDict):
+    """A stack record's line as written: a JSON document, read back by _record."""
+
+    pid: int
+    tid: int
+    comm: str
+    samples: int
+    period: int
+    frames: list[list[str]]
+    bins: NotRequired[list[list[int]]]
+    t: NotRequired[list[int]]
+
+
+def write_stacks(path: Path, records: Iterable[StackRecord], header: StacksHeader | None = None) -> int:
     """Write records to `path` (gzip JSON lines) atomically; return how many were written.
 
     On any failure (a full disk) the temporary file is removed and `path` is left as it was."""
@@ -129,14 +160,14 @@ def write_stacks(path: Path, records: Iterable[StackRecord], header: dict[str, A
         raise
 
 
-def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: dict[str, Any] | None) -> int:
+def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: StacksHeader | None) -> int:
     n = 0
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
         if header is not None:
-            f.write(json.dumps({HEADER_KEY: header}, separators=(",", ":")) + "\n")
+            f.write(json.dumps({HEADER_KEY: schema.encode(header)}, separators=(",", ":")) + "\n")
         for r in records:
-            obj: dict[str, Any] = {"pid": r.pid, "tid": r.tid, "comm": r.comm, "samples": r.samples,
-                                   "period": r.period, "frames": [list(fr) for fr in r.frames]}
+            obj: _Line = {"pid": r.pid, "tid": r.tid, "comm": r.comm, "samples": r.samples,
+                          "period": r.period, "frames": [list(fr) for fr in r.frames]}
             if r.bins:
                 obj["bins"] = [list(b) for b in r.bins]
             if r.span_ns is not None:
@@ -153,7 +184,8 @@ class DamagedStacks(QprofError):
 
 
 def read_header(path: Path) -> dict[str, Any] | None:
-    """The header of a stacks file, or None (no file, no header: a run folded in one go)."""
+    """The header of a stacks file as written, or None (no file, no header: a run folded in one go);
+    `stacks_header` reads it typed."""
     try:
         with open_gzip_text(path) as f:
             obj = json.loads(next(lines(f, path), "null"))
@@ -169,6 +201,21 @@ def read_header(path: Path) -> dict[str, Any] | None:
     return None
 
 
+_HEADER = schema.shape_of(StacksHeader)
+
+
+def stacks_header(path: Path) -> StacksHeader | None:
+    """The header of a stacks file, typed, or None (no file, no header: a run folded in one go); a
+    header of another shape is a damaged file."""
+    header = read_header(path)
+    if header is None:
+        return None
+    if not schema.conforms(header, _HEADER):
+        raise DamagedStacks(f"{path}:1: damaged stacks header")
+    typed: StacksHeader = schema.decode(StacksHeader, header)
+    return typed
+
+
 NO_RAW = ("its raw perf data was removed once folded (`attach --keep-raw` keeps it), so it cannot be folded "
           "again: record the run again")
 
@@ -177,10 +224,10 @@ def foldable_again(path: Path, raw: set[str]) -> bool:
     """Whether folding the raw chunks `raw` from scratch re-creates the stacks file whole: every chunk its
     header lists as folded is still here (a damaged header lists none: any raw data, then)."""
     try:
-        head = read_header(path)
+        head = stacks_header(path)
     except DamagedStacks:
         head = None
-    return bool(raw) and all(str(n) in raw for n in (head or {}).get("folded", []))
+    return bool(raw) and all(n in raw for n in (head.folded if head is not None else ()))
 
 
 def read_stacks(path: Path) -> Iterator[StackRecord]:

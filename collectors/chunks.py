@@ -30,14 +30,14 @@ import ctypes
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qprof import archive
 from qprof.collectors.folding import fold_file
 from qprof.collectors.perfscript import ParseStats
-from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup
-from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, add_counts, foldable_again,
-                                  read_header, read_stacks, records, write_stacks)
+from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
+from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StacksHeader, add_counts,
+                                  foldable_again, read_stacks, records, stacks_header, write_stacks)
 from qprof import runfiles
 from qprof.errors import QprofError
 from qprof.probes.children import BACKGROUND_NICE
@@ -58,8 +58,8 @@ class FoldState:
     acc: dict[StackKey, Slot] = field(default_factory=dict)  # one slot per distinct stack
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
-    dropped: list[dict[str, Any]] = field(default_factory=list)
-    unreadable: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, Scalar]] = field(default_factory=list)
+    unreadable: list[dict[str, Scalar]] = field(default_factory=list)
     stats: ParseStats = field(default_factory=ParseStats)
     bin_grain: int = 1  # time bins per kept bin (archive.stacks): 1 is BIN_S
 
@@ -67,16 +67,14 @@ class FoldState:
     def load(cls, path: Path) -> "FoldState":
         """Resume from a stacks file (its records and header)."""
         st = cls()
-        head = read_header(path) or {}
-        st.bin_grain = max(1, int(head.get("bin_grain", 1)))
+        head = stacks_header(path) or StacksHeader()
+        st.bin_grain = max(1, head.bin_grain)
         for r in read_stacks(path) if path.is_file() else ():
             st.add(r.pid, r.tid, r.comm, r.frames, r.samples, r.period, r.bins, r.span_ns)
-        st.folded = [str(x) for x in head.get("folded", [])]
-        st.dropped = list(head.get("dropped", []))
-        st.unreadable = list(head.get("unreadable", []))
-        st.stats = ParseStats(int(head.get("samples", 0)), int(head.get("bad_lines", 0)),
-                              [str(x) for x in head.get("bad_examples", [])][:5],
-                              _seconds(head.get("script_cpu_s")))
+        st.folded = list(head.folded)
+        st.dropped = list(head.dropped)
+        st.unreadable = list(head.unreadable)
+        st.stats = ParseStats(head.samples, head.bad_lines, head.bad_examples[:5], max(0.0, head.script_cpu_s or 0.0))
         return st
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
@@ -109,11 +107,9 @@ class FoldState:
                 merged[b - b % g] = merged.get(b - b % g, 0) + p
             slot[2] = merged
 
-    def header(self) -> dict[str, Any]:
-        return {"folded": self.folded, "dropped": self.dropped, "unreadable": self.unreadable,
-                "samples": self.stats.samples, "bad_lines": self.stats.bad_lines,
-                "bad_examples": self.stats.bad_examples, "script_cpu_s": round(self.stats.script_cpu_s, 3),
-                "bin_grain": self.bin_grain}
+    def header(self) -> StacksHeader:
+        return StacksHeader(self.folded, self.dropped, self.unreadable, self.stats.samples, self.stats.bad_lines,
+                            self.stats.bad_examples, round(self.stats.script_cpu_s, 3), self.bin_grain)
 
     def save(self, path: Path) -> None:
         write_stacks(path, records(self.acc), self.header())
@@ -289,11 +285,6 @@ def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
         return QprofError(f"writing folded stacks in {out}: {e.strerror or e}; the perf data is kept: "
                           f"free space and run `qprof report --refold {out}`")
     return e
-
-
-def _seconds(x: Any) -> float:
-    """A header's CPU seconds: a number, else none counted (a header from before they were)."""
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 else 0.0
 
 
 def parse_summary(stats: ParseStats) -> ParseSummary:

@@ -24,7 +24,7 @@ from qprof.archive import Run
 from qprof.archive.model import STATUS_COLLECTING, SampleGroup
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
-from qprof.archive.stacks import Sample, fold, read_header, read_stacks, write_stacks
+from qprof.archive.stacks import Sample, StacksHeader, fold, read_header, read_stacks, stacks_header, write_stacks
 from qprof.probes.mapsout import read_maps
 from qprof.probes.children import BACKGROUND_NICE
 from qprof.probes.features import require_perf
@@ -266,9 +266,9 @@ def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, 
 def test_header_round_trip(tmp_path_factory: pytest.TempPathFactory, samples: list, folded: list) -> None:
     p = tmp_path_factory.mktemp("h") / "s.jsonl.gz"
     recs = fold(samples)
-    write_stacks(p, recs, {"folded": folded, "samples": len(samples)})
+    write_stacks(p, recs, StacksHeader(folded=folded, samples=len(samples)))
     assert list(read_stacks(p)) == recs
-    assert read_header(p) == {"folded": folded, "samples": len(samples)}
+    assert stacks_header(p) == StacksHeader(folded=folded, samples=len(samples))
     st_ = FoldState.load(p)
     assert st_.folded == folded and sum(v[0] for v in st_.acc.values()) == len(samples)
 
@@ -302,4 +302,4 @@ def test_time_bins_coarsen_past_their_budget(monkeypatch: pytest.MonkeyPatch) ->
     for slot in st.acc.values():
         assert sum(slot[2].values()) == slot[1] == 200 * 7
         assert all(b % 8 == 0 for b in slot[2])
-    assert st.header()["bin_grain"] == 8
+    assert st.header().bin_grain == 8
