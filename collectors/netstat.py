@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from qprof.archive import schema
 from qprof.archive.model import HostSnapshot, Qdisc, UdpMib
 from qprof.collectors import procfs
 from qprof.collectors.netns import by_netns, netns_id
@@ -139,7 +140,7 @@ def softirq_seconds() -> dict[int, float]:
     return {int(cpu): t[6] / procfs.CLK_TCK for cpu, t in procfs.cpu_ticks().items() if len(t) > 6}
 
 
-_QDISC_KEYS = ("bytes", "packets", "drops", "overlimits", "requeues", "backlog", "qlen")
+_QDISC = schema.shape_of(Qdisc)  # tc's JSON holds more: a qdisc's fields of ours are checked, then read
 
 
 def qdiscs(pid: int) -> tuple[Qdisc, ...]:
@@ -156,9 +157,8 @@ def qdiscs(pid: int) -> tuple[Qdisc, ...]:
         found = json.loads(r.stdout or "[]")
     except (OSError, subprocess.SubprocessError, ValueError):
         return ()
-    return tuple(Qdisc(dev=q.get("dev"), kind=q.get("kind"), handle=q.get("handle"),
-                       **{k: v for k in _QDISC_KEYS if isinstance(v := q.get(k), int) and not isinstance(v, bool)})
-                 for q in found if isinstance(q, dict) and q.get("dev") != "lo")
+    read = (schema.decode(Qdisc, q) for q in found if schema.conforms(q, _QDISC)) if isinstance(found, list) else ()
+    return tuple(q for q in read if q.dev != "lo")
 
 
 @dataclass(frozen=True)

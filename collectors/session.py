@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qprof import runfiles
 from qprof.version import __version__
@@ -42,6 +42,7 @@ from qprof.archive.model import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCO
                                      SampleGroup, Sampling, SamplingScope, Service, Target)
 from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
+from qprof.probes.mapsout import Json
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, pressure_hierarchy, require_perf,
@@ -146,7 +147,7 @@ class AttachSession:
         self.recorders: list[PerfRecorder] = []
         self.probes: ProbeCollector | None = None
         self.traffic: TrafficRecorder | None = None
-        self._probe_maps: dict[str, Any] = {}  # the probes' maps as last printed (read once a second)
+        self._probe_maps: dict[str, Json] = {}  # the probes' maps as last printed (read once a second)
         self.cgroups: SampleCgroups | None = None
         self.pressure_cgroups: SampleCgroups | None = None  # for PSI, where sampling made none in cgroup v2
         self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from

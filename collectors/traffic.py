@@ -24,51 +24,53 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from qprof import runfiles
 from qprof import archive
 from qprof.archive import schema
-from qprof.archive.model import Traffic
+from qprof.archive.model import TcpCounters, TcpRecord, TcpSocket as TcpSocketRecord, Traffic
 from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
+from qprof.probes.mapsout import Json
 from qprof.probes.packetio.maps import Windows
 from qprof.probes.sockets import socket_inodes
 
 FULL_DUMP_S = 1.0  # s: the longest a namespace goes undumped (a socket that opened as another closed)
-_COUNTERS = ("payload_sent", "bytes_received", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out", "segs_in")
 
 
 @dataclass
 class _Tracked:
     pid: int
     sock: TcpSocket
-    first: dict[str, int]
-    last: dict[str, int]
+    first: TcpCounters
+    last: TcpCounters
     first_time: float
     last_time: float
     closed: bool = False
 
     def moved(self) -> tuple[int, int]:
         """(sent, received) payload bytes since first seen: acknowledged out, in-order in."""
-        return (self.last["payload_sent"] - self.first["payload_sent"],
-                self.last["bytes_received"] - self.first["bytes_received"])
+        return (self.last.payload_sent - self.first.payload_sent,
+                self.last.bytes_received - self.first.bytes_received)
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> TcpSocketRecord:
+        """As tcp.json records it."""
         s = self.sock
-        return {"pid": self.pid, "cookie": s.cookie, "family": 6 if s.family == 10 else 4, "local": s.local,
-                "peer": s.peer, "first": self.first, "last": self.last, "first_time": self.first_time,
-                "last_time": self.last_time, "closed": self.closed}
+        return TcpSocketRecord(self.pid, self.first, self.last, s.cookie, 6 if s.family == 10 else 4, s.local, s.peer,
+                               self.first_time, self.last_time, self.closed)
 
 
-def _counters(s: TcpSocket) -> dict[str, int] | None:
-    vals = {k: getattr(s, k) for k in _COUNTERS}
-    if vals["payload_sent"] is None or vals["bytes_received"] is None:
+def _counters(s: TcpSocket) -> TcpCounters | None:
+    """A socket's counters (None: the kernel sent no tcp_info, so no payload figures)."""
+    sent, received = s.payload_sent, s.bytes_received
+    if sent is None or received is None:
         return None
-    return {k: int(v or 0) for k, v in vals.items()}
+    return TcpCounters(sent, received, s.bytes_acked or 0, s.bytes_sent or 0, s.bytes_retrans or 0, s.segs_out or 0,
+                       s.segs_in or 0)
 
 
-def udp_totals(maps: dict[str, Any]) -> tuple[dict[int, tuple[float, float]], float | None]:
+def udp_totals(maps: dict[str, Json]) -> tuple[dict[int, tuple[float, float]], float | None]:
     """Per process, the packetio windows' running estimates of UDP bytes sent and received, and the
     CLOCK_MONOTONIC time they count up to (None from a loader that did not say)."""
     found = schema.probe_maps({"@windows": maps.get("@windows")}).get("@windows")
@@ -119,7 +121,7 @@ class TrafficRecorder:
             self.errors.append(msg)
             self.status(f"warning: {msg}")
 
-    def poll(self, now: float, udp_maps: dict[str, Any], final: bool = False) -> Traffic:
+    def poll(self, now: float, udp_maps: dict[str, Json], final: bool = False) -> Traffic:
         """One reading of the targets' TCP sockets; the cumulative bytes per target, both kinds.
         A namespace is dumped when a target's socket there is open, when its TCP socket counts moved
         (a socket opened or closed), at least every FULL_DUMP_S, and at the first and `final` poll;
@@ -151,7 +153,7 @@ class TrafficRecorder:
                     owner = owners.get(s.inode)
                     if owner is None:
                         continue
-                    base = counters if first_poll else {k: 0 for k in counters}
+                    base = counters if first_poll else TcpCounters(0, 0)
                     t = self.tracked[key] = _Tracked(owner, s, base, counters, now, now)
                 t.last, t.last_time = counters, now
             for s in gone:
@@ -160,10 +162,10 @@ class TrafficRecorder:
                 if counters is None:
                     continue
                 if t is None:  # opened and closed between two polls: whose it was is unknown
-                    if s.state != TCP_LISTEN and (counters["payload_sent"] or counters["bytes_received"]):
+                    if s.state != TCP_LISTEN and (counters.payload_sent or counters.bytes_received):
                         self.unowned["sockets"] += 1
-                        self.unowned["payload_sent"] += counters["payload_sent"]
-                        self.unowned["bytes_received"] += counters["bytes_received"]
+                        self.unowned["payload_sent"] += counters.payload_sent
+                        self.unowned["bytes_received"] += counters.bytes_received
                     continue
                 t.last, t.last_time, t.closed = counters, now, True
         tcp: dict[int, tuple[float, float]] = {}
@@ -175,17 +177,17 @@ class TrafficRecorder:
         udp = {p: v for p, v in totals.items() if p in self.pids}
         return Traffic(tcp, udp, through if udp else None)
 
-    def record(self) -> dict[str, Any]:
-        lost = sum(d.lost_events for d in self.diags.values())
-        return {"source": "sock_diag tcp_info (payload sent: acknowledged, once; received: in order) and its "
-                          "socket-destroy broadcasts", "polls": self._polls, "dumps": self._dumps,
-                "sockets": [t.to_json() for t in self.tracked.values()], "unowned_closed": self.unowned,
-                "lost_destroy_events": lost, "errors": self.errors, "namespaces": sorted(self.diags)}
+    def record(self) -> TcpRecord:
+        """tcp.json: the connections tracked, what closed unowned, how the polls went."""
+        return TcpRecord([t.record() for t in self.tracked.values()],
+                         "sock_diag tcp_info (payload sent: acknowledged, once; received: in order) and its "
+                         "socket-destroy broadcasts", self._polls, self._dumps, sorted(self.diags), list(self.errors),
+                         sum(d.lost_events for d in self.diags.values()), dict(self.unowned))
 
-    def finish(self, now: float, udp_maps: dict[str, Any]) -> Traffic:
+    def finish(self, now: float, udp_maps: dict[str, Json]) -> Traffic:
         """A last reading (sockets closed at the end), the record written to tcp.json, sockets closed."""
         last = self.poll(now, udp_maps, final=True)
-        archive.write_json_atomic(self.out / runfiles.TCP, self.record())
+        archive.write_json_atomic(self.out / runfiles.TCP, schema.encode(self.record()))
         self.close()
         return last
 

@@ -94,14 +94,14 @@ def test_recorder_counts_a_process_in_another_namespace(kernel_facing: None, tmp
         rec.start(time.monotonic())
         for _ in range(5):
             rec.poll(time.monotonic(), {})
-        assert rec.record()["dumps"] == 1  # the start's: nothing opened or closed since
+        assert rec.record().dumps == 1  # the start's: nothing opened or closed since
         assert child.stdin is not None and child.stdout is not None
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "sent"
         mid = rec.poll(time.monotonic(), {})
         assert mid.tcp[child.pid] == (N, N)  # both ends are the child's: N out, N in
-        assert rec.record()["dumps"] == 2
+        assert rec.record().dumps == 2
         child.stdin.write("close\n")
         child.stdin.flush()
         child.wait(10)
