@@ -120,8 +120,9 @@ class ObjectLayout:
         data = self.sections.get(v.section, b"")
         return self.struct(struct_name).decode(data.ljust(v.offset + v.size, b"\0"), v.offset)
 
-    def section_with(self, section: str, name: str, struct_name: str, values: dict[str, Any]) -> bytes:
-        """`section`'s initial data with the global `name` (a struct_name) set to `values`."""
+    def section_with(self, section: str, name: str, struct_name: str, values: dict[str, int | list[int]]) -> bytes:
+        """`section`'s initial data with the global `name` (a struct_name) set to `values` (an array
+        field's: its first items, the rest zero)."""
         v = self.variable(name)
         if v.section != section:
             raise LayoutError(f"{name} is in {v.section}, not {section}")
@@ -129,7 +130,7 @@ class ObjectLayout:
         st = self.struct(struct_name)
         for key, value in values.items():
             f = st.field(key)
-            items = list(value) if f.count > 1 else [value]
+            items = list(value) if isinstance(value, list) else [value]
             if len(items) > f.count:
                 raise LayoutError(f"{struct_name}.{key} holds {f.count} values, not {len(items)}")
             items += [0] * (f.count - len(items))

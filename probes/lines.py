@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 
 class LineFile:
@@ -23,7 +23,8 @@ class LineFile:
         """The file, emptied (before the programs attach)."""
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
 
-    def write(self, obj: dict[str, Any]) -> None:
+    def write(self, obj: Mapping[str, object]) -> None:
+        """One JSON object as one line (the writer's own line types: a TypedDict each)."""
         if self._fd is None:
             return
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()

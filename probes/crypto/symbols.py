@@ -517,7 +517,7 @@ def discover(pids: Iterable[int], mapped_objects: Callable[[int], list[str]]) ->
             entry.notes.append("no crypto entry point found in this process's objects: nothing to count")
         processes[pid] = entry
     return CryptoFindings(objects={p: o.record() for p, o in objects.items()}, processes=processes,
-                          cpu_flags=flags, aes_hw_usable_by_cpu=bool(flags.get("aes") and flags.get("pclmulqdq")))
+                          cpu_flags=flags, aes_hw_usable_by_cpu=flags["aes"] and flags["pclmulqdq"])
 
 
 def describe(found: CryptoFindings) -> list[str]:

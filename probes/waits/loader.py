@@ -47,7 +47,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Iterable, Mapping, TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.btf import ENUM
@@ -57,7 +57,7 @@ from qprof.probes.group import Unavailable
 from qprof.probes.libbpf import READY, Loaded, LoaderConfig, Stop, loader_main
 from qprof.probes.waits.maps import STATES
 from qprof.probes.lines import LineFile
-from qprof.probes.waits.series import Binner
+from qprof.probes.waits.series import BinLine, Binner, SeriesHeader
 
 PRINT_S = 1.0
 COMM_READS = 5  # a thread's name is read at its first prints (renamed just after its start, then kept)
@@ -78,7 +78,7 @@ def _enum(lay: layouts.ObjectLayout, name: str, prefix: str) -> list[str]:
     raise layouts.LayoutError(f"the object defines no enum {name}")
 
 
-def _pack(st: layouts.Struct, values: dict[str, Any]) -> bytes:
+def _pack(st: layouts.Struct, values: dict[str, int]) -> bytes:
     """A struct's bytes with these fields set (the others zero)."""
     buf = bytearray(st.size)
     for key, value in values.items():
@@ -315,8 +315,9 @@ class Waits:
 
     # -- output
 
-    def snapshot(self) -> dict[str, Any]:
-        """Every map as printed: the threads' totals with their open intervals closed now."""
+    def snapshot(self) -> dict[str, Mapping[str, float]]:
+        """Every map as printed (maps.py reads them), by name: the threads' totals with their open
+        intervals closed now."""
         now = time.monotonic_ns()
         self._generation += 1
         phases = {v: k for k, v in self.phases.items()}
@@ -395,7 +396,7 @@ class Waits:
 
     # -- the series
 
-    def _series_write(self, obj: dict[str, Any]) -> None:
+    def _series_write(self, obj: SeriesHeader | BinLine) -> None:
         if self._series is not None:
             self._series.write(obj)
 

@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from qprof.probes.mapsout import raw_map
+
+if TYPE_CHECKING:
+    from qprof.probes.packetio.maps import ProbeMaps
 
 # What a thread's wall-clock time is spent in: on a CPU, runnable (waiting for one), or blocked
 # waiting for the network, a timer, another thread of its process, the disk, or something else.
@@ -99,28 +104,25 @@ class WaitMaps:
         return out
 
     @staticmethod
-    def from_maps(maps: dict[str, Any]) -> "WaitMaps":
+    def from_maps(maps: ProbeMaps) -> "WaitMaps":
         if not isinstance(maps, dict):
             return WaitMaps()
         ns: dict[tuple[int, int], dict[str, int]] = {}
         counts: dict[tuple[int, int], dict[str, int]] = {}
         for name, into in (("@wait_ns", ns), ("@wait_n", counts)):
-            m = maps.get(name)
-            for key, value in m.items() if isinstance(m, dict) else ():
+            for key, value in raw_map(maps, name).items():
                 ids, v = _ids(key, 2), count(value)
                 state = str(key).split(",")[2] if str(key).count(",") == 2 else None
                 if ids is None or v is None or state not in STATES:
                     continue
                 into.setdefault((ids[0], ids[1]), {})[state] = v
         unknown: dict[tuple[int, int], int] = {}
-        m = maps.get("@wait_unknown")
-        for key, value in m.items() if isinstance(m, dict) else ():
+        for key, value in raw_map(maps, "@wait_unknown").items():
             ids, v = _ids(key, 2), count(value)
             if ids is not None and v is not None and str(key).count(",") == 1:
                 unknown[(ids[0], ids[1])] = v
         comms: dict[tuple[int, int], str] = {}
-        m = maps.get("@wait_comm")
-        for key in m if isinstance(m, dict) else ():
+        for key in raw_map(maps, "@wait_comm"):
             parts = str(key).split(",", 2)
             ids = _ids(key, 2)
             if ids is not None and len(parts) == 3:
@@ -131,8 +133,7 @@ class WaitMaps:
                                        {s: counts.get((pid, tid), {}).get(s, 0) for s in STATES},
                                        unknown.get((pid, tid), 0), comms.get((pid, tid), ""))
         stacks: dict[tuple[int, str], dict[str, int]] = {}
-        m = maps.get("@wait_stacks")
-        for key, value in m.items() if isinstance(m, dict) else ():
+        for key, value in raw_map(maps, "@wait_stacks").items():
             parts, v = str(key).split(";"), count(value)
             if len(parts) < 2 or v is None or parts[1] not in BLOCKED:
                 continue
@@ -144,20 +145,16 @@ class WaitMaps:
             per_kind = stacks.setdefault((pid, parts[1]), {})
             per_kind[frames] = per_kind.get(frames, 0) + v
         span = None
-        m = maps.get("@wait_span")
-        if isinstance(m, dict):
-            start, end = count(m.get("start_ns")), count(m.get("end_ns"))
-            if start is not None and end is not None and end >= start:
-                span = (start, end)
+        m = raw_map(maps, "@wait_span")
+        start, end = count(m.get("start_ns")), count(m.get("end_ns"))
+        if start is not None and end is not None and end >= start:
+            span = (start, end)
         interval = None
-        m = maps.get("@wait_config")
-        if isinstance(m, dict):
-            v = m.get("stack_interval_ms")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-                interval = float(v)
+        ms = raw_map(maps, "@wait_config").get("stack_interval_ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms > 0:
+            interval = float(ms)
         stats: dict[str, float] = {}
-        m = maps.get("@wait_stats")
-        for key, value in m.items() if isinstance(m, dict) else ():
+        for key, value in raw_map(maps, "@wait_stats").items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 stats[str(key)] = float(value)
         return WaitMaps(span, threads, stacks, interval, stats)

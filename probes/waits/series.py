@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NotRequired, Sequence, TypedDict
 
 from qprof import runfiles
 from qprof.probes.waits.maps import STATES, count
@@ -53,6 +53,22 @@ BIN_NS = 100_000_000
 SUFFIX = "series.jsonl"
 MAX_SPREAD = 600  # bins one line may cover (a minute): more is not a file the loader wrote
 MIN_BIN_NS, MAX_BIN_NS = 1_000_000, 60_000_000_000  # a header's bin width outside these: damaged, the default kept
+
+
+class SeriesHeader(TypedDict):
+    """The file's first line (see above)."""
+
+    bin_ns: int
+    start_ns: int
+    states: list[str]
+
+
+class BinLine(TypedDict):
+    """One bin's line, or a late line's (`n` bins)."""
+
+    t: int
+    n: NotRequired[int]
+    d: dict[str, int]
 
 
 def file_name() -> str:
@@ -75,7 +91,7 @@ class Binner:
         self.cut_ns = start_ns  # where the last cut ended
         self._prev: dict[int, tuple[int, list[int]]] = {}  # tid -> (pid, its totals at the last cut)
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> SeriesHeader:
         return {"bin_ns": self.bin_ns, "start_ns": self.start_ns, "states": list(STATES)}
 
     def edge_before(self, now_ns: int) -> int:
@@ -110,7 +126,7 @@ class Binner:
         return withheld
 
     def cut(self, at_ns: int, living: Iterable[tuple[int, int, Sequence[int]]],
-            exited: Mapping[tuple[int, int], Sequence[int]]) -> dict[str, Any] | None:
+            exited: Mapping[tuple[int, int], Sequence[int]]) -> BinLine | None:
         """The line for [last cut, at_ns); None when `at_ns` is not past the last cut.
 
         A thread's totals close its open interval at the edge, but intervals that closed between the
@@ -136,11 +152,8 @@ class Binner:
         t = self.cut_ns // self.bin_ns * self.bin_ns
         n = -(-(at_ns - t) // self.bin_ns)
         self.cut_ns = at_ns
-        line: dict[str, Any] = {"t": t}
-        if n > 1:
-            line["n"] = n
-        line["d"] = {f"{pid},{STATES[i]}": v for pid, vs in sorted(per.items()) for i, v in enumerate(vs) if v}
-        return line
+        d = {f"{pid},{STATES[i]}": v for pid, vs in sorted(per.items()) for i, v in enumerate(vs) if v}
+        return {"t": t, "n": n, "d": d} if n > 1 else {"t": t, "d": d}
 
 
 @dataclass(frozen=True)
