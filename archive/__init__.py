@@ -32,7 +32,7 @@ from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.runfiles import FUNCTIONS
-from qprof.probes.mapsout import read_maps
+from qprof.probes.mapsout import Json, read_maps
 from qprof.probes.packetio.timing import TimingFile, file_name as timing_file
 from qprof.probes.waits.series import WaitSeries, file_name as wait_series_file
 
@@ -224,7 +224,7 @@ class Run:
         except DamagedStacks as e:
             raise self._damaged(e) from None
 
-    def _record(self, name: str, what: str) -> dict[str, Any] | None:
+    def _record(self, name: str, what: str) -> dict[str, Json] | None:
         """One JSON document of the archive as an object; None when the run has none."""
         p = self.path / name
         try:
@@ -246,8 +246,10 @@ class Run:
             return None
         programs = data.get("programs")
         for prog in programs.values() if isinstance(programs, dict) else ():
-            if isinstance(prog, dict) and "maps" not in prog and isinstance(prog.get("output"), str):
-                prog["maps"] = read_maps(self.path / Path(prog["output"]).name)
+            if isinstance(prog, dict) and "maps" not in prog:  # a program that had not stopped
+                output = prog.get("output")
+                if isinstance(output, str):
+                    prog["maps"] = read_maps(self.path / Path(output).name)
         schema.validate(data, schema.PROBES, str(p))
         record: ProbeRecord = schema.decode(ProbeRecord, data)
         return record

@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, ProbeMaps, ProbeRecord, ProcReading, RawMap,
                                  TcpRecord)
-from qprof.probes.packetio.maps import Windows
 from qprof.archive.model import FunctionStarts
+from qprof.probes.mapsout import Json
+from qprof.probes.packetio.maps import Windows
 
 from qprof.errors import QprofError
 
@@ -65,9 +66,6 @@ class T(Of):
         return f"{where} must be {self.desc}"
 
 
-ANY = T(int, float, str, bool, None)
-
-
 class Anything(Of):
     desc = "anything"
 
@@ -78,8 +76,8 @@ class Anything(Of):
 class List(Of):
     """A JSON list whose items have one shape; `length`: of exactly that many items."""
 
-    def __init__(self, item: Any, length: int | None = None) -> None:
-        self.item = spec(item)
+    def __init__(self, item: Of, length: int | None = None) -> None:
+        self.item = item
         self.length = length
         self.desc = "a list" if length is None else f"a list of {length}"
 
@@ -96,8 +94,8 @@ class List(Of):
 class Obj(Of):
     """A JSON object with known fields (each optional; others allowed)."""
 
-    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()) -> None:
-        self.fields = {k: spec(v) for k, v in fields.items()}
+    def __init__(self, fields: dict[str, Of], required: tuple[str, ...] = ()) -> None:
+        self.fields = fields
         self.required = required
         self.desc = "an object"
 
@@ -119,8 +117,8 @@ class MapOf(Of):
     """A JSON object with free keys whose values all have one shape; `numbered`: the keys are
     decimal numbers (CPUs, pids, thread ids), which readers turn into ints."""
 
-    def __init__(self, item: Any, numbered: bool = False) -> None:
-        self.item = spec(item)
+    def __init__(self, item: Of, numbered: bool = False) -> None:
+        self.item = item
         self.numbered = numbered
         self.desc = "an object"
 
@@ -137,26 +135,14 @@ class MapOf(Of):
 
 
 class Either(Of):
-    def __init__(self, *options: Any) -> None:
-        self.options = [spec(o) for o in options]
+    def __init__(self, *options: Of) -> None:
+        self.options = list(options)
         self.desc = " or ".join(o.desc for o in self.options)
 
     def check(self, value: Any, where: str) -> str | None:
         if any(o.check(value, where) is None for o in self.options):
             return None
         return f"{where} must be {self.desc}"
-
-
-def spec(s: Any) -> Of:
-    if isinstance(s, Of):
-        return s
-    if isinstance(s, dict):
-        return Obj(s)
-    if isinstance(s, list):
-        return List(s[0])
-    if s is Any:
-        return Anything()
-    return T(s)
 
 
 # ---- shapes and decoding derived from a typed record's hints ---------------------------------------
@@ -322,15 +308,17 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
     raise TypeError(f"cannot decode {hint!r}")
 
 
-def encode(record: Any) -> Any:
+def encode(record: object) -> Json:
     """A record as its JSON document (int keys become decimal strings when dumped); a `never_null`
     field left None is left out, as older archives lack it; an `inline` record's fields join its parent's."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        out: dict[str, Any] = {}
+        out: dict[str, Json] = {}
         for f in dataclasses.fields(record):
             v = getattr(record, f.name)
             if _marked(f, INLINE):
-                out.update(encode(v))
+                inner = encode(v)
+                assert isinstance(inner, dict)  # a record's document is an object
+                out.update(inner)
             elif not (v is None and _marked(f, NEVER_NULL)):
                 out[f.name] = encode(v)
         return out
@@ -338,7 +326,9 @@ def encode(record: Any) -> Any:
         return [encode(v) for v in record]
     if isinstance(record, dict):
         return {k: encode(v) for k, v in record.items()}
-    return record
+    if record is None or isinstance(record, (bool, int, float, str)):
+        return record
+    raise TypeError(f"{type(record).__name__} is not a record, a list or map of them, or a JSON scalar")
 
 
 PROBES = shape_of(ProbeRecord)
