@@ -67,9 +67,25 @@ def bpf_programs() -> set[int]:
     return {i for i in ids if isinstance(i, int)}  # bpftool writes a program's id as a JSON number
 
 
-def perf_attachments() -> list[dict[str, object]]:
-    """BPF programs attached through perf events (tracepoints, uprobes): bpftool perf list."""
-    return _bpftool_json("perf", "list")
+@dataclass(frozen=True)
+class PerfAttachment:
+    """A BPF program attached through a perf event: the process holding it and the event's kind."""
+
+    pid: int
+    fd_type: str  # tracepoint, kprobe, uprobe, uretprobe...; "" when bpftool did not say
+
+
+def perf_attachments() -> list[PerfAttachment]:
+    """BPF programs attached through perf events (tracepoints, uprobes): bpftool perf list, each entry
+    read once (one without a pid is no process's)."""
+    out = []
+    for entry in _bpftool_json("perf", "list"):
+        match entry:
+            case {"pid": int(pid), "fd_type": str(kind)}:
+                out.append(PerfAttachment(pid, kind))
+            case {"pid": int(pid)}:
+                out.append(PerfAttachment(pid, ""))
+    return out
 
 
 def all_pids() -> set[int]:
@@ -173,8 +189,8 @@ def find_leftovers(run: Path | None, progs_before: set[int], sessions: Iterable[
         pids |= processes_naming(run)
     orphans = orphan_programs(progs_before)
     held = owned_prog_ids(pids) - progs_before
-    attached = [a for a in perf_attachments() if a.get("pid") in pids]
-    uprobes = sum(1 for a in attached if a.get("fd_type") in ("uprobe", "uretprobe"))
+    attached = [a for a in perf_attachments() if a.pid in pids]
+    uprobes = sum(1 for a in attached if a.fd_type in ("uprobe", "uretprobe"))
     return Leftovers({p: _describe(p) for p in sorted(pids)}, len(orphans | held),
                      len(attached) - uprobes, uprobes)
 
