@@ -97,8 +97,8 @@ def main() -> None:
                 progs = program_stats(set(descendants(bp.proc.pid))) if stats_fd is not None else []
             finally:
                 bp.stop()
-            hits = sum(int(p["run_cnt"] or 0) for p in progs)
-            bpf_ns = sum(int(p["run_time_ns"] or 0) for p in progs) / hits if hits else None
+            hits = sum(int(p.run_cnt or 0) for p in progs)
+            bpf_ns = sum(int(p.run_time_ns or 0) for p in progs) / hits if hits else None
             extra = per_call - base
             print(f"{name:6s}: {per_call:.1f} ns/call -> {extra:.0f} ns per uprobe hit"
                   + (f" (BPF program {bpf_ns:.0f} ns, trap and dispatch {extra - bpf_ns:.0f} ns)"

@@ -396,8 +396,8 @@ def same_probes(full: cryptosyms.ObjectCrypto, stripped: cryptosyms.ObjectCrypto
         assert q.symbol in (p.symbol, p.symbol.removesuffix(".abi0")) and q.table == "gopclntab", (p.symbol, q.symbol)
         assert p.size <= q.size < p.size + 32, (p.symbol, p.size, q.size)
     assert stripped.go_morestack == full.go_morestack is not None
-    assert (stripped.libraries, stripped.ciphers, stripped.aes_hw["present"]) == \
-        (full.libraries, full.ciphers, full.aes_hw["present"])
+    assert (stripped.libraries, stripped.ciphers, stripped.aes_hw.present) == \
+        (full.libraries, full.ciphers, full.aes_hw.present)
 
 
 def test_crypto_entry_points_of_a_stripped_build(builds: dict[str, tuple[Path, Path]]) -> None:
