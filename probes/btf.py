@@ -14,11 +14,20 @@ starts, and only the types asked about are decoded. That takes ~0.2 s for a
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import struct
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Callable, TypeVar, cast
 
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
+# Answers about the running kernel's BTF, one file per BTF digest (see `remembered`)
+FACTS_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "btf"
+Answer = TypeVar("Answer")
 _MAGIC = 0xEB9F
 # kind -> bytes that follow the 12-byte common record: fixed, and per vlen item
 _TAIL = {1: (4, 0), 2: (0, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 7: (0, 0), 8: (0, 0), 9: (0, 0),
@@ -163,17 +172,70 @@ class BTF:
         return None
 
 
+def _unavailable(e: OSError) -> BTFUnavailable:
+    return BTFUnavailable(f"no kernel BTF at {VMLINUX_BTF} ({e.strerror}; needs CONFIG_DEBUG_INFO_BTF)")
+
+
 @lru_cache(maxsize=1)
 def kernel() -> BTF:
     try:
         with open(VMLINUX_BTF, "rb") as f:
             return BTF(f.read())
     except OSError as e:
-        raise BTFUnavailable(f"no kernel BTF at {VMLINUX_BTF} ({e.strerror}; needs CONFIG_DEBUG_INFO_BTF)") from None
+        raise _unavailable(e) from None
+
+
+@lru_cache(maxsize=1)
+def digest() -> str:
+    """SHA-256 of the running kernel's BTF: what every answer about it depends on (~5 ms)."""
+    h = hashlib.sha256()
+    try:
+        with open(VMLINUX_BTF, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise _unavailable(e) from None
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _answers() -> dict[str, object]:
+    try:
+        data = json.loads((FACTS_DIR / f"{digest()[:32]}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remembered(question: str, learn: Callable[[], Answer]) -> Answer:
+    """The answer to a question about the running kernel's BTF, kept on disk under the BTF's digest.
+
+    Every attach asked the same few questions (enum values, tracepoint shapes), and each process that
+    asked read and indexed the whole BTF (6 MB, ~0.1 CPU s: a tenth of what qprof cost beside the
+    targets of a short benchmark, bench/footprint.py). A new kernel has another digest, so it is
+    asked anew; a damaged or unwritable file only costs the parse. The answer must come back from
+    JSON as it went in (int, bool, None, dict of str to int)."""
+    answers = _answers()
+    if question in answers:
+        return cast(Answer, answers[question])  # written below from learn()'s answer to this question
+    answer = answers[question] = learn()
+    try:
+        FACTS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".answers-", dir=FACTS_DIR)
+        with os.fdopen(fd, "w") as f:
+            json.dump(answers, f)
+        os.replace(tmp, FACTS_DIR / f"{digest()[:32]}.json")
+    except OSError:
+        pass
+    return answer
 
 
 def enum(name: str) -> dict[str, int]:
     """Enumerator -> value, e.g. enum('skb_drop_reason')['SKB_DROP_REASON_SOCKET_RCVBUFF']."""
+    return remembered(f"enum {name}", lambda: _enum(name))
+
+
+def _enum(name: str) -> dict[str, int]:
     b = kernel()
     for kind in (ENUM, ENUM64):
         for i in b.ids(kind, name):
@@ -183,6 +245,10 @@ def enum(name: str) -> dict[str, int]:
 
 def enumerator(name: str) -> int | None:
     """Value of one enumerator, whichever enum (named or anonymous) declares it."""
+    return remembered(f"enumerator {name}", lambda: _enumerator(name))
+
+
+def _enumerator(name: str) -> int | None:
     b = kernel()
     for i in b.enum_ids:
         value = b.enumerators(i).get(name)
@@ -193,12 +259,16 @@ def enumerator(name: str) -> int | None:
 
 def tracepoint_exists(event: str) -> bool:
     """Every tracepoint has a `btf_trace_<event>` typedef in BTF."""
-    return bool(kernel().ids(TYPEDEF, f"btf_trace_{event}"))
+    return remembered(f"tracepoint {event}", lambda: bool(kernel().ids(TYPEDEF, f"btf_trace_{event}")))
 
 
 def tracepoint_arity(event: str) -> int | None:
     """How many arguments the BTF tracepoint `event` passes its programs (they change across
     kernels: kfree_skb gained the receiving socket in 6.12); None when the kernel lacks it."""
+    return remembered(f"tracepoint arity {event}", lambda: _tracepoint_arity(event))
+
+
+def _tracepoint_arity(event: str) -> int | None:
     b = kernel()
     for i in b.ids(TYPEDEF, f"btf_trace_{event}"):
         n = b.params(b.referenced(i))

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from qprof.errors import QprofError
@@ -101,6 +102,17 @@ def tool_version(tool: str) -> str | None:
     path = shutil.which(tool)
     if path is None:
         return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _version(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@lru_cache(maxsize=None)
+def _version(path: str, _identity: tuple[int, int, int, int]) -> str | None:
+    """Asked once per binary per qprof process (an attach asked perf's and bpftrace's twice each):
+    another file at the path, or the same one changed, is asked again."""
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):

@@ -35,10 +35,12 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TextIO
 
+from qprof.probes import btf
 from qprof.probes.children import ProbeProcess, die_with_parent
 from qprof.probes.fields import NEVER_NULL
 from qprof.probes.group import Unavailable
@@ -54,12 +56,10 @@ def source_text(package: str, name: str) -> bytes:
     return resources.files(package).joinpath(f"{name}.bpf.c").read_bytes()
 
 
-def _btf_digest() -> str:
-    h = hashlib.sha256()
-    with open(VMLINUX_BTF, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+@lru_cache(maxsize=None)
+def _clang_version(clang: str) -> str:
+    """clang's first `--version` line (a process: asked once per qprof process, not once per group)."""
+    return subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
 
 
 def build(package: str, name: str, cache: Path = CACHE) -> Path:
@@ -72,8 +72,7 @@ def build(package: str, name: str, cache: Path = CACHE) -> Path:
     if not VMLINUX_BTF.exists():
         raise Unavailable(f"the kernel exposes no BTF at {VMLINUX_BTF} (needs CONFIG_DEBUG_INFO_BTF)")
     src = source_text(package, name)
-    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    key = hashlib.sha256(src + version.encode() + _btf_digest().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + _clang_version(clang).encode() + btf.digest().encode()).hexdigest()[:16]
     obj = cache / f"{name}-{key}.bpf.o"
     if obj.is_file():
         return obj

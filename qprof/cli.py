@@ -99,6 +99,21 @@ def _probes_help() -> str:
             f"list of groups. {listing}.")
 
 
+class _LazyHelpOption(click.Option):
+    """An option whose help is made when help is shown: listing the outputs or the probe groups
+    imports the viewer or the groups' registry, which cost every `attach` ~0.1 CPU s at start-up
+    (bench/footprint.py) for a text it never printed."""
+
+    def __init__(self, *args: Any, make_help: Callable[[], str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._make_help = make_help
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        if self.help is None:
+            self.help = self._make_help()
+        return super().get_help_record(ctx)
+
+
 def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options of `attach` that `record` shares: how to sample and what to keep."""
     options = [
@@ -113,7 +128,8 @@ def _sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "qprof moves it into and back out of); system: perf samples every CPU on wall-clock "
                           "ticks and qprof keeps the targets' samples, which misplaces work that starts when a "
                           "target wakes; auto: cgroup when one can be set up, else system."),
-        click.option("--probes", "probes", default="default", show_default=True, help=_probes_help()),
+        click.option("--probes", "probes", default="default", show_default=True, cls=_LazyHelpOption,
+                     make_help=_probes_help),
         click.option("--keep-raw", is_flag=True,
                      help="Keep all raw perf data (by default each chunk is deleted once folded into stacks)."),
         click.option("--raw-budget", default="256M", show_default=True,
@@ -311,8 +327,9 @@ def _format_help(kind: str) -> str:
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default=None,
-              help="What to write, by name (default: from -o's suffix, else text): " + _format_help("report") + ".")
+@click.option("--format", "fmt", default=None, cls=_LazyHelpOption,
+              make_help=lambda: "What to write, by name (default: from -o's suffix, else text): "
+              + _format_help("report") + ".")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Write to this file instead of stdout; its suffix picks the format when --format is not given.")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
@@ -445,7 +462,8 @@ def flamegraph(run: Path, out: Path | None, pid: int | None, role: str | None, t
               help="Also write an output to this file, its suffix picking it: .svg the differential flame graph (red "
                    "grew, blue shrank, width by RUN_B), .json or .txt the comparison.")
 @click.option("--top", type=int, default=10, show_default=True, help="Symbols shown per process.")
-@click.option("--format", "fmt", default="text", show_default=True, help=_format_help("diff") + ".")
+@click.option("--format", "fmt", default="text", show_default=True, cls=_LazyHelpOption,
+              make_help=lambda: _format_help("diff") + ".")
 @click.option("-m", "--mapping", "mappings", multiple=True, type=click.Path(),
               help="Extra mapping file (TOML), applied to both runs; repeatable.")
 @click.option("--stack", default=None, help="Use this stack's mapping file for both runs.")

@@ -34,6 +34,10 @@ def preempt_from_rq() -> int:
     __preempt_count and runqueues, from the kernel BTF's .data..percpu section): how the programs
     read it without kallsyms' data symbols (waits.bpf.c, preempt_count_now). 0: not found (the
     programs then judge interrupt context by the stack in use)."""
+    return btf.remembered("preempt_from_rq", _preempt_from_rq)
+
+
+def _preempt_from_rq() -> int:
     b = btf.kernel()
     found: dict[str, int] = {}
     for ds in b.ids(_DATASEC, ".data..percpu"):
