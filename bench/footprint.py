@@ -12,14 +12,18 @@ exec and released when attach says it is sampling. Measured from outside qprof:
   targets    CPU seconds of the server (/proc, from before the release to the end)
              and of the client (this process's children's rusage, less qprof's)
   footprint  observer / targets
-  after exit seconds from the client's exit to attach's exit, less the idle wait
-             (--until-idle): what a user waits for the report
+  wait       seconds from attach's decision to stop (its "stopping" line) to its exit:
+             stopping the probes and perf, the last fold, writing the archive
+  idle lag   seconds from the client's exit to that decision, less --until-idle's
+             second: how late the end of the work is seen
   line       the report's own observer line (observer_cpu_s): the per-component
              figures, and how much of the outside measure it misses
 
 With two or more --arm NAME=PYTHON (interpreters whose `-m qprof.cli` are two
-trees), runs alternate between the arms in random order within each round, so
-drift and other tenants' load fall on all alike; each arm's footprint is
+trees), every round runs each arm once, the order rotated from round to round
+(A B, B A, ...: a run right after another runs on a host still settling from it,
+so no arm may always come second), so drift and other tenants' load fall on all
+alike; each arm's footprint is
 compared with the first arm's by the median of the per-round ratios with a
 distribution-free 95% interval (attribution.stats).
 
@@ -31,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import subprocess
@@ -59,9 +62,11 @@ class Measure:
     arm: str
     observer_s: float
     targets_s: float
-    after_exit_s: float
+    wait_s: float
+    idle_lag_s: float
     goodput_gbps: float | None
     line: dict[str, float] = field(default_factory=dict)
+    after: list[tuple[float, str]] = field(default_factory=list)  # attach's status lines after the exit, timed
 
     @property
     def footprint(self) -> float:
@@ -93,11 +98,13 @@ def attach_once(arm: str, python: str, stack: str, size: int, workroot: Path, ti
                                text=True, cwd=workroot)
         sampling = threading.Event()
         err: list[str] = []
+        timed: list[tuple[float, str]] = []
 
         def drain() -> None:
             assert att.stderr is not None
             for line in att.stderr:
                 err.append(line)
+                timed.append((time.monotonic(), line.strip()))
                 if "sampling at" in line:
                     sampling.set()
 
@@ -128,18 +135,22 @@ def attach_once(arm: str, python: str, stack: str, size: int, workroot: Path, ti
                          capture_output=True, text=True, cwd=workroot)
     line = json.loads(rep.stdout).get("observer_cpu_s", {}) if rep.returncode == 0 else {}
     shutil.rmtree(run, ignore_errors=True)
-    return Measure(arm, observer, server_s + client_s, attach_end - exited - IDLE_S, goodput, line)
+    after = [(t - exited, text) for t, text in timed if t >= exited] + [(attach_end - exited, "(attach exited)")]
+    stopping = next((t for t, text in timed if "stopping (" in text), attach_end)
+    return Measure(arm, observer, server_s + client_s, attach_end - stopping, stopping - exited - IDLE_S, goodput,
+                   line, after)
 
 
 def describe(ms: list[Measure]) -> str:
     foot = median_ci([m.footprint for m in ms])
-    after = median_ci([m.after_exit_s for m in ms])
+    wait = median_ci([m.wait_s for m in ms])
+    lag = median_ci([m.idle_lag_s for m in ms])
     obs = median_ci([m.observer_s for m in ms])
     tgt = median_ci([m.targets_s for m in ms])
     line = median_ci([sum(m.line.values()) for m in ms])
     out = [f"  footprint {100 * (foot.median or 0):.1f}% (runs {', '.join(f'{100 * m.footprint:.1f}' for m in ms)}); "
            f"observer {obs.median:.2f} CPU s for the targets' {tgt.median:.2f}; "
-           f"after exit {after.median:.2f} s; goodput "
+           f"wait {wait.median:.2f} s (idle lag {lag.median:.2f} s); goodput "
            + ", ".join(f"{m.goodput_gbps:.2f}" if m.goodput_gbps else "-" for m in ms) + " Gbit/s",
            f"  the report's line: {line.median:.2f} CPU s (misses {(obs.median or 0) - (line.median or 0):.2f}): "
            + ", ".join(f"{k} {median_ci([m.line.get(k, 0.0) for m in ms]).median:.2f}"
@@ -162,27 +173,27 @@ def main() -> int:
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=PYTHON",
                     help="an interpreter whose `-m qprof.cli` is one tree; default: this one")
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--after", action="store_true", help="print attach's status lines after the client's exit, timed")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("footprint: needs root (perf and the probes attach to other processes); run it with sudo", file=sys.stderr)
         return 2
     arms = dict(a.split("=", 1) for a in args.arm) or {"qprof": sys.executable}
     size = parse_size(args.size)
-    rng = random.Random(args.seed)
     results: dict[str, list[Measure]] = {a: [] for a in arms}
     workroot = Path(tempfile.mkdtemp(prefix="qprof-footprint-"))
     load0 = os.getloadavg()[0]
     try:
         for r in range(args.rounds):
-            order = list(arms)
-            rng.shuffle(order)
+            order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
             for arm in order:
                 m = attach_once(arm, arms[arm], args.stack, size, workroot, args.timeout)
                 results[arm].append(m)
                 print(f"[{r + 1}/{args.rounds}] {arm}: footprint {100 * m.footprint:.2f}% "
-                      f"({m.observer_s:.2f} / {m.targets_s:.2f} CPU s), after exit {m.after_exit_s:.2f} s, "
+                      f"({m.observer_s:.2f} / {m.targets_s:.2f} CPU s), wait {m.wait_s:.2f} s (idle lag {m.idle_lag_s:.2f}), "
                       f"line {sum(m.line.values()):.2f}", flush=True)
+                if args.after:
+                    print("\n".join(f"    +{t:.2f} s {text}" for t, text in m.after), flush=True)
     except KeyboardInterrupt:
         print("interrupted: the rounds so far", file=sys.stderr)
     finally:
@@ -198,8 +209,8 @@ def main() -> int:
             n = min(len(ms), len(results[first]))
             print(f"  footprint / {first}'s, paired by round: "
                   f"{interval([ms[i].footprint / results[first][i].footprint for i in range(n)])}; "
-                  f"after exit / {first}'s: "
-                  f"{interval([ms[i].after_exit_s / results[first][i].after_exit_s for i in range(n) if results[first][i].after_exit_s > 0])}")
+                  f"wait / {first}'s: "
+                  f"{interval([ms[i].wait_s / results[first][i].wait_s for i in range(n) if results[first][i].wait_s > 0])}")
     return 0
 
 

@@ -684,14 +684,18 @@ class IdleWatch:
         if prev is None or r.mono <= prev.mono:
             return
         dt = r.mono - prev.mono
+        # the probes' UDP totals arrive once a second and count up to `udp_through`: bytes they show
+        # moved by then, not at this reading (taking the reading's time saw the end of a transfer up
+        # to a second late)
+        udp_at = min(r.mono, r.traffic.udp_through) if r.traffic.udp_through is not None else r.mono
         for pid in self.pids:
             if not r.threads.get(pid):
                 continue
             cpu = self._cpu(r, pid) - self._cpu(prev, pid)
-            moved = any(tot.get(pid) != before.get(pid)
-                        for tot, before in ((r.traffic.udp, prev.traffic.udp), (r.traffic.tcp, prev.traffic.tcp)))
-            if cpu > IDLE_CORES * dt or moved:
+            if cpu > IDLE_CORES * dt or r.traffic.tcp.get(pid) != prev.traffic.tcp.get(pid):
                 self._active_at[pid] = r.mono
+            elif r.traffic.udp.get(pid) != prev.traffic.udp.get(pid):
+                self._active_at[pid] = max(self._active_at.get(pid, udp_at), udp_at)
 
     def ended(self) -> bool:
         return bool(self._active_at) and all(self._now - t >= self.seconds for t in self._active_at.values())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from qprof.attribution.tcp import ProcessTcp, TcpIO
 from qprof.attribution.timeline import _rates, _within
 from qprof.attribution.transfer import SPAN_FROM_PROC, SPAN_FROM_SAMPLES, transfer
 from qprof.archive import schema
-from qprof.archive.model import ProcReading
+from qprof.archive.model import ProcReading, Traffic
 from qprof.collectors.session import IdleWatch
 
 
@@ -27,6 +28,21 @@ def _reading(t: float, cpu: float = 0.0, udp: tuple[float, float] | None = None,
     return schema.decode(ProcReading, {"mono": t, "threads": {str(pid): [
         {"tid": pid, "comm": "x", "utime_s": 0.0, "stime_s": 0.0, "on_cpu_s": cpu, "run_delay_s": 0.0}]},
         **({"udp": {str(pid): list(udp)}} if udp else {}), **({"tcp": {str(pid): list(tcp)}} if tcp else {})})
+
+
+def test_idle_watch_dates_udp_bytes_by_when_the_probes_counted_them() -> None:
+    """The probes print their UDP totals once a second: bytes that show up at a reading moved by the
+    totals' own time, so the idle second starts there, not at the reading that first saw them."""
+    w = IdleWatch([7], 1.0)
+    w.see(_reading(0.0, 0.0, udp=(0, 0)))
+    w.see(replace(_reading(0.25, 0.0, udp=(5e6, 0)), traffic=Traffic(udp={7: (5e6, 0)}, udp_through=0.1)))
+    for t in (0.5, 0.75, 1.0):
+        w.see(replace(_reading(t, 0.0, udp=(5e6, 0)), traffic=Traffic(udp={7: (5e6, 0)}, udp_through=0.1)))
+        assert not w.ended(), t
+    w.see(replace(_reading(1.1, 0.0, udp=(5e6, 0)), traffic=Traffic(udp={7: (5e6, 0)}, udp_through=1.05)))
+    assert w.ended()  # idle since 0.1 s: taking the reading's time would wait until 1.25 s
+    w.see(replace(_reading(1.35, 0.0, udp=(6e6, 0)), traffic=Traffic(udp={7: (6e6, 0)}, udp_through=1.3)))
+    assert not w.ended()  # moved again by 1.3 s
 
 
 def _udp(tx: int, rx: int, exact: bool = True) -> PacketIO:
