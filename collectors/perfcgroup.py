@@ -40,7 +40,7 @@ threads' summed run-queue time counts them waiting for each other too: no
 limit from outside). Where perf's hierarchy is v1, or sampling is system-wide,
 the session makes these children in cgroup v2 for the pressure alone.
 
-Moving them back is the job of a watchdog process that holds the read end of
+Moving them back is the job of a watchdog process (collectors.cgroupwatch) that holds the read end of
 a pipe from qprof: on EOF — qprof closed it, exited, or was SIGKILLed — it
 moves every task still in the child cgroup back to the original cgroup and
 removes the child. A leftover whose owner and watchdog both died is removed
@@ -51,71 +51,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from qprof.archive.identity import process_identity
+from qprof.collectors import cgroupwatch
+from qprof.collectors.cgroupwatch import STOP_SIGNALS, move, restore
 from qprof.collectors.procfs import SAMPLING_CGROUP_NAME as _NAME
 from qprof.collectors.procfs import SAMPLING_CGROUP_PREFIX as PREFIX
 from qprof.probes.children import born_ignoring
 from qprof.probes.features import Hierarchy
 
-# the watchdog outlives these: qprof closing its pipe is what tells it to restore the cgroups
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
 
 def _starttime(pid: int) -> str:
     return str(process_identity(pid).start_ticks)
-
-
-def _procs(cg: Path) -> list[int]:
-    try:
-        return [int(x) for x in (cg / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _move(pid: int, cg: Path) -> bool:
-    try:
-        (cg / "cgroup.procs").write_text(str(pid))
-        return True
-    except OSError:
-        return False  # gone meanwhile, or the destination vanished
-
-
-def _rmdir(cg: Path, timeout: float = 2.0) -> bool:
-    # an exiting task keeps a cgroup busy for a moment after it left cgroup.procs
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            cg.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-
-
-def restore(child: Path, original: Path) -> list[int]:
-    """Move every task of `child` back to `original` (or the nearest existing ancestor), remove `child`.
-
-    Returns the pids it could not move (they keep the child alive)."""
-    dest = original
-    while not (dest / "cgroup.procs").exists() and dest != dest.parent:
-        dest = dest.parent
-    stuck = []
-    for _ in range(3):  # a target may fork while we move it: its child lands in `child`
-        procs = _procs(child)
-        if not procs:
-            break
-        stuck = [p for p in procs if not _move(p, dest)]
-    _rmdir(child)
-    return stuck
 
 
 def cleanup_leftovers(h: Hierarchy) -> list[str]:
@@ -167,7 +117,7 @@ class SampleCgroups:
             child.mkdir(mode=0o755)
             self.children.append((child, original))
             self._tell_watchdog(child, original)
-            if not _move(pid, child) and Path(f"/proc/{pid}").exists():
+            if not move(pid, child) and Path(f"/proc/{pid}").exists():
                 raise OSError(f"cannot move pid {pid} into {child}")
             names.append(str(child.relative_to(self.h.mount)))
         return names
@@ -176,7 +126,7 @@ class SampleCgroups:
         # its own process group, SIGINT/SIGTERM/SIGHUP ignored from birth: a Ctrl-C to qprof's terminal
         # must not kill it before qprof closes the pipe (one landing while it was being spawned did, and
         # the run lost its cgroups to a broken pipe); in qprof's session like every helper
-        self._watchdog = subprocess.Popen([sys.executable, "-m", "qprof.collectors.perfcgroup"],
+        self._watchdog = subprocess.Popen([sys.executable, "-I", "-S", cgroupwatch.__file__],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0,
                                           preexec_fn=born_ignoring(*STOP_SIGNALS))
 
@@ -201,23 +151,3 @@ class SampleCgroups:
             if child.exists():
                 restore(child, original)
         self.children.clear()
-
-
-def _watch() -> int:
-    """Watchdog: read (child, original) lines until EOF, then restore every one of them."""
-    for s in STOP_SIGNALS:  # already ignored when qprof started it; also when started by hand
-        signal.signal(s, signal.SIG_IGN)
-    pairs = []
-    for line in sys.stdin.buffer:
-        try:
-            child, original = json.loads(line)
-        except ValueError:
-            continue
-        pairs.append((Path(child), Path(original)))
-    for child, original in pairs:
-        restore(child, original)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_watch())
