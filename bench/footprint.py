@@ -84,8 +84,9 @@ def ru_s(ru: resource.struct_rusage) -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def attach_once(arm: str, python: str, stack: str, size: int, workroot: Path, timeout: float) -> Measure:
-    """One transfer attached by `python -m qprof.cli attach`; the archive is removed afterwards."""
+def attach_once(arm: str, python: str, stack: str, size: int, workroot: Path, timeout: float,
+                keep: Path | None = None) -> Measure:
+    """One transfer attached by `python -m qprof.cli attach`; the archive is moved to `keep`, else removed."""
     run = workroot / f"run-{arm}-{time.monotonic_ns()}"
     with transfer_factory(stack)(size, "127.0.0.1", {}) as xfer:
         server = xfer.start_server()
@@ -134,6 +135,9 @@ def attach_once(arm: str, python: str, stack: str, size: int, workroot: Path, ti
     rep = subprocess.run([python, "-m", "qprof.cli", "report", "--format", "json", str(run)],
                          capture_output=True, text=True, cwd=workroot)
     line = json.loads(rep.stdout).get("observer_cpu_s", {}) if rep.returncode == 0 else {}
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run), str(keep / run.name))
     shutil.rmtree(run, ignore_errors=True)
     after = [(t - exited, text) for t, text in timed if t >= exited] + [(attach_end - exited, "(attach exited)")]
     stopping = next((t for t, text in timed if "stopping (" in text), attach_end)
@@ -173,6 +177,7 @@ def main() -> int:
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=PYTHON",
                     help="an interpreter whose `-m qprof.cli` is one tree; default: this one")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--keep", type=Path, help="keep the run archives in this directory")
     ap.add_argument("--after", action="store_true", help="print attach's status lines after the client's exit, timed")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -187,7 +192,7 @@ def main() -> int:
         for r in range(args.rounds):
             order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
             for arm in order:
-                m = attach_once(arm, arms[arm], args.stack, size, workroot, args.timeout)
+                m = attach_once(arm, arms[arm], args.stack, size, workroot, args.timeout, args.keep)
                 results[arm].append(m)
                 print(f"[{r + 1}/{args.rounds}] {arm}: footprint {100 * m.footprint:.2f}% "
                       f"({m.observer_s:.2f} / {m.targets_s:.2f} CPU s), wait {m.wait_s:.2f} s (idle lag {m.idle_lag_s:.2f}), "
