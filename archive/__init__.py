@@ -32,7 +32,8 @@ from qprof.errors import QprofError
 from qprof.readlimits import lines, open_regular, read_text
 from qprof.runfiles import META, PROBES, PROC, RESERVE, STACKS, TCP, chunk_files
 from qprof.runfiles import FUNCTIONS
-from qprof.probes.mapsout import Json, read_maps
+from qprof.jsonvalue import Json
+from qprof.probes.mapsout import read_maps
 from qprof.probes.packetio.timing import TimingFile, file_name as timing_file
 from qprof.probes.waits.series import WaitSeries, file_name as wait_series_file
 

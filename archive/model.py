@@ -23,7 +23,8 @@ from qprof.probes.crypto.records import (AesHardware as AesHardware, CryptoCost 
 from qprof.probes.fields import INLINE as INLINE, NEVER_NULL as NEVER_NULL, NULL_IS_ABSENT as NULL_IS_ABSENT
 from qprof.probes.group import ProgramCost as ProgramCost
 from qprof.probes.libbpf import LoaderConfig as LoaderConfig
-from qprof.probes.mapsout import HistBucket as HistBucket, Json, MapEntry as MapEntry, RawMap as RawMap
+from qprof.jsonvalue import Json
+from qprof.probes.mapsout import HistBucket as HistBucket, MapEntry as MapEntry, RawMap as RawMap
 from qprof.probes.packetio.maps import PacketioMaps, ProbeMaps as ProbeMaps, Windows as Windows
 from qprof.probes.waits.maps import WaitMaps
 

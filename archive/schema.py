@@ -26,7 +26,7 @@ from typing import Any, Callable
 from qprof.archive.model import (INLINE, NEVER_NULL, NULL_IS_ABSENT, ProbeMaps, ProbeRecord, ProcReading, RawMap,
                                  TcpRecord)
 from qprof.archive.model import FunctionStarts
-from qprof.probes.mapsout import Json
+from qprof.jsonvalue import Json
 from qprof.probes.packetio.maps import Windows
 
 from qprof.errors import QprofError

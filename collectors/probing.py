@@ -49,7 +49,8 @@ from qprof.probes.children import ProbeProcess
 from qprof.probes.follow import TargetsWriter, targets_file
 from qprof.probes.group import Context, Findings, ProgramFiles, Unavailable
 from qprof.probes.leftovers import owned_prog_ids
-from qprof.probes.mapsout import Json, MapTail, read_maps
+from qprof.jsonvalue import Json
+from qprof.probes.mapsout import MapTail, read_maps
 from qprof.probes.registry import DEFAULT_GROUPS, GROUPS
 _SOCKET_COUNTERS = ("rcvbuf", "sndbuf", "drops", "rmem_alloc", "wmem_alloc")
 STATS_WINDOW_S, STATS_PERIOD_S = 0.1, 1.0  # BPF run-time statistics duty cycle

@@ -42,7 +42,7 @@ from qprof.archive.model import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCO
                                      SampleGroup, Sampling, SamplingScope, Service, Target)
 from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
-from qprof.probes.mapsout import Json
+from qprof.jsonvalue import Json
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, pressure_hierarchy, require_perf,

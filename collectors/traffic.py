@@ -32,7 +32,7 @@ from qprof.archive import schema
 from qprof.archive.model import TcpCounters, TcpRecord, TcpSocket as TcpSocketRecord, Traffic
 from qprof.collectors.netns import netns_id
 from qprof.collectors.tcpinfo import TCP_LISTEN, TcpDiag, TcpSocket
-from qprof.probes.mapsout import Json
+from qprof.jsonvalue import Json
 from qprof.probes.packetio.maps import Windows
 from qprof.probes.sockets import socket_inodes
 

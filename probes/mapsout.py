@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Mapping, TypedDict, Union
+from typing import Iterable, Mapping, TypedDict
 
 from qprof.errors import QprofError
+from qprof.jsonvalue import Json
 from qprof.readlimits import lines, open_regular
 
-# A JSON value as json.loads gives it: what a line holds before its shape is checked
-Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
 
 
 class HistBucket(TypedDict, total=False):
