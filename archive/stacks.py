@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator, NotRequired, TypedDict
 from qprof.archive import schema
 from qprof.archive.model import NEVER_NULL, Scalar
 from qprof.errors import QprofError
+from qprof.jsonvalue import Json
 from qprof.readlimits import lines, open_gzip_text
 
 # Sample times are kept at this grain for the timeline (attribution.timeline): bin = floor(time / BIN_S),
@@ -183,12 +184,12 @@ class DamagedStacks(QprofError):
     """The stacks file does not read back: the reader that knows the run says what can re-create it."""
 
 
-def read_header(path: Path) -> dict[str, Any] | None:
+def _read_header(path: Path) -> dict[str, Json] | None:
     """The header of a stacks file as written, or None (no file, no header: a run folded in one go);
     `stacks_header` reads it typed."""
     try:
         with open_gzip_text(path) as f:
-            obj = json.loads(next(lines(f, path), "null"))
+            obj: Json = json.loads(next(lines(f, path), "null"))
     except FileNotFoundError:
         return None
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -207,7 +208,7 @@ _HEADER = schema.shape_of(StacksHeader)
 def stacks_header(path: Path) -> StacksHeader | None:
     """The header of a stacks file, typed, or None (no file, no header: a run folded in one go); a
     header of another shape is a damaged file."""
-    header = read_header(path)
+    header = _read_header(path)
     if header is None:
         return None
     if not schema.conforms(header, _HEADER):

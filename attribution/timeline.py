@@ -36,7 +36,7 @@ from qprof.attribution.engine import Decision
 from qprof.attribution.profile import Profile
 from qprof.attribution.transfer import Transfer
 from qprof.archive.model import ProcReading
-from qprof.archive.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, read_header
+from qprof.archive.stacks import BIN_S, SAMPLE_CLOCK, StackRecord, StacksHeader, stacks_header
 from qprof.jsonvalue import JsonObject
 from qprof.probes.waits.maps import STATES
 from qprof.probes.waits.series import BIN_NS as SERIES_BIN_NS, WaitSeries
@@ -224,7 +224,7 @@ def build(profile: Profile, builder: TimelineBuilder, readings: list[ProcReading
     aligned = profile.run.meta.sampling.clock == SAMPLE_CLOCK and bool(readings)
     # a long run's bins were merged while folding (collectors.chunks.MAX_BIN_ENTRIES): each kept bin
     # starts at a multiple of the grain
-    grain = max(1, int((read_header(profile.run.stacks_path) or {}).get("bin_grain", 1)))
+    grain = max(1, (stacks_header(profile.run.stacks_path) or StacksHeader()).bin_grain)
     bin_s = BIN_S * grain
     all_bins = [b // grain for per in builder.cpu.values() for b in per]
     # time 0 is the start of the bin holding the first /proc reading (aligned), or the first sample's

@@ -133,12 +133,12 @@ def main() -> int:
         loop.join(120)
     print(f"\nattach exit {att.returncode} {err.strip()[-300:]}; {len(done)} client downloads of 64 MiB "
           f"({sum(1 for d in done if d == 0)} ok)")
-    from qprof.archive.stacks import read_header
+    from qprof.archive.stacks import StacksHeader, stacks_header
 
-    head = read_header(run / "stacks.jsonl.gz") or {}
-    folded = len(head.get("folded", []))
-    print(f"perf data produced: {folded} chunks of 64 MiB folded ({head.get('samples', 0)} samples), "
-          f"~{folded * 64 / args.seconds:.1f} MiB/s; dropped unfolded: {len(head.get('dropped', []))}")
+    head = stacks_header(run / "stacks.jsonl.gz") or StacksHeader()
+    folded = len(head.folded)
+    print(f"perf data produced: {folded} chunks of 64 MiB folded ({head.samples} samples), "
+          f"~{folded * 64 / args.seconds:.1f} MiB/s; dropped unfolded: {len(head.dropped)}")
     final = archive_files(run)
     print("archive at the end: " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sorted(final.items())))
     steady = [r for r in readings if r[0] >= WARMUP_S and r[1] > 0]

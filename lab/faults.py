@@ -92,10 +92,10 @@ def probes_attached(run: Path) -> bool:
 
 
 def chunks_folded(run: Path) -> int:
-    from qprof.archive.stacks import read_header
+    from qprof.archive.stacks import stacks_header
 
     try:
-        return len((read_header(run / "stacks.jsonl.gz") or {}).get("folded", []))
+        return len(head.folded) if (head := stacks_header(run / "stacks.jsonl.gz")) else 0
     except Exception:  # noqa: BLE001  (a stacks file being replaced: try again)
         return 0
 

@@ -24,7 +24,7 @@ from qprof.archive import Run
 from qprof.archive.model import STATUS_COLLECTING, SampleGroup
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
-from qprof.archive.stacks import Sample, StacksHeader, fold, read_header, read_stacks, stacks_header, write_stacks
+from qprof.archive.stacks import Sample, StacksHeader, fold, read_stacks, stacks_header, write_stacks
 from qprof.probes.mapsout import read_maps
 from qprof.probes.children import BACKGROUND_NICE
 from qprof.probes.features import require_perf
@@ -62,12 +62,12 @@ def groups(run: Path) -> list[SampleGroup]:
 
 def test_rotated_and_folded_while_sampling(capture: Path) -> None:
     meta = Run.open(capture).meta
-    head = read_header(capture / "stacks.jsonl.gz")
+    head = stacks_header(capture / "stacks.jsonl.gz")
     raw = [p.name for p in chunk_files(capture, "perf-dwarf.data", include_current=True)]
     assert meta.status == "complete" and meta.chunks is not None and meta.chunks.folded >= 3, meta.chunks
-    assert head is not None and sorted(head["folded"]) == sorted(raw), "every chunk folded once"
+    assert head is not None and sorted(head.folded) == sorted(raw), "every chunk folded once"
     # the target's 8 s of CPU minus what it used before sampling started (qprof's start-up, < 3 s)
-    assert meta.parse is not None and head["samples"] == meta.parse.samples == sum(totals(capture).values()) > 5 * DEFAULT_FREQUENCY * 0.9
+    assert meta.parse is not None and head.samples == meta.parse.samples == sum(totals(capture).values()) > 5 * DEFAULT_FREQUENCY * 0.9
     assert not (capture / "perf-dwarf.data").exists(), "perf renamed its last file too"
 
 
@@ -85,7 +85,7 @@ def test_later_chunks_resolve_symbols_too(capture: Path, tmp_path: Path) -> None
     for c in later:
         shutil.copy(c, run / c.name)
     st = ChunkFolder(require_perf(), run, groups(capture), keep_raw=True).finish()
-    assert read_header(run / "stacks.jsonl.gz")["folded"] == [c.name for c in later], "each chunk folded alone"
+    assert (stacks_header(run / "stacks.jsonl.gz") or StacksHeader()).folded == [c.name for c in later], "each chunk folded alone"
     recs = list(read_stacks(run / "stacks.jsonl.gz"))
     named = sum(r.samples for r in recs if any(sym != "[unknown]" for sym, _ in r.frames))
     # at >= 1000 samples the named share is measured to within 1.4 pp (two binomial standard
@@ -206,8 +206,8 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
     folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=chunks[-1].stat().st_size + 1,
                          status=said.append)
     folder.fold_pass(final=False)
-    head = read_header(run / "stacks.jsonl.gz") or {}
-    assert len(head["dropped"]) == len(chunks) - 1 and head["folded"] == [chunks[-1].name]
+    head = stacks_header(run / "stacks.jsonl.gz") or StacksHeader()
+    assert len(head.dropped) == len(chunks) - 1 and head.folded == [chunks[-1].name]
     assert all(not c.exists() for c in chunks)
     assert any("folding is slower than sampling" in s for s in said)
 
@@ -251,8 +251,8 @@ def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, 
     finally:
         stop.set()
         watcher.join()
-    head = read_header(run / "stacks.jsonl.gz") or {}
-    assert head["folded"] == [c.name for c in chunks] and not head.get("dropped")
+    head = stacks_header(run / "stacks.jsonl.gz") or StacksHeader()
+    assert head.folded == [c.name for c in chunks] and not head.dropped
     # the first chunk folds at the backlog's priority; later ones may catch up below half
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert seen and (own in seen if behind else seen == {min(19, own + BACKGROUND_NICE)})
