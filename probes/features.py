@@ -100,25 +100,28 @@ def bpftrace_problem() -> str | None:
 def tool_version(tool: str) -> str | None:
     """`tool --version`'s version number, or None when the tool is absent or broken."""
     path = shutil.which(tool)
-    if path is None:
-        return None
+    out = version_output(path) if path is not None else ""
+    m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", out)
+    return m.group(1) if m else None
+
+
+def version_output(path: str) -> str:
+    """`path --version`'s standard output ('' when it cannot run), asked once per binary per qprof
+    process (an attach asked perf's, bpftrace's and clang's twice each): another file at the path,
+    or the same one changed, is asked again."""
     try:
         st = os.stat(path)
     except OSError:
-        return None
-    return _version(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return ""
+    return _version_output(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 @lru_cache(maxsize=None)
-def _version(path: str, _identity: tuple[int, int, int, int]) -> str | None:
-    """Asked once per binary per qprof process (an attach asked perf's and bpftrace's twice each):
-    another file at the path, or the same one changed, is asked again."""
+def _version_output(path: str, _identity: tuple[int, int, int, int]) -> str:
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", out)
-    return m.group(1) if m else None
+        return ""
 
 
 def bpftrace_version() -> str | None:

@@ -35,18 +35,18 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TextIO
 
 from qprof.probes import btf
 from qprof.probes.children import ProbeProcess, die_with_parent
+from qprof.probes.features import version_output
 from qprof.probes.fields import NEVER_NULL
 from qprof.probes.group import Unavailable
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "bpf"
-VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+VMLINUX_BTF = Path(btf.VMLINUX_BTF)
 READY = "qprof-ready"
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s390", "riscv64": "riscv"}
 
@@ -54,12 +54,6 @@ _ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s3
 def source_text(package: str, name: str) -> bytes:
     """A group's C source, shipped in its package (e.g. qprof.probes.packetio, packetio)."""
     return resources.files(package).joinpath(f"{name}.bpf.c").read_bytes()
-
-
-@lru_cache(maxsize=None)
-def _clang_version(clang: str) -> str:
-    """clang's first `--version` line (a process: asked once per qprof process, not once per group)."""
-    return subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
 
 
 def build(package: str, name: str, cache: Path = CACHE) -> Path:
@@ -72,7 +66,8 @@ def build(package: str, name: str, cache: Path = CACHE) -> Path:
     if not VMLINUX_BTF.exists():
         raise Unavailable(f"the kernel exposes no BTF at {VMLINUX_BTF} (needs CONFIG_DEBUG_INFO_BTF)")
     src = source_text(package, name)
-    key = hashlib.sha256(src + _clang_version(clang).encode() + btf.digest().encode()).hexdigest()[:16]
+    clang_version = version_output(clang).split("\n")[0]
+    key = hashlib.sha256(src + clang_version.encode() + btf.digest().encode()).hexdigest()[:16]
     obj = cache / f"{name}-{key}.bpf.o"
     if obj.is_file():
         return obj
