@@ -6,11 +6,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # `go tool pprof` reads qprof's pprof export in the tests: Debian's Go only where no Go is installed
 GO_PACKAGE := $(if $(shell command -v go || ls /usr/local/go/bin/go 2>/dev/null),,golang-go)
+# qprof's native folder (collectors/perffold) needs Rust 1.88+: Debian 12's own (1.96, bookworm-security) where
+# no cargo is installed
+RUST_PACKAGES := $(if $(shell command -v cargo || ls $(HOME)/.cargo/bin/cargo 2>/dev/null),,rustc-web cargo-web)
 APT_PACKAGES := linux-perf bpftrace bpftool ngtcp2-server ngtcp2-client openssl gcc libc6-dev libssl-dev iproute2 ethtool \
                 libngtcp2-dev libngtcp2-crypto-gnutls-dev libnghttp3-dev libgnutls28-dev pkg-config \
-                cmake libclang-dev util-linux clang libbpf-dev chromium curl binutils debuginfod $(GO_PACKAGE)
+                cmake libclang-dev util-linux clang libbpf-dev chromium curl binutils debuginfod $(GO_PACKAGE) \
+                $(RUST_PACKAGES)
 
-.PHONY: demo test setup system-deps venv clean
+.PHONY: demo test setup system-deps venv folder clean
 
 demo: setup
 	$(BIN)/qprof demo
@@ -18,7 +22,11 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
-setup: system-deps venv
+setup: system-deps venv folder
+
+# the native folder, built once per source and toolchain (cached under ~/.cache/qprof/perffold)
+folder: venv
+	$(BIN)/python -m qprof.collectors.nativefold
 
 # Installs only the Debian packages that are missing (apt needs root).
 system-deps:

@@ -294,7 +294,8 @@ class ParseSummary:
     samples: int = 0
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
-    perf_script_cpu_s: float | None = None  # what the `perf script` runs used (older archives: not known)
+    perf_script_cpu_s: float | None = None  # what the folder used (older archives: not known)
+    folder: str | None = None  # what read the perf data: perf script, qprof-perffold (older archives: perf script)
 
 
 Scalar = str | int | float | bool | None

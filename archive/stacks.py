@@ -137,7 +137,7 @@ class StacksHeader:
 
 
 class _Line(TypedDict):
-    """A stack record's line as written: a JSON document, read back by _record."""
+    """A stack record's line as written: a JSON document, read back by parse_record."""
 
     pid: int
     tid: int
@@ -241,12 +241,13 @@ def read_stacks(path: Path) -> Iterator[StackRecord]:
                 obj = json.loads(line)
                 if lineno == 1 and isinstance(obj, dict) and HEADER_KEY in obj:
                     continue
-                yield _record(obj, path, lineno)
+                yield parse_record(obj, path, lineno)
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DamagedStacks(f"{path}: damaged stacks file ({e})") from None
 
 
-def _record(obj: object, path: Path, lineno: int) -> StackRecord:
+def parse_record(obj: object, path: Path, lineno: int) -> StackRecord:
+    """A record line, parsed JSON: of a stacks file, or of the native folder's output (its format)."""
     try:
         assert isinstance(obj, dict)
         frames = tuple((str(f[0]), str(f[1])) for f in obj["frames"])

@@ -116,14 +116,14 @@ def _datagrams(pio: PacketIO | None, pid: int) -> float | None:
 
 def observer_cpu(info: Meta, probes: ProbeRecord) -> dict[str, float]:
     """CPU seconds qprof used while observing, everything it ran: its own process (readings,
-    the live panel, folding's Python, writing), perf record, `perf script` (folding), the probe
+    the live panel, folding's Python, writing), perf record, the folder (native or `perf script`), the probe
     loaders. The cost of the run that is not in the targets' samples (the probes' programs are:
     they run in the targets' context)."""
     out = {}
     if info.qprof_cpu_s is not None:
         out["qprof"] = info.qprof_cpu_s
     if info.parse is not None and info.parse.perf_script_cpu_s is not None:
-        out["perf script (folding)"] = info.parse.perf_script_cpu_s
+        out[f"{info.parse.folder or 'perf script'} (folding)"] = info.parse.perf_script_cpu_s
     out.update({f"perf record ({mode})": s for mode, s in info.perf_cpu_s.items() if s is not None})
     out.update({f"probes {name}": p.cpu_s for name, p in probes.programs.items() if p.cpu_s is not None})
     if info.helpers_cpu_s is not None:  # the short ones: version checks, tc, bpftool, the cgroup helper

@@ -5,8 +5,8 @@ perf data on two busy CPUs at the default 499 Hz (24 GB an hour). So perf record
 `--switch-output=SIZE`: when its file reaches SIZE, perf finishes it (header
 written) and renames it perf-<mode>.data.<timestamp>, then starts a new one; a
 timestamped file is therefore complete. A background thread folds each finished
-chunk with the same path as a whole run (collectors.folding: KSYMBOL retyping,
-`perf script` in time slices, streamed folding) into one table of distinct stacks, rewrites stacks.jsonl.gz
+chunk with the same path as a whole run (collectors.folding: KSYMBOL retyping, then the
+native folder, or `perf script` in time slices) into one table of distinct stacks, rewrites stacks.jsonl.gz
 with a header naming the chunks it holds (one atomic rename: a chunk is never
 counted twice), then deletes the chunk unless raw data is kept (--keep-raw). The
 last pass (after perf stopped; `report --refold`) folds every chunk left and
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import archive
-from qprof.collectors.folding import fold_file
+from qprof.collectors.folding import fold_files
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
 from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StacksHeader, add_counts,
@@ -178,20 +178,24 @@ class ChunkFolder:
         waiting = [(p, g) for g in self.groups
                    for p in runfiles.chunk_files(self.out, g.perf_data, include_current=final)
                    if p.name not in self.state.folded and (final or self._pids_known(p))]
+        if final:
+            # the last pass: each group's chunks in one fold, in time order (the native folder reads
+            # kallsyms and the objects' tables once), written once: each write is the whole table, so a
+            # long run's refold paid it per chunk
+            done: list[Path] = []
+            for group in self.groups:
+                paths = [p for p, g in waiting if g is group and p.exists()]
+                if paths:
+                    self._fold_chunks(paths, group, True)
+                    done += paths
+            self._saved(done)
+            return
         waiting.sort(key=lambda pg: pg[0].name)
-        if not final:
-            self._enforce_budget(waiting)
-        done: list[Path] = []
+        self._enforce_budget(waiting)
         for i, (path, group) in enumerate(waiting):
             if path.exists():
-                self._fold_chunk(path, group, final or self._behind(waiting[i:]))
-                done.append(path)
-                if not final:
-                    self._saved(done)
-                    done = []
-        # the last pass (the end of attach, --refold: every chunk at once) writes the stacks file once,
-        # not after each chunk: each write is the whole table, so a long run's refold paid it per chunk
-        self._saved(done)
+                self._fold_chunks([path], group, self._behind(waiting[i:]))
+                self._saved([path])
 
     def _pids_known(self, chunk: Path) -> bool:
         """Whether every target in the chunk is in its group's pids (folding keeps only those): the
@@ -221,26 +225,30 @@ class ChunkFolder:
         the oldest are dropped)."""
         return sum(_size(p) for p, _ in waiting) > self.raw_budget // 2
 
-    def _fold_chunk(self, path: Path, group: SampleGroup, urgent: bool) -> None:
+    def _fold_chunks(self, paths: list[Path], group: SampleGroup, urgent: bool) -> None:
         """`urgent`: at the targets' priority, on every CPU once sampling is over. Otherwise, while
-        sampling goes on, one perf script at the lowest priority: it takes the CPU the targets
-        leave, not theirs (at the same priority it is scheduled against them)."""
-        st = self.state
-        log = self.out / runfiles.perf_log(group.unwind)
-        chunk: dict[StackKey, Slot] = {}  # merged only once the chunk is read: a failure counts nothing
-        stats = ParseStats()
+        sampling goes on, at the lowest priority on one CPU: it takes the CPU the targets leave, not
+        theirs (at the same priority it is scheduled against them). Chunks folded together that fail
+        are folded again one by one, so that a damaged one is named and the others count."""
         background = threading.current_thread() is not threading.main_thread()
         try:
-            part, stats = fold_file(self.perf, path, log, list(group.pids), 1 if background else None,
-                                    group.windows, 0 if urgent else BACKGROUND_NICE)
-            for r in part:
-                add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
+            part, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
+                                     1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
-            st.unreadable.append({"chunk": path.name, "reason": str(e)})
-            self.status(f"warning: {path.name}: {e}")
+            if len(paths) > 1:
+                for path in paths:
+                    self._fold_chunks([path], group, urgent)
+                return
+            self.state.unreadable.append({"chunk": paths[0].name, "reason": str(e)})
+            self.status(f"warning: {paths[0].name}: {e}")
+            part, stats = [], ParseStats()
+        chunk: dict[StackKey, Slot] = {}  # merged only once the chunks are read: a failure counts nothing
+        for r in part:
+            add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
+        st = self.state
         st.merge(chunk)
         st.stats.absorb(stats)
-        st.folded.append(path.name)
+        st.folded += [p.name for p in paths]
         _return_free_memory()
 
     def _saved(self, chunks: list[Path]) -> None:
@@ -289,7 +297,8 @@ def _as_qprof_error(e: BaseException, out: Path) -> BaseException:
 
 def parse_summary(stats: ParseStats) -> ParseSummary:
     """What meta.json says about folding: samples and the lines perf script wrote that were not read."""
-    return ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples), round(stats.script_cpu_s, 3))
+    return ParseSummary(stats.samples, stats.bad_lines, list(stats.bad_examples), round(stats.script_cpu_s, 3),
+                        stats.folder)
 
 
 def summary(state: FoldState) -> ChunkSummary:

@@ -1,4 +1,8 @@
-"""Fold a run's perf data into its stacks file (stacks.jsonl.gz), on every CPU qprof may use.
+"""Fold a run's perf data into its stacks file (stacks.jsonl.gz).
+
+Two folders read the same prepared files (collectors.perfdata.prepare: KSYMBOL records retyped, build-ids
+stamped) and give the same records: qprof's native folder (collectors.nativefold), one process for a
+recorder's consecutive files, used when it is built; else `perf script`, as below.
 
 `perf script` (symbol resolution, DWARF unwinding) is the expensive part of
 turning a capture into stacks, and it is single-threaded. Each perf data file
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from qprof import runfiles
-from qprof.collectors import debuginfo, mapfiles
+from qprof.collectors import debuginfo, mapfiles, nativefold
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats, StreamFolder
@@ -138,11 +142,29 @@ def run_specs(out: Path, groups: list[SampleGroup], jobs: int) -> list[SliceSpec
     return specs
 
 
+def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: int | None = None,
+               windows: PidWindows | None = None, nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
+    """Fold consecutive perf data files of one recorder (a run's chunks, in order): with the native folder
+    one process reads them all (kallsyms and the objects' tables read once); with `perf script`, each
+    file in `jobs` time slices at once."""
+    jobs = default_jobs() if jobs is None else jobs
+    folder = nativefold.chosen()
+    if folder is None:
+        return merge([merge(run_slices(perf, file_specs(d, log, pids, jobs, windows), jobs, nice)) for d in data])
+    for d in data:
+        prepare(d, 1, pids, mapfiles.stamps(d.parent))
+    windows = windows or {}
+    free = [p for p in pids if p not in windows]
+    calls: list[tuple[list[int], Window]] = [(free, (None, None))] if free else []
+    calls += [([p], (w[0], w[1])) for p in pids for w in windows.get(p, [])]
+    root = debuginfo.cache_root()
+    return merge([nativefold.fold(folder, data, ps, root, log, w, nice) for ps, w in calls])
+
+
 def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None,
               windows: PidWindows | None = None, nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
-    """Fold one perf data file (a run's chunk: collectors.chunks) in `jobs` time slices at once."""
-    jobs = default_jobs() if jobs is None else jobs
-    return merge(run_slices(perf, file_specs(data, log, pids, jobs, windows), jobs, nice))
+    """Fold one perf data file (a run's chunk: collectors.chunks)."""
+    return fold_files(perf, [data], log, pids, jobs, windows, nice)
 
 
 def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None = None) -> ParseStats:
@@ -150,8 +172,9 @@ def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None =
 
     `jobs`: perf script processes at once (default: one per usable CPU); 1 runs one
     perf script per file, the plain sequential way."""
-    jobs = default_jobs() if jobs is None else jobs
-    records, stats = merge(run_slices(perf, run_specs(out, groups, jobs), jobs))
+    parts = [fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
+                        out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows) for g in groups]
+    records, stats = merge(parts)
     write_stacks(out / runfiles.STACKS, records)
     return stats
 

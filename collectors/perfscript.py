@@ -80,13 +80,16 @@ class ParseStats:
     samples: int = 0
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
-    script_cpu_s: float = 0.0  # CPU seconds the `perf script` runs that wrote these lines used
+    script_cpu_s: float = 0.0  # CPU seconds the folder used: the `perf script` runs, or the native folder
+    folder: str = "perf script"  # what read the perf data (collectors.nativefold.NAME: the native folder)
 
     def absorb(self, other: "ParseStats") -> None:
         """Add another part's statistics (a slice, a chunk), keeping the first five bad lines."""
         self.samples += other.samples
         self.bad_lines += other.bad_lines
         self.script_cpu_s += other.script_cpu_s
+        if other.samples:
+            self.folder = other.folder
         self.bad_examples.extend(other.bad_examples[:max(0, 5 - len(self.bad_examples))])
 
     def bad(self, line: str) -> None:

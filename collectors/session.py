@@ -397,7 +397,7 @@ class AttachSession:
         meta.perf_cpu_s = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
         mapfiles.keep_jit_maps(out, opts.pids)
-        self.status("resolving symbols and folding stacks (perf script)")
+        self.status("resolving symbols and folding stacks")
         assert self.folder is not None
         self.symbols.add([o.path for t in meta.targets for o in t.objects])
         self.symbols.ready.wait()

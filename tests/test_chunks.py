@@ -138,7 +138,7 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     (run / "stacks.jsonl.gz").unlink()
     folder = ChunkFolder(require_perf(), run, groups(run))
     for c in chunks[:2]:  # as the background passes fold them: each saved, then deleted
-        folder._fold_chunk(c, groups(run)[0], urgent=True)
+        folder._fold_chunks([c], groups(run)[0], urgent=True)
         folder._saved([c])
     assert not chunks[0].exists() and not chunks[1].exists()
     with edited_meta(run) as meta:
@@ -213,7 +213,7 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
 
 
 def _perf_script_niceness(stop: threading.Event, seen: set[int]) -> None:
-    """The niceness of every perf script this process runs, until `stop`."""
+    """The niceness of every folder (perf script or the native one) this process runs, until `stop`."""
     me = str(os.getpid())
     while not stop.is_set():
         for d in os.listdir("/proc"):
@@ -223,7 +223,7 @@ def _perf_script_niceness(stop: threading.Event, seen: set[int]) -> None:
             except OSError:
                 continue
             fields = rest.split()
-            if "(perf" in comm and fields[1] == me:
+            if (comm.endswith("(perf") or "(qprof-perffold" in comm) and fields[1] == me:
                 seen.add(int(fields[16]))
         time.sleep(0.005)
 
@@ -231,7 +231,7 @@ def _perf_script_niceness(stop: threading.Event, seen: set[int]) -> None:
 @pytest.mark.parametrize("behind", [False, True])
 def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, tmp_path: Path,
                                                                  behind: bool) -> None:
-    """While sampling goes on, perf script runs at the lowest priority; with half the raw budget
+    """While sampling goes on, the folder runs at the lowest priority; with half the raw budget
     waiting it runs at the targets' priority to catch up (past the whole budget chunks are lost)."""
     run = tmp_path / "run"
     shutil.copytree(capture, run)

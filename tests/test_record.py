@@ -248,7 +248,7 @@ def test_the_observer_line_counts_everything_attach_ran(kernel_facing: None, tmp
     said = report["observer_cpu_s"]
     total = sum(said.values())
     print(f"\nqprof attach and its children: {kernel:.2f} CPU s; the report: {total:.2f} ({said})")
-    assert {"qprof", "perf script (folding)", "other helper programs"} <= set(said)
+    assert {"qprof", "qprof-perffold (folding)", "other helper programs"} <= set(said)
     assert report["observer_share_of_targets"] > 0, "the share beside the figures, as the terminal prints it"
     # after the last count: the final meta.json, the interpreter's exit (~0.05 s here)
     assert 0.85 * kernel - 0.05 <= total <= kernel + 0.01, (total, kernel)

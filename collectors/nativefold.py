@@ -1,0 +1,178 @@
+"""qprof's native folder (collectors/perffold, Rust): perf data to folded stacks in one process.
+
+Why: `perf script` spends most of a fold formatting text that qprof then parses again; the folder reads
+perf.data itself, unwinds DWARF copies with a caching unwinder (framehop) and names frames where perf
+would, several times faster (bench/native_fold.py measures speed and agreement). Its records are those
+of the stacks file (archive.stacks), so one reader takes them.
+
+It is built from the source shipped beside this module with the machine's cargo, once per source and
+toolchain (`make setup` does it: `python -m qprof.collectors.nativefold`), cached under
+~/.cache/qprof/perffold. Folding never builds it: where it is not built (no cargo, or a source edited
+since) qprof folds with `perf script`, and says so. QPROF_FOLD=perf-script chooses `perf script`
+(comparisons); QPROF_FOLD=native makes a missing folder an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from qprof.archive.stacks import StackRecord, parse_record
+from qprof.collectors.perfscript import ParseStats
+from qprof.errors import QprofError
+from qprof.probes.children import die_with_parent
+from qprof.probes.features import version_output
+
+SOURCE = Path(__file__).resolve().parent / "perffold"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "perffold"
+NAME = "qprof-perffold"
+PERF_SCRIPT = "perf script"
+STATS_KEY = "qprof_perffold"
+Window = tuple[int | None, int | None]
+
+
+class FolderUnavailable(QprofError):
+    """The native folder cannot be built or run here; the message says what is missing."""
+
+
+def cargo() -> str | None:
+    """The machine's cargo: on PATH, else rustup's (~/.cargo/bin, not on root's PATH by default)."""
+    found = shutil.which("cargo")
+    if found is None:
+        home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
+        if os.access(home / "bin" / "cargo", os.X_OK):
+            found = str(home / "bin" / "cargo")
+    return found
+
+
+def _env(cargo_path: str) -> dict[str, str]:
+    """cargo's own directory first on PATH: its rustc, not another toolchain's."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(cargo_path).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["CARGO_TARGET_DIR"] = str(CACHE / "target")
+    return env
+
+
+def _sources() -> list[Path]:
+    return [SOURCE / "Cargo.toml", SOURCE / "Cargo.lock", *sorted((SOURCE / "src").glob("*.rs"))]
+
+
+def key(cargo_path: str) -> str:
+    """The build's identity: the source and the toolchain that compiles it."""
+    h = hashlib.sha256()
+    for p in _sources():
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    rustc = shutil.which("rustc", path=_env(cargo_path)["PATH"]) or "rustc"
+    h.update(version_output(cargo_path).encode() + version_output(rustc).encode())
+    return h.hexdigest()[:16]
+
+
+def built() -> Path | None:
+    """The folder built from this source by this machine's toolchain, if it was built."""
+    c = cargo()
+    if c is None or not SOURCE.is_dir():
+        return None
+    path = CACHE / f"{NAME}-{key(c)}"
+    return path if os.access(path, os.X_OK) else None
+
+
+def build(jobs: int | None = None) -> Path:
+    """Build the folder (once per source and toolchain: ~15 s on 2 CPUs, plus the crates' download the
+    first time); the cached binary."""
+    c = cargo()
+    if c is None:
+        raise FolderUnavailable("cargo not found: install Rust 1.88 or later (Debian 12: apt-get install "
+                                "rustc-web cargo-web) to build qprof's native folder")
+    path = CACHE / f"{NAME}-{key(c)}"
+    if os.access(path, os.X_OK):
+        return path
+    CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    cmd = [c, "build", "--release", "--locked", "--quiet", "-j", str(jobs or os.cpu_count() or 1),
+           "--manifest-path", str(SOURCE / "Cargo.toml")]
+    r = subprocess.run(cmd, env=_env(c), capture_output=True, text=True)
+    if r.returncode != 0:
+        first = next((ln for ln in r.stderr.splitlines() if ln.startswith("error")), r.stderr.strip()[-300:])
+        raise FolderUnavailable(f"building qprof's native folder failed ({c}): {first}")
+    part = path.with_name(path.name + ".part")
+    shutil.copyfile(CACHE / "target" / "release" / NAME, part)
+    part.chmod(0o755)
+    os.replace(part, path)
+    return path
+
+
+def chosen() -> Path | None:
+    """The folder to fold with, or None for `perf script` (QPROF_FOLD, else the native one if built)."""
+    want = os.environ.get("QPROF_FOLD", "")
+    if want == "perf-script":
+        return None
+    found = built()
+    if want == "native" and found is None:
+        raise FolderUnavailable("QPROF_FOLD=native but qprof's native folder is not built for this source: "
+                                "run `make setup` (or python -m qprof.collectors.nativefold)")
+    if want not in ("", "native"):
+        raise QprofError(f"QPROF_FOLD={want!r}: use native or perf-script")
+    return found
+
+
+def command(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, window: Window = (None, None)
+            ) -> list[str]:
+    cmd = [str(folder), "--pids", ",".join(map(str, pids)), "--buildid-dir", str(buildid_dir)]
+    if window != (None, None):
+        cmd += ["--time", ",".join("" if t is None else str(t) for t in window)]
+    return cmd + [str(f) for f in files]
+
+
+def fold(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, log: Path,
+         window: Window = (None, None), nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
+    """One folder run over consecutive perf data files of one recorder (a run's chunks, in order): their
+    records and what it met. Its diagnostics go to `log`, as perf script's do."""
+    with open(log, "ab") as logf:
+        proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=logf, preexec_fn=die_with_parent(signal.SIGKILL, nice))
+    assert proc.stdout is not None
+    recs: list[StackRecord] = []
+    stats = ParseStats(folder=NAME)
+    seen = False
+    try:
+        for lineno, line in enumerate(proc.stdout, 1):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {files[0].name}: {e}") from None
+            if isinstance(obj, dict) and STATS_KEY in obj:
+                seen = True
+                s = obj[STATS_KEY]
+                stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
+                stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
+            else:
+                recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
+    finally:
+        proc.stdout.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    stats.script_cpu_s = usage.ru_utime + usage.ru_stime
+    if rc != 0 or not seen:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {tail[0]}")
+    return recs, stats
+
+
+def main() -> int:
+    """`make setup`: build the folder now, so that no attach falls back to perf script."""
+    try:
+        path = build()
+    except FolderUnavailable as e:
+        print(f"qprof: {e}", file=sys.stderr)
+        return 1
+    print(f"qprof: native folder {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
