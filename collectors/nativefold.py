@@ -63,23 +63,27 @@ def _sources() -> list[Path]:
     return [SOURCE / "Cargo.toml", SOURCE / "Cargo.lock", *sorted((SOURCE / "src").glob("*.rs"))]
 
 
-def key(cargo_path: str) -> str:
-    """The build's identity: the source and the toolchain that compiles it."""
+def source_key() -> str:
+    """The source's identity: what the folder does."""
     h = hashlib.sha256()
     for p in _sources():
         h.update(p.name.encode() + b"\0" + p.read_bytes())
-    rustc = shutil.which("rustc", path=_env(cargo_path)["PATH"]) or "rustc"
-    h.update(version_output(cargo_path).encode() + version_output(rustc).encode())
     return h.hexdigest()[:16]
 
 
+def toolchain_key(cargo_path: str) -> str:
+    """The toolchain's identity: a new one builds the source again."""
+    rustc = shutil.which("rustc", path=_env(cargo_path)["PATH"]) or "rustc"
+    return hashlib.sha256(version_output(cargo_path).encode() + version_output(rustc).encode()).hexdigest()[:8]
+
+
 def built() -> Path | None:
-    """The folder built from this source by this machine's toolchain, if it was built."""
-    c = cargo()
-    if c is None or not SOURCE.is_dir():
+    """The folder built from this source, by any toolchain: found without running one (an attach would
+    pay rustup's proxies, ~25 ms of CPU, to ask versions)."""
+    if not SOURCE.is_dir():
         return None
-    path = CACHE / f"{NAME}-{key(c)}"
-    return path if os.access(path, os.X_OK) else None
+    found = sorted(CACHE.glob(f"{NAME}-{source_key()}-*"), key=lambda p: p.stat().st_mtime)
+    return next((p for p in reversed(found) if os.access(p, os.X_OK) and not p.name.endswith(".part")), None)
 
 
 def build(jobs: int | None = None) -> Path:
@@ -89,7 +93,7 @@ def build(jobs: int | None = None) -> Path:
     if c is None:
         raise FolderUnavailable("cargo not found: install Rust 1.88 or later (Debian 12: apt-get install "
                                 "rustc-web cargo-web) to build qprof's native folder")
-    path = CACHE / f"{NAME}-{key(c)}"
+    path = CACHE / f"{NAME}-{source_key()}-{toolchain_key(c)}"
     if os.access(path, os.X_OK):
         return path
     CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
