@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -131,6 +131,7 @@ class Run:
 
     path: Path
     meta: Meta
+    _held: list[StackRecord] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "Run":
@@ -219,7 +220,14 @@ class Run:
                              f"{self.meta.status}" + (f"; not folded here: {why}" if why else "") +
                              f"); run `qprof report --refold {self.path}` on the host that recorded it")
 
+    def hold_stacks(self, records: list[StackRecord]) -> None:
+        """The records its stacks file holds, as the folder that just wrote it has them: read from here."""
+        self._held = records
+
     def stacks(self) -> Iterator[StackRecord]:
+        if self._held is not None:
+            yield from self._held
+            return
         try:
             yield from read_stacks(self.stacks_path)
         except DamagedStacks as e:

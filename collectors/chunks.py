@@ -36,7 +36,7 @@ from qprof import archive
 from qprof.collectors.folding import fold_files
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
-from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StacksHeader, add_counts,
+from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StackRecord, StacksHeader, add_counts,
                                   foldable_again, read_stacks, records, stacks_header, write_stacks)
 from qprof import runfiles
 from qprof.errors import QprofError
@@ -111,8 +111,11 @@ class FoldState:
         return StacksHeader(self.folded, self.dropped, self.unreadable, self.stats.samples, self.stats.bad_lines,
                             self.stats.bad_examples, round(self.stats.script_cpu_s, 3), self.bin_grain)
 
-    def save(self, path: Path) -> None:
-        write_stacks(path, records(self.acc), self.header())
+    def save(self, path: Path) -> list[StackRecord]:
+        """Write the stacks file; its records, as reading it back gives them."""
+        recs = records(self.acc)
+        write_stacks(path, recs, self.header())
+        return recs
 
 
 class ChunkFolder:
@@ -134,6 +137,7 @@ class ChunkFolder:
         self.targets_seen: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.written: list[StackRecord] | None = None  # the records of the stacks file this folder last wrote
         self.error: BaseException | None = None
 
     # -- the background pass
@@ -263,7 +267,7 @@ class ChunkFolder:
                 path.unlink(missing_ok=True)
 
     def _save(self) -> None:
-        self.state.save(self.out / runfiles.STACKS)
+        self.written = self.state.save(self.out / runfiles.STACKS)
 
 
 _malloc_trim: Callable[[int], int] | None  # glibc's malloc_trim(pad): 1 when memory went back to the system
@@ -307,10 +311,11 @@ def summary(state: FoldState) -> ChunkSummary:
 
 
 def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[str], None] | None = None
-           ) -> ParseStats:
+           ) -> tuple[ParseStats, list[StackRecord] | None]:
     """`report --refold`: fold what is raw. From scratch when every folded chunk is still on
     disk (a --keep-raw run, or a run folded in one piece); on top of the stacks file otherwise,
-    adding only the chunks it does not hold (a run cut short). Raw data is kept."""
+    adding only the chunks it does not hold (a run cut short). Raw data is kept. With the statistics, the
+    records written (None: nothing was left to fold), so that a report need not read them back."""
     stacks = out / runfiles.STACKS
     raw = set(archive.raw_chunks(out, groups))
     try:  # from scratch when that re-creates the file whole: it replaces a damaged one too
@@ -319,4 +324,5 @@ def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[st
         raise QprofError(f"{e}; {NO_RAW}") from None
     folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)
     archive.release_space(out)  # left by a run that was killed
-    return folder.finish()
+    stats = folder.finish()
+    return stats, folder.written

@@ -151,14 +151,45 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
     folder = nativefold.chosen()
     if folder is None:
         return merge([merge(run_slices(perf, file_specs(d, log, pids, jobs, windows), jobs, nice)) for d in data])
-    for d in data:
-        prepare(d, 1, pids, mapfiles.stamps(d.parent))
+    for d in data:  # the folder reads KSYMBOL records; build-ids a target's mapping needs are stamped
+        stamps = mapfiles.stamps(d.parent)
+        if stamps:
+            prepare(d, 1, pids, stamps)
     windows = windows or {}
     free = [p for p in pids if p not in windows]
     calls: list[tuple[list[int], Window]] = [(free, (None, None))] if free else []
     calls += [([p], (w[0], w[1])) for p in pids for w in windows.get(p, [])]
     root = debuginfo.cache_root()
-    return merge([nativefold.fold(folder, data, ps, root, log, w, nice) for ps, w in calls])
+    # all started, then read in order: a folder writes its records once it has read its files
+    running: list[nativefold.Running] = []
+    try:
+        for ps, w in calls:
+            running += [nativefold.Running(folder, part, ps, root, log, w, nice) for part in split_files(data, jobs)]
+        return merge([r.collect() for r in running])
+    finally:
+        for r in running:
+            r.kill()
+
+
+def split_files(data: list[Path], parts: int) -> list[list[Path]]:
+    """Consecutive files in at most `parts` runs of about equal size, in order: one folder process each
+    (a chunk holds the mappings of its processes: perf writes them again at every switch), at the
+    price of reading kallsyms and the objects' tables once more per process (~60 ms)."""
+    parts = max(1, min(parts, len(data)))
+    sizes = [_size(d) for d in data]
+    out: list[list[Path]] = [[] for _ in range(parts)]
+    total, acc = sum(sizes) or 1, 0
+    for d, n in zip(data, sizes):
+        out[min(parts - 1, (2 * acc + n) * parts // (2 * total))].append(d)  # by its middle
+        acc += n
+    return [o for o in out if o]
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None,

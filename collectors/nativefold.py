@@ -132,39 +132,54 @@ def command(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path,
     return cmd + [str(f) for f in files]
 
 
-def fold(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, log: Path,
-         window: Window = (None, None), nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
-    """One folder run over consecutive perf data files of one recorder (a run's chunks, in order): their
-    records and what it met. Its diagnostics go to `log`, as perf script's do."""
-    with open(log, "ab") as logf:
-        proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=logf, preexec_fn=die_with_parent(signal.SIGKILL, nice))
-    assert proc.stdout is not None
-    recs: list[StackRecord] = []
-    stats = ParseStats(folder=NAME)
-    seen = False
-    try:
-        for lineno, line in enumerate(proc.stdout, 1):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {files[0].name}: {e}") from None
-            if isinstance(obj, dict) and STATS_KEY in obj:
-                seen = True
-                s = obj[STATS_KEY]
-                stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
-                stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
-            else:
-                recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
-    finally:
-        proc.stdout.close()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = rc = os.waitstatus_to_exitcode(status)
-    stats.script_cpu_s = usage.ru_utime + usage.ru_stime
-    if rc != 0 or not seen:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {tail[0]}")
-    return recs, stats
+class Running:
+    """A folder process over consecutive perf data files of one recorder (a run's chunks, in order)."""
+
+    def __init__(self, folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, log: Path,
+                 window: Window = (None, None), nice: int = 0) -> None:
+        self.files, self.log = files, log
+        with open(log, "ab") as logf:  # its diagnostics, as perf script's
+            self.proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=logf,
+                                         preexec_fn=die_with_parent(signal.SIGKILL, nice))
+
+    def collect(self) -> tuple[list[StackRecord], ParseStats]:
+        """Its records and what it met, once it ends."""
+        proc, files = self.proc, self.files
+        assert proc.stdout is not None
+        recs: list[StackRecord] = []
+        stats = ParseStats(folder=NAME)
+        seen = False
+        try:
+            for lineno, line in enumerate(proc.stdout, 1):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {files[0].name}: {e}") from None
+                if isinstance(obj, dict) and STATS_KEY in obj:
+                    seen = True
+                    s = obj[STATS_KEY]
+                    stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
+                    stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
+                else:
+                    recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
+        finally:
+            proc.stdout.close()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        stats.script_cpu_s = usage.ru_utime + usage.ru_stime
+        if rc != 0 or not seen:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {tail[0]}")
+        return recs, stats
+
+    def kill(self) -> None:
+        """Gone, whatever happened (a no-op once collected)."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.proc.wait()
 
 
 def main() -> int:

@@ -502,7 +502,9 @@ def _refold(run: "Run") -> None:
     from qprof.collectors import chunks, functions
     from qprof.probes.features import require_perf
 
-    stats = chunks.refold(require_perf(), run.path, run.meta.sampling.groups)
+    stats, written = chunks.refold(require_perf(), run.path, run.meta.sampling.groups)
+    if written is not None:
+        run.hold_stacks(written)  # what the file now holds: not parsed back
     run.meta.parse = chunks.parse_summary(stats)
     run.save_meta()
     if not (run.path / runfiles.FUNCTIONS).exists():  # a run cut before its end recorded them

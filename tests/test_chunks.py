@@ -96,9 +96,11 @@ def test_later_chunks_resolve_symbols_too(capture: Path, tmp_path: Path) -> None
 def test_refold_from_scratch_matches(capture: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(capture, run)
-    r = qprof("report", "--refold", str(run), "--format", "json")
+    r = qprof("report", "--refold", str(run), "--format", "json", "--timeline")
     assert "refolded" in r.stderr
     assert totals(run) == totals(capture)
+    # the refold's report takes the records it wrote without reading them back: the file's report
+    assert r.stdout == qprof("report", str(run), "--format", "json", "--timeline").stdout
 
 
 def test_a_damaged_stacks_file_says_refold_and_refold_re_creates_it(capture: Path, tmp_path: Path) -> None:

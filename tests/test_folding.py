@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from conftest import capture_ngtcp2, examples
 from qprof.collectors import debuginfo, nativefold, perfdata
 from qprof.archive import Run
-from qprof.collectors.folding import SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, time_slices
+from qprof.collectors.folding import (SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, split_files,
+                                     time_slices)
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfscript import ParseStats, StreamFolder
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks
@@ -138,6 +139,24 @@ def test_prepare_without_a_common_time_field_does_not_cut(tmp_path: Path) -> Non
     f.write_bytes(b"not perf data at all, but long enough for a header" * 3)
     with pytest.raises(QprofError, match="not a perf.data file"):
         perfdata.prepare(f, 2)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.integers(0, 5000), max_size=12), st.integers(1, 6))
+def test_split_files_keeps_every_file_once_in_order(sizes: list[int], parts: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, n in enumerate(sizes):
+            f = Path(tmp) / f"c{i:02d}"
+            f.write_bytes(b"x" * n)
+            files.append(f)
+        runs = split_files(files, parts)
+        assert [f for r in runs for f in r] == files and all(runs) and len(runs) <= parts
+        if len(files) >= parts and sum(sizes) and min(sizes) > 0:
+            # no run is more than its fair share plus one file
+            assert max(sum(f.stat().st_size for f in r) for r in runs) <= sum(sizes) / parts + max(sizes)
 
 
 # ---------------------------------------------------------------- real captures

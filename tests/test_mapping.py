@@ -72,6 +72,9 @@ def test_shipped_files_load() -> None:
         for r in f.rules:
             assert r.transparent or r.category in CATEGORIES or (r.category is None and r.subcategory)
             assert re.fullmatch(r"mappings/[\w.-]+\.toml:\d+", r.source)
+            for pat in (r.symbol, r.dso, r.within):  # compiled at their first search: each one compiles
+                if pat is not None:
+                    pat.search("")
         if f.kind in ("library", "stack"):
             assert f.detect_dso or f.detect_symbol
 
