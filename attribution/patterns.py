@@ -21,7 +21,6 @@ The `regex` module's default (VERSION0) syntax is Python's `re` syntax.
 
 from __future__ import annotations
 
-import re
 import re._constants as C  # noqa: N812  (sre opcodes: what a pattern parses into)
 import re._parser as sre
 from typing import Any
@@ -109,8 +108,7 @@ class BoundedPattern:
 
     def __init__(self, pattern: str, where: str = "") -> None:
         """`where` (file:line: `key`) names the pattern in a timeout error."""
-        # the stdlib parser gives the usual syntax errors (and its tree for the shape check)
-        re.compile(pattern)
+        # the stdlib parser gives the usual syntax errors, and its tree the shape check
         check_pattern(pattern)
         self.pattern, self.where = pattern, where
         # compiled at its first search: the shipped mappings hold ~450 patterns and a run meets the few
