@@ -8,8 +8,8 @@ of the stacks file (archive.stacks), so one reader takes them.
 It is built from the source shipped beside this module with the machine's cargo, once per source and
 toolchain (`make setup` does it: `python -m qprof.collectors.nativefold`), cached under
 ~/.cache/qprof/perffold. Folding never builds it: where it is not built (no cargo, or a source edited
-since) qprof folds with `perf script`, and says so. QPROF_FOLD=perf-script chooses `perf script`
-(comparisons); QPROF_FOLD=native makes a missing folder an error.
+since) qprof folds with `perf script`. QPROF_FOLD=perf-script chooses `perf script` (comparisons);
+QPROF_FOLD=native makes a missing folder an error; QPROF_FOLDER names another build of the folder.
 """
 
 from __future__ import annotations
@@ -111,10 +111,17 @@ def build(jobs: int | None = None) -> Path:
 
 
 def chosen() -> Path | None:
-    """The folder to fold with, or None for `perf script` (QPROF_FOLD, else the native one if built)."""
+    """The folder to fold with, or None for `perf script` (QPROF_FOLD, else the native one if built;
+    QPROF_FOLDER names another build of it, or a program that runs it)."""
     want = os.environ.get("QPROF_FOLD", "")
     if want == "perf-script":
         return None
+    other = os.environ.get("QPROF_FOLDER")
+    if other:
+        if not os.access(other, os.X_OK):
+            raise FolderUnavailable(f"QPROF_FOLDER={other} is not an executable file: unset it, or name the "
+                                    f"{NAME} program")
+        return Path(other)
     found = built()
     if want == "native" and found is None:
         raise FolderUnavailable("QPROF_FOLD=native but qprof's native folder is not built for this source: "
@@ -163,6 +170,9 @@ class Running:
                     stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
                 else:
                     recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
+        except BaseException:  # a bad line, or an interrupt (a second Ctrl-C): it is not waited for
+            proc.kill()
+            raise
         finally:
             proc.stdout.close()
             _, status, usage = os.wait4(proc.pid, 0)

@@ -32,7 +32,7 @@ from qprof import runfiles
 from qprof.version import __version__
 from qprof import archive
 from qprof.archive.identity import is_alive, process_identity
-from qprof.collectors import chunks, debuginfo, elf, functions, mapfiles, netstat, procfs, sysinfo
+from qprof.collectors import chunks, debuginfo, elf, functions, mapfiles, nativefold, netstat, procfs, sysinfo
 from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
@@ -397,7 +397,7 @@ class AttachSession:
         meta.perf_cpu_s = {r.unwind: r.cpu_s for r in self.recorders}
         self._release_cgroups()
         mapfiles.keep_jit_maps(out, opts.pids)
-        self.status("resolving symbols and folding stacks")
+        self.status("resolving symbols and folding stacks" + _folder_note())
         assert self.folder is not None
         self.symbols.add([o.path for t in meta.targets for o in t.objects])
         self.symbols.ready.wait()
@@ -657,6 +657,18 @@ class AttachSession:
             if status == STATUS_COMPLETE:
                 raise
             # meta.json keeps "collecting" with a collector that is gone: readers see "incomplete"
+
+
+def _folder_note() -> str:
+    """What folds, when it is not qprof's own folder: the user should know it is the slow way."""
+    try:
+        if nativefold.chosen() is not None:
+            return ""
+    except QprofError as e:  # QPROF_FOLD/QPROF_FOLDER refused: the fold says it again, and fails
+        return f" ({e})"
+    if os.environ.get("QPROF_FOLD") == "perf-script":
+        return " (perf script: QPROF_FOLD)"
+    return " (perf script: qprof's native folder is not built; `make setup` builds it)"
 
 
 IDLE_CORES = 0.02  # a target using less than this share of a core, moving no bytes, is idle

@@ -186,9 +186,11 @@ class FaultRig:
         return p
 
     def attach(self, pids: list[int], run: Path, *args: str, path: str | None = None,
-               quiet: bool = True, wrap: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-        """`qprof attach` (run by `wrap`, e.g. `timeout`, when given) as a session leader."""
-        env = {**os.environ, **({"PATH": path} if path else {})}
+               quiet: bool = True, wrap: tuple[str, ...] = (), env: dict[str, str] | None = None
+               ) -> subprocess.Popen[str]:
+        """`qprof attach` (run by `wrap`, e.g. `timeout`, when given) as a session leader; `env`: more
+        environment."""
+        env = {**os.environ, **({"PATH": path} if path else {}), **(env or {})}
         cmd = [*wrap, *QPROF, "attach", *map(str, pids), "-o", str(run), *(["-q"] if quiet else []), *args]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
@@ -505,13 +507,28 @@ def case_stop_delivered_twice(rig: FaultRig) -> CaseResult:
     return _ends_complete(att, run, "interrupted (SIGINT)")
 
 
-# `perf script` (the final fold) starts FOLD_DELAY_S late: the same process sleeps, then execs the real
-# perf, so nothing outlives it when qprof kills it. A fold of real samples takes ~0.5 s here, about
-# when a person's second Ctrl-C may come (REPEAT_WINDOW_S): without the delay the case raced it.
+# The final fold starts FOLD_DELAY_S late: the folder's process (qprof's native folder, or `perf script`
+# where it is not built) sleeps, then execs the real one, so nothing outlives it when qprof kills it.
+# A fold of real samples takes 0.1-0.5 s here, about when a person's second Ctrl-C may come
+# (REPEAT_WINDOW_S): without the delay the case raced it.
 FOLD_DELAY_S = 5
+_SLEEP_EXEC = 'exec python3 -c "import os, sys, time; time.sleep(%d); os.execv(sys.argv[1], sys.argv[1:])"' % FOLD_DELAY_S
 # The subcommand comes first or after `--buildid-dir DIR` (the fold reads qprof's symbol cache).
-SLOW_SCRIPT = ('case " $1 $3 " in *" script "*) exec python3 -c "import os, sys, time; time.sleep(%d); '
-               'os.execv(sys.argv[1], sys.argv[1:])" "$REAL" "$@";; esac' % FOLD_DELAY_S)
+SLOW_SCRIPT = f'case " $1 $3 " in *" script "*) {_SLEEP_EXEC} "$REAL" "$@";; esac'
+
+
+def slow_folder(rig: FaultRig) -> tuple[str, dict[str, str]]:
+    """PATH and environment under which every fold starts FOLD_DELAY_S late, whichever folder runs."""
+    from qprof.collectors import nativefold
+
+    env = {}
+    real = nativefold.built()
+    if real is not None:
+        w = rig.root / "slow-perffold"
+        w.write_text(f'#!/bin/sh\n{_SLEEP_EXEC} "{real}" "$@"\n')
+        w.chmod(0o755)
+        env["QPROF_FOLDER"] = str(w)
+    return rig.wrapper_path("perf-slow-fold", "perf", SLOW_SCRIPT), env
 
 
 def case_second_ctrl_c(rig: FaultRig) -> CaseResult:
@@ -520,8 +537,9 @@ def case_second_ctrl_c(rig: FaultRig) -> CaseResult:
 
     t = rig.target()
     run = rig.root / "run"
+    path, env = slow_folder(rig)
     att = rig.attach([t.pid], run, "-d", "60", "--unwind", "dwarf", "--chunk-size", "1G", quiet=False,
-                     path=rig.wrapper_path("perf-slow-fold", "perf", SLOW_SCRIPT))
+                     path=path, env=env)
     lines, reader = _stderr_reader(att)
     _wait_probes(run, att)
     time.sleep(2)  # samples, in one chunk folded at the end

