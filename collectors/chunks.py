@@ -5,8 +5,8 @@ perf data on two busy CPUs at the default 499 Hz (24 GB an hour). So perf record
 `--switch-output=SIZE`: when its file reaches SIZE, perf finishes it (header
 written) and renames it perf-<mode>.data.<timestamp>, then starts a new one; a
 timestamped file is therefore complete. A background thread folds each finished
-chunk with the same path as a whole run (collectors.folding: KSYMBOL retyping, then the
-native folder, or `perf script` in time slices) into one table of distinct stacks, rewrites stacks.jsonl.gz
+chunk with the same path as a whole run (collectors.folding: the native folder, or `perf script`
+in time slices) into one table of distinct stacks, rewrites stacks.jsonl.gz
 with a header naming the chunks it holds (one atomic rename: a chunk is never
 counted twice), then deletes the chunk unless raw data is kept (--keep-raw). The
 last pass (after perf stopped; `report --refold`) folds every chunk left and
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import archive
-from qprof.collectors.folding import fold_files
+from qprof.collectors.folding import file_size, fold_files
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
 from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StackRecord, StacksHeader, add_counts,
@@ -212,7 +212,7 @@ class ChunkFolder:
             return True  # dropped meanwhile: the pass skips it
 
     def _enforce_budget(self, waiting: list[tuple[Path, SampleGroup]]) -> None:
-        sizes = {p: _size(p) for p, _ in waiting}
+        sizes = {p: file_size(p) for p, _ in waiting}
         total = sum(sizes.values())
         while total > self.raw_budget and len(waiting) > 1:
             path, _ = waiting.pop(0)
@@ -227,7 +227,7 @@ class ChunkFolder:
     def _behind(self, waiting: list[tuple[Path, SampleGroup]]) -> bool:
         """Folding must keep up now: the chunks waiting fill half the raw budget (past all of it
         the oldest are dropped)."""
-        return sum(_size(p) for p, _ in waiting) > self.raw_budget // 2
+        return sum(file_size(p) for p, _ in waiting) > self.raw_budget // 2
 
     def _fold_chunks(self, paths: list[Path], group: SampleGroup, urgent: bool) -> None:
         """`urgent`: at the targets' priority, on every CPU once sampling is over. Otherwise, while
@@ -283,13 +283,6 @@ def _return_free_memory() -> None:
     malloc_trim hands it back: RSS then follows what is live (the distinct stacks)."""
     if _malloc_trim is not None:
         _malloc_trim(0)
-
-
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
 
 
 def _as_qprof_error(e: BaseException, out: Path) -> BaseException:

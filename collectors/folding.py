@@ -1,8 +1,9 @@
 """Fold a run's perf data into its stacks file (stacks.jsonl.gz).
 
-Two folders read the same prepared files (collectors.perfdata.prepare: KSYMBOL records retyped, build-ids
-stamped) and give the same records: qprof's native folder (collectors.nativefold), one process for a
-recorder's consecutive files, used when it is built; else `perf script`, as below.
+Two folders give the same records: qprof's native folder (collectors.nativefold), one process per CPU
+over a recorder's consecutive files, used when it is built; else `perf script`, as below. Each reads a
+file as collectors.perfdata.prepare leaves it: with the build-ids of the mappings qprof stamped (both), and
+with KSYMBOL records retyped (perf script only: the folder reads them).
 
 `perf script` (symbol resolution, DWARF unwinding) is the expensive part of
 turning a capture into stacks, and it is single-threaded. Each perf data file
@@ -176,7 +177,7 @@ def split_files(data: list[Path], parts: int) -> list[list[Path]]:
     (a chunk holds the mappings of its processes: perf writes them again at every switch), at the
     price of reading kallsyms and the objects' tables once more per process (~60 ms)."""
     parts = max(1, min(parts, len(data)))
-    sizes = [_size(d) for d in data]
+    sizes = [file_size(d) for d in data]
     out: list[list[Path]] = [[] for _ in range(parts)]
     total, acc = sum(sizes) or 1, 0
     for d, n in zip(data, sizes):
@@ -185,24 +186,19 @@ def split_files(data: list[Path], parts: int) -> list[list[Path]]:
     return [o for o in out if o]
 
 
-def _size(p: Path) -> int:
+def file_size(p: Path) -> int:
+    """Its size; 0 when it is gone (a chunk dropped or folded meanwhile)."""
     try:
         return p.stat().st_size
     except OSError:
         return 0
 
 
-def fold_file(perf: str, data: Path, log: Path, pids: list[int], jobs: int | None = None,
-              windows: PidWindows | None = None, nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
-    """Fold one perf data file (a run's chunk: collectors.chunks)."""
-    return fold_files(perf, [data], log, pids, jobs, windows, nice)
-
-
 def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None = None) -> ParseStats:
     """Symbolise and fold every perf data file of a run into its stacks file.
 
-    `jobs`: perf script processes at once (default: one per usable CPU); 1 runs one
-    perf script per file, the plain sequential way."""
+    `jobs`: folder processes at once (default: one per usable CPU); 1 runs one process per
+    recorder (the native folder) or per file (perf script), the plain sequential way."""
     parts = [fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
                         out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows) for g in groups]
     records, stats = merge(parts)

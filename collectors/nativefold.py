@@ -21,18 +21,19 @@ import shutil
 import signal
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from qprof.archive.stacks import StackRecord, parse_record
+from qprof.cachefiles import CACHE_HOME
 from qprof.collectors.perfscript import ParseStats
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
 from qprof.probes.features import version_output
 
 SOURCE = Path(__file__).resolve().parent / "perffold"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "perffold"
+CACHE = CACHE_HOME / "perffold"
 NAME = "qprof-perffold"
-PERF_SCRIPT = "perf script"
 STATS_KEY = "qprof_perffold"
 Window = tuple[int | None, int | None]
 
@@ -63,8 +64,9 @@ def _sources() -> list[Path]:
     return [SOURCE / "Cargo.toml", SOURCE / "Cargo.lock", *sorted((SOURCE / "src").glob("*.rs"))]
 
 
+@lru_cache(maxsize=1)
 def source_key() -> str:
-    """The source's identity: what the folder does."""
+    """The source's identity: what the folder does (read once a process: every fold asks)."""
     h = hashlib.sha256()
     for p in _sources():
         h.update(p.name.encode() + b"\0" + p.read_bytes())
@@ -114,6 +116,8 @@ def chosen() -> Path | None:
     """The folder to fold with, or None for `perf script` (QPROF_FOLD, else the native one if built;
     QPROF_FOLDER names another build of it, or a program that runs it)."""
     want = os.environ.get("QPROF_FOLD", "")
+    if want not in ("", "native", "perf-script"):
+        raise QprofError(f"QPROF_FOLD={want!r}: use native or perf-script")
     if want == "perf-script":
         return None
     other = os.environ.get("QPROF_FOLDER")
@@ -126,8 +130,6 @@ def chosen() -> Path | None:
     if want == "native" and found is None:
         raise FolderUnavailable("QPROF_FOLD=native but qprof's native folder is not built for this source: "
                                 "run `make setup` (or python -m qprof.collectors.nativefold)")
-    if want not in ("", "native"):
-        raise QprofError(f"QPROF_FOLD={want!r}: use native or perf-script")
     return found
 
 

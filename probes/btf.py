@@ -15,18 +15,17 @@ starts, and only the types asked about are decoded. That takes ~0.2 s for a
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, TypeVar, cast
 
+from qprof.cachefiles import CACHE_HOME, read_json, write_json
+
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 # Answers about the running kernel's BTF, one file per BTF digest (see `remembered`)
-FACTS_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "btf"
+FACTS_DIR = CACHE_HOME / "btf"
 Answer = TypeVar("Answer")
 _MAGIC = 0xEB9F
 # kind -> bytes that follow the 12-byte common record: fixed, and per vlen item
@@ -198,13 +197,13 @@ def digest() -> str:
     return h.hexdigest()
 
 
+def _answers_file() -> Path:
+    return FACTS_DIR / f"{digest()[:32]}.json"
+
+
 @lru_cache(maxsize=1)
 def _answers() -> dict[str, object]:
-    try:
-        data = json.loads((FACTS_DIR / f"{digest()[:32]}.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json(_answers_file())
 
 
 def remembered(question: str, learn: Callable[[], Answer]) -> Answer:
@@ -219,14 +218,7 @@ def remembered(question: str, learn: Callable[[], Answer]) -> Answer:
     if question in answers:
         return cast(Answer, answers[question])  # written below from learn()'s answer to this question
     answer = answers[question] = learn()
-    try:
-        FACTS_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".answers-", dir=FACTS_DIR)
-        with os.fdopen(fd, "w") as f:
-            json.dump(answers, f)
-        os.replace(tmp, FACTS_DIR / f"{digest()[:32]}.json")
-    except OSError:
-        pass
+    write_json(_answers_file(), answers)
     return answer
 
 

@@ -6,7 +6,6 @@ clear line, not a perf error deep in a log.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from qprof.cachefiles import CACHE_HOME, read_json, write_json
 from qprof.errors import QprofError
 
 CAP_SYS_PTRACE = 19
@@ -106,7 +106,7 @@ def tool_version(tool: str) -> str | None:
     return m.group(1) if m else None
 
 
-VERSIONS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "versions.json"
+VERSIONS = CACHE_HOME / "versions.json"
 
 
 def version_output(path: str) -> str:
@@ -124,7 +124,7 @@ def version_output(path: str) -> str:
 @lru_cache(maxsize=None)
 def _version_output(path: str, identity: tuple[int, int, int, int]) -> str:
     key = f"{path}:{':'.join(map(str, identity))}"
-    known = _remembered()
+    known = read_json(VERSIONS)
     if isinstance(known.get(key), str):
         return str(known[key])
     try:
@@ -134,27 +134,8 @@ def _version_output(path: str, identity: tuple[int, int, int, int]) -> str:
     if r.returncode == 0:
         known = {k: v for k, v in known.items() if not k.startswith(path + ":")}  # its older identities
         known[key] = r.stdout
-        _remember(known)
+        write_json(VERSIONS, known)
     return r.stdout
-
-
-def _remembered() -> dict[str, object]:
-    try:
-        doc = json.loads(VERSIONS.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _remember(known: dict[str, object]) -> None:
-    """Written whole and renamed: a reader sees the old file or the new one. A cache: a failure is no error."""
-    try:
-        VERSIONS.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        part = VERSIONS.with_name(f"{VERSIONS.name}.{os.getpid()}.part")
-        part.write_text(json.dumps(known))
-        os.replace(part, VERSIONS)
-    except OSError:
-        pass
 
 
 def bpftrace_version() -> str | None:

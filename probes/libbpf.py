@@ -39,13 +39,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TextIO
 
+from qprof.cachefiles import CACHE_HOME
 from qprof.probes import btf
 from qprof.probes.children import ProbeProcess, die_with_parent
 from qprof.probes.features import version_output
 from qprof.probes.fields import NEVER_NULL
 from qprof.probes.group import Unavailable
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qprof" / "bpf"
+CACHE = CACHE_HOME / "bpf"
 VMLINUX_BTF = Path(btf.VMLINUX_BTF)
 READY = "qprof-ready"
 _ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s390", "riscv64": "riscv"}

@@ -19,7 +19,6 @@ from qprof.jsonvalue import Json
 from qprof.readlimits import lines, open_regular
 
 
-
 class HistBucket(TypedDict, total=False):
     """One bucket of a histogram map, as bpftrace prints it."""
 

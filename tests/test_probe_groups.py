@@ -75,7 +75,7 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
 # the viewer read it, and neither side imports the other. identity sits with it: the one live /proc
 # question the archive reader asks (whether a run's collector still lives); every other /proc read is
 # a collector's (collectors.procfs).
-SHARED = {"qprof.errors", "qprof.jsonvalue", "qprof.readlimits", "qprof.runfiles", "qprof.version"}  # leaves every layer uses
+SHARED = {"qprof.cachefiles", "qprof.errors", "qprof.jsonvalue", "qprof.readlimits", "qprof.runfiles", "qprof.version"}  # leaves every layer uses
 LAYERS = ("probes", "collectors", "archive", "attribution", "viewer", "qprof")
 MAY_IMPORT = {
     "probes": {"probes"},

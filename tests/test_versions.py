@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from qprof.cachefiles import read_json
 from qprof.probes import features
 
 
@@ -31,7 +32,7 @@ def test_version_is_remembered_by_the_files_identity(tmp_path: Path, monkeypatch
     os.utime(t, ns=(1, 1))
     features._version_output.cache_clear()
     assert features.version_output(str(t)) == "tool 2.0\n" and asked(t) == 2
-    assert len(features._remembered()) == 1, "the older identity is forgotten"
+    assert len(read_json(features.VERSIONS)) == 1, "the older identity is forgotten"
 
 
 def test_a_damaged_cache_is_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

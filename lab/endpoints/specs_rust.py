@@ -28,6 +28,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from qprof.collectors import nativefold
+
 from .build import HERE, BuildError, BuildUnavailable, EndpointSpec, cache_root, register
 
 RUSTFLAGS = "-C force-frame-pointers=yes"
@@ -44,11 +46,7 @@ def _run(cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = N
 
 
 def _cargo() -> str:
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
-        if os.access(home / "bin" / "cargo", os.X_OK):
-            cargo = str(home / "bin" / "cargo")
+    cargo = nativefold.cargo()  # the one qprof builds its own folder with
     if cargo is None:
         raise BuildUnavailable("cargo not found: install Rust (rustup) or put cargo on PATH")
     return cargo
