@@ -17,12 +17,22 @@ PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 
 
 def read_proc(path: str) -> str | None:
-    """A /proc (or /sys) file's text; None when it cannot be read (the process is gone, no such file)."""
+    """A /proc (or /sys) file's text; None when it cannot be read (the process is gone, no such file).
+    Read with bare read(2)s: the collector reads ~4 files per target thread 4 times a second, and a
+    text-mode open() (its buffer and decoder objects) cost more than the kernel's formatting."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    parts = []
+    try:
+        while chunk := os.read(fd, 65536):
+            parts.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(parts).decode("utf-8", "replace")
 
 
 def stat_fields(stat: str) -> tuple[str, list[str]]:

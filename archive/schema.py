@@ -49,6 +49,17 @@ class T(Of):
         names: dict[type | None, str] = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
                                          None: "null"}
         self.desc = " or ".join(names[t] for t in types)
+        # exact types accepted without more: a float (any number) is also one written as an integer
+        exact = {type(None) if t is None else t for t in types}
+        self._exact = frozenset(exact | ({int} if float in exact else set()))
+
+    def ok(self, value: Any) -> bool:
+        """The common case fast (a value of exactly one of the types, as json.loads makes them);
+        anything else is asked of `check`, which also takes subclasses."""
+        kind = type(value)
+        if kind in self._exact:
+            return kind is not float or math.isfinite(value)
+        return self.check(value, "") is None
 
     def check(self, value: Any, where: str) -> str | None:
         for t in self.types:
@@ -84,6 +95,8 @@ class List(Of):
     def check(self, value: Any, where: str) -> str | None:
         if not isinstance(value, list) or (self.length is not None and len(value) != self.length):
             return f"{where} must be {self.desc}"
+        if isinstance(self.item, T) and all(map(self.item.ok, value)):  # lists of numbers: most of a reading
+            return None
         for i, v in enumerate(value):
             bad = self.item.check(v, f"{where}[{i}]")
             if bad:
@@ -308,19 +321,40 @@ def _decoder(hint: Any) -> Callable[[Any], Any]:
     raise TypeError(f"cannot decode {hint!r}")
 
 
+_PLANS: dict[type, tuple[tuple[str, bool, bool], ...]] = {}
+
+
+def _plan(cls: type) -> tuple[tuple[str, bool, bool], ...]:
+    """A record type's fields as encode walks them, (name, inline, never_null), read once per type:
+    the collector writes a reading 4 times a second, and asking dataclasses every time was most of it."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = tuple((f.name, _marked(f, INLINE), _marked(f, NEVER_NULL))
+                                   for f in dataclasses.fields(cls))
+    return plan
+
+
+_JSON_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
 def encode(record: object) -> Json:
     """A record as its JSON document (int keys become decimal strings when dumped); a `never_null`
     field left None is left out, as older archives lack it; an `inline` record's fields join its parent's."""
+    kind = type(record)
+    if kind in _JSON_SCALARS:
+        return typing.cast(Json, record)  # one of Json's scalars, by its exact type
+    if kind is list or kind is tuple:
+        return [encode(v) for v in typing.cast(list[object], record)]
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         out: dict[str, Json] = {}
-        for f in dataclasses.fields(record):
-            v = getattr(record, f.name)
-            if _marked(f, INLINE):
+        for name, inline, never_null in _plan(kind):
+            v = getattr(record, name)
+            if inline:
                 inner = encode(v)
                 assert isinstance(inner, dict)  # a record's document is an object
                 out.update(inner)
-            elif not (v is None and _marked(f, NEVER_NULL)):
-                out[f.name] = encode(v)
+            elif not (v is None and never_null):
+                out[name] = encode(v)
         return out
     if isinstance(record, (list, tuple)):
         return [encode(v) for v in record]
@@ -358,7 +392,7 @@ def conforms(doc: Any, shape: Of) -> bool:
     return shape.check(doc, "") is None
 
 
-_MAPS = shape_of(RawMap | Windows)
+_MAP_KINDS = [(shape_of(kind), _decoder(kind)) for kind in (RawMap, Windows)]  # ProbeMaps' values, in its order
 
 
 def probe_maps(maps: Any) -> ProbeMaps:
@@ -367,5 +401,10 @@ def probe_maps(maps: Any) -> ProbeMaps:
     and the live view: both go on without such a map, where an archive's reader refuses the document."""
     if not isinstance(maps, dict):
         return {}
-    decoded: ProbeMaps = _decoder(ProbeMaps)({k: v for k, v in maps.items() if _MAPS.check(v, "") is None})
-    return decoded
+    out: ProbeMaps = {}
+    for k, v in maps.items():
+        for shape, dec in _MAP_KINDS:  # one check per map: the first kind it fits decodes it
+            if shape.check(v, "") is None:
+                out[k] = dec(v)
+                break
+    return out

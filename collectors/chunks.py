@@ -123,8 +123,9 @@ class ChunkFolder:
 
     def __init__(self, perf: str, out: Path, groups: list[SampleGroup], *, keep_raw: bool = False,
                  raw_budget: int = DEFAULT_RAW_BUDGET, state: FoldState | None = None,
-                 status: Callable[[str], None] | None = None) -> None:
+                 status: Callable[[str], None] | None = None, kallsyms: Path | None = None) -> None:
         self.perf, self.out, self.groups = perf, out, groups
+        self.kallsyms = kallsyms  # the attach's snapshot of the kernel's symbols (probes.kallsyms)
         self.keep_raw, self.raw_budget = keep_raw, raw_budget
         self.state = state or FoldState()
         self.status = status or (lambda msg: None)
@@ -237,7 +238,8 @@ class ChunkFolder:
         background = threading.current_thread() is not threading.main_thread()
         try:
             part, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
-                                     1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE)
+                                     1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
+                                     self.kallsyms)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             if len(paths) > 1:
                 for path in paths:

@@ -144,10 +144,12 @@ def run_specs(out: Path, groups: list[SampleGroup], jobs: int) -> list[SliceSpec
 
 
 def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: int | None = None,
-               windows: PidWindows | None = None, nice: int = 0) -> tuple[list[StackRecord], ParseStats]:
+               windows: PidWindows | None = None, nice: int = 0, kallsyms: Path | None = None
+               ) -> tuple[list[StackRecord], ParseStats]:
     """Fold consecutive perf data files of one recorder (a run's chunks, in order): with the native folder
     one process reads them all (kallsyms and the objects' tables read once); with `perf script`, each
-    file in `jobs` time slices at once."""
+    file in `jobs` time slices at once. `kallsyms`: the attach's snapshot (probes.kallsyms), for the
+    folder; None: the host's /proc/kallsyms."""
     jobs = default_jobs() if jobs is None else jobs
     folder = nativefold.chosen()
     if folder is None:
@@ -165,7 +167,8 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
     running: list[nativefold.Running] = []
     try:
         for ps, w in calls:
-            running += [nativefold.Running(folder, part, ps, root, log, w, nice) for part in split_files(data, jobs)]
+            running += [nativefold.Running(folder, part, ps, root, log, w, nice, kallsyms)
+                        for part in split_files(data, jobs)]
         return merge([r.collect() for r in running])
     finally:
         for r in running:

@@ -133,9 +133,12 @@ def chosen() -> Path | None:
     return found
 
 
-def command(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, window: Window = (None, None)
-            ) -> list[str]:
+def command(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, window: Window = (None, None),
+            kallsyms: Path | None = None) -> list[str]:
+    """`kallsyms`: the attach's snapshot (probes.kallsyms) instead of /proc/kallsyms."""
     cmd = [str(folder), "--pids", ",".join(map(str, pids)), "--buildid-dir", str(buildid_dir)]
+    if kallsyms is not None:
+        cmd += ["--kallsyms", str(kallsyms)]
     if window != (None, None):
         cmd += ["--time", ",".join("" if t is None else str(t) for t in window)]
     return cmd + [str(f) for f in files]
@@ -145,10 +148,11 @@ class Running:
     """A folder process over consecutive perf data files of one recorder (a run's chunks, in order)."""
 
     def __init__(self, folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, log: Path,
-                 window: Window = (None, None), nice: int = 0) -> None:
+                 window: Window = (None, None), nice: int = 0, kallsyms: Path | None = None) -> None:
         self.files, self.log = files, log
         with open(log, "ab") as logf:  # its diagnostics, as perf script's
-            self.proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window, kallsyms),
+                                         stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=logf,
                                          preexec_fn=die_with_parent(signal.SIGKILL, nice))
 

@@ -124,9 +124,9 @@ class ProbeCollector:
     """Runs the selected probe groups for one attach session."""
 
     def __init__(self, out: Path, pids: list[int], groups: tuple[str, ...],
-                 status: Callable[[str], None], follow: bool = False) -> None:
+                 status: Callable[[str], None], follow: bool = False, kallsyms: Path | None = None) -> None:
         self.out, self.pids, self.groups, self.status = out, list(pids), groups, status
-        self.follow = follow
+        self.follow, self.kallsyms = follow, kallsyms
         self._added: TargetsWriter | None = None
         self._known = set(self.pids)  # start targets and every pid added
         self.record = ProbeRecord(groups=list(groups))
@@ -193,7 +193,8 @@ class ProbeCollector:
             self._added = TargetsWriter(path)
             self.record.follow = Follow(path.name)
         self._save()
-        ctx = Context(self.out, list(self.pids), self.status, procfs.mapped_objects, follow=self.follow)
+        ctx = Context(self.out, list(self.pids), self.status, procfs.mapped_objects, follow=self.follow,
+                      kallsyms=self.kallsyms)
         for name in self.groups:
             try:
                 launched = GROUPS[name].start(ctx)

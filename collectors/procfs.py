@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import time
 from dataclasses import dataclass
 
-from qprof.archive.identity import PID_MAX_LIMIT, is_zombie, read_proc, stat_fields
+from qprof.archive.identity import PID_MAX_LIMIT, is_alive, is_zombie, read_proc, stat_fields
 from qprof.archive.model import CgroupReading, Limits, Pressure, ProcReading, Target, ThreadReading
 from qprof.errors import QprofError
 from qprof.probes.features import CgroupLine, cgroups_of
@@ -63,6 +64,41 @@ def check_pid(pid: int) -> None:
                          "(perf needs CAP_PERFMON and CAP_SYS_PTRACE for other users' processes)") from None
     if is_zombie(pid):
         raise QprofError(f"pid {pid} has already exited (zombie): attach while it runs")
+
+
+class ExitWatch:
+    """Whether targets still run, asked at every poll tick (20 a second). A pidfd becomes readable when
+    its process exits (a zombie has), which poll(2) answers without the /proc/PID/stat read `is_alive`
+    needs (a multi-threaded target's stat sums all its threads); a pidfd also outlives a reused pid.
+    Where pidfd_open is refused (kernels before 5.3) it asks `is_alive`."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int | None] = {}  # pid -> its pidfd; -1: gone when first asked; None: no pidfd
+
+    def alive(self, pid: int) -> bool:
+        if pid not in self._fds:
+            try:
+                self._fds[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._fds[pid] = -1
+            except OSError:  # no pidfd here
+                self._fds[pid] = None
+        fd = self._fds[pid]
+        if fd is None:
+            return is_alive(pid)
+        return fd >= 0 and not select.select([fd], [], [], 0)[0]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> "ExitWatch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def parent_of(pid: int) -> int | None:

@@ -43,6 +43,7 @@ from qprof.archive.model import (STATUS_COLLECTING, STATUS_COMPLETE, STATUS_INCO
 from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.collectors.traffic import TrafficRecorder
 from qprof.jsonvalue import Json
+from qprof.probes import kallsyms
 from qprof.probes.registry import DEFAULT_GROUPS
 from qprof.errors import QprofError
 from qprof.probes.features import (find_hierarchy, kernel_features, pressure_hierarchy, require_perf,
@@ -145,6 +146,7 @@ class AttachSession:
         self.stop_when = stop_when
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
+        self._kallsyms: Path | None = None  # the snapshot of /proc/kallsyms while the attach runs
         self.probes: ProbeCollector | None = None
         self.traffic: TrafficRecorder | None = None
         self._probe_maps: dict[str, Json] = {}  # the probes' maps as last printed (read once a second)
@@ -212,6 +214,7 @@ class AttachSession:
             raise
         finally:
             self._release_cgroups()
+            kallsyms.remove(self._kallsyms)  # valid on this boot only: a later refold reads the host's
             os.umask(old_umask)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -356,8 +359,10 @@ class AttachSession:
             targets=targets, requested_duration_s=opts.duration, probes=list(opts.probes),
             collector=process_identity(os.getpid()), services=list(opts.services))
         archive.write_meta(out, meta)
+        self._kallsyms = kallsyms.snapshot(out)  # read once for perf, the waits loader and the folder
         # bpftrace compiles for ~1 s: launch it first, sample meanwhile, then wait for it
-        self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status, follow=bool(opts.services))
+        self.probes = ProbeCollector(out, opts.pids, opts.probes, self.status, follow=bool(opts.services),
+                                     kallsyms=self._kallsyms)
         self.probes.launch()
         self._perf = perf
         self.traffic = TrafficRecorder(out, opts.pids, self.status)
@@ -366,7 +371,7 @@ class AttachSession:
             self._start_recorder(out, mode, pids)
         self._pressure_cgroups(out, [p for p in opts.pids if p not in self._service_of])
         self.folder = chunks.ChunkFolder(perf, out, meta.sampling.groups, keep_raw=opts.keep_raw,
-                                         raw_budget=opts.raw_budget, status=self.status)
+                                         raw_budget=opts.raw_budget, status=self.status, kallsyms=self._kallsyms)
         if self.followed is not None:
             self.folder.targets_seen = time.time()  # every member so far is a target
         # names for stripped objects (collectors.debuginfo), looked for in the background as the targets map
@@ -427,7 +432,7 @@ class AttachSession:
         opts = self.opts
         rec = PerfRecorder(self._perf, pids, mode, opts.frequency, opts.event,
                            out / runfiles.perf_data(mode), out / runfiles.perf_log(mode),
-                           self._sampling_cgroups(pids), switch_output=opts.chunk_bytes)
+                           self._sampling_cgroups(pids), switch_output=opts.chunk_bytes, kallsyms=self._kallsyms)
         self.recorders.append(rec)
         self.status(f"starting perf ({mode} unwinding for pid {','.join(map(str, pids))})")
         rec.start()
@@ -598,14 +603,14 @@ class AttachSession:
         reading: ProcReading | None = None
         next_sockets = time.monotonic() + 0.2  # early: short transfers open and close sockets fast
         idle = IdleWatch(opts.pids, opts.until_idle) if opts.until_idle is not None else None
-        with open(out / runfiles.PROC, "a", encoding="utf-8") as procf:
+        with open(out / runfiles.PROC, "a", encoding="utf-8") as procf, procfs.ExitWatch() as running:
             while True:
                 now = time.monotonic()
                 if now >= next_reading or self._stop_reason:
                     self._follow_services(out, now - start)
                     self.follow_exec(out, now - start)
                     self._new_objects()
-                    mapfiles.keep_jit_maps(out, [p for p in opts.pids if is_alive(p)])  # a private /tmp goes with its process
+                    mapfiles.keep_jit_maps(out, [p for p in opts.pids if running.alive(p)])  # a private /tmp goes with its process
                     reading = procfs.reading(opts.pids)
                     if self.probes is not None:  # new output lines only: the probes print once a second
                         self._probe_maps = self.probes.live_maps()
@@ -630,7 +635,7 @@ class AttachSession:
                     return
                 if opts.duration is not None and now - start >= opts.duration:
                     self._stop_reason = "duration reached"
-                elif not any(is_alive(p) for p in opts.pids) and (self.followed is None or
+                elif not any(running.alive(p) for p in opts.pids) and (self.followed is None or
                                                                           self.followed.empty()):
                     self._stop_reason = "every target exited"
                 elif idle is not None and idle.ended():

@@ -46,6 +46,7 @@ class Context:
     # Follow processes that appear during the run (`attach --cgroup`): each group takes up a target's
     # new processes at their birth, and the pids ProbeCollector.add_targets is given (probes.follow)
     follow: bool = False
+    kallsyms: Path | None = None  # the attach's snapshot of /proc/kallsyms (probes.kallsyms); None: read that
 
 
 @dataclass(frozen=True)

@@ -344,6 +344,7 @@ class LoaderConfig:
     preempt_from_rq: int | None = field(default=None, metadata=NEVER_NULL)
     series: str | None = field(default=None, metadata=NEVER_NULL)  # waits: the series file it appends to
     timing: str | None = field(default=None, metadata=NEVER_NULL)  # packetio: the messages' timing file
+    kallsyms: str | None = field(default=None, metadata=NEVER_NULL)  # waits: the kernel's symbols (probes.kallsyms)
 
     def to_argv(self) -> str:
         """The JSON the child is given: the fields set (None is absent, as in probes.json)."""

@@ -84,7 +84,9 @@ class WaitsGroup:
         source = ctx.out / runfiles.probe_file(self.name, "bpf.c")
         source.write_bytes(libbpf.source_text(__name__, self.name))
         series = ctx.out / file_name()  # the wall clock per 100 ms (series.py), beside the maps' stream
-        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, replace(config, series=str(series)),
+        # the kallsyms snapshot is the attach's, gone after it: not in probes.json's config
+        run_config = replace(config, series=str(series), kallsyms=None if ctx.kallsyms is None else str(ctx.kallsyms))
+        proc = libbpf.LibbpfProcess(self.name, f"{__name__}.loader", obj, run_config,
                                     ctx.out / runfiles.probe_file(self.name, "jsonl"),
                                     ctx.out / runfiles.probe_file(self.name, "log"))
         proc.spawn()

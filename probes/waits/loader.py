@@ -30,7 +30,8 @@ more than a bin late is one line for its bins ("series_late_cuts"). What the rea
 measured here: "series_cpu_s" in "@wait_stats" (this thread's CPU time in them).
 
 Stacks are named here, once per stack id (ids are stable: the stack map never replaces an
-entry): kernel frames from /proc/kallsyms (read once) as `name_[k]`, user frames as
+entry): kernel frames from the attach's kallsyms snapshot (probes.kallsyms; config "kallsyms", else
+/proc/kallsyms) as `name_[k]`, user frames as
 `[object+0xOFFSET]` (the mapped file's name and the file offset of the address, from the
 target's /proc/PID/maps), since the probes layer may not use the collectors' ELF readers:
 naming functions is the report's.
@@ -42,7 +43,6 @@ import bisect
 import ctypes
 import json
 import os
-import re
 import struct
 import sys
 import time
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TextIO
 
 from qprof.probes import layout as layouts
+from qprof.probes.kallsyms import PROC_KALLSYMS, UNKNOWN_FRAME, KernelSymbols
 from qprof.probes.btf import ENUM
 from qprof.probes.children import cpu_seconds
 from qprof.probes.follow import TargetsReader
@@ -64,7 +65,6 @@ COMM_READS = 5  # a thread's name is read at its first prints (renamed just afte
 TRACKING = ("on_fork", "on_exit")  # attached before the threads are listed: none is missed
 CALLED = ("watch_tid",)  # run by the loader (BPF_PROG_RUN), never attached
 BPF_NOEXIST = 1
-UNKNOWN_FRAME = "[unknown]"
 # kernel frames of the probe itself, above __schedule (the tracepoint's caller) in every stack
 _PROBE_FRAMES = ("bpf_", "__bpf_", "__traceiter_", "trace_")
 
@@ -112,37 +112,6 @@ def thread_ids(pid: int) -> list[int]:
         return [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()]
     except OSError:
         return []
-
-
-class KernelSymbols:
-    """/proc/kallsyms' text symbols, read once (the loader does it before its probes go live: at the
-    first print it took ~0.1 s of CPU just as a benchmark's transfer began). Kept as the file's fixed-width hex
-    addresses (their byte order is their numeric order) and names, undecoded: converting each of the
-    ~200k lines cost the loader 0.2-0.4 CPU s a run; only the names looked up are decoded."""
-
-    _TEXT = re.compile(rb"^([0-9a-f]{16}) [tTwW] (\S+)", re.M)
-
-    def __init__(self) -> None:
-        self._starts: list[bytes] = []
-        self._names: list[bytes] = []
-        self._read = False
-
-    def _load(self) -> None:
-        self._read = True
-        try:
-            with open("/proc/kallsyms", "rb") as f:
-                data = f.read()
-        except OSError:
-            return
-        syms = sorted(m for m in self._TEXT.findall(data) if m[0] != b"0" * 16)
-        self._starts = [a for a, _ in syms]
-        self._names = [n for _, n in syms]
-
-    def name(self, addr: int) -> str:
-        if not self._read:
-            self._load()
-        i = bisect.bisect_right(self._starts, b"%016x" % addr) - 1
-        return self._names[i].decode("ascii", "replace") if i >= 0 else UNKNOWN_FRAME
 
 
 class UserMaps:
@@ -215,7 +184,7 @@ class Waits:
         self.start_ns = 0
         self.dead: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # exited threads' totals
         self.comm: dict[tuple[int, int], tuple[str, int]] = {}  # a thread's name and the prints that read it
-        self.kernel = KernelSymbols()
+        self.kernel = KernelSymbols(config.kallsyms or PROC_KALLSYMS)
         self.kernel.name(0)  # read now, before the probes are live and the targets released
         self.user: dict[int, UserMaps] = {}
         self._kstacks: dict[int, list[str]] = {}
