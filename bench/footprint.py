@@ -23,7 +23,7 @@ With two or more --arm NAME=PYTHON (interpreters whose `-m qprof.cli` are two
 trees), every round runs each arm once, the order rotated from round to round
 (A B, B A, ...: a run right after another runs on a host still settling from it,
 so no arm may always come second), so drift and other tenants' load fall on all
-alike; each arm's footprint is
+alike; each arm's tree is compiled to bytecode first (lab.bytecode); each arm's footprint is
 compared with the first arm's by the median of the per-round ratios with a
 distribution-free 95% interval (attribution.stats).
 
@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
 
+from lab.bytecode import compile_tree  # noqa: E402
 from lab.scenarios import transfer_factory  # noqa: E402
 from qprof.attribution.stats import median_ci  # noqa: E402
 from qprof.units import parse_size  # noqa: E402
@@ -187,6 +188,8 @@ def main() -> int:
     size = parse_size(args.size)
     results: dict[str, list[Measure]] = {a: [] for a in arms}
     workroot = Path(tempfile.mkdtemp(prefix="qprof-footprint-"))
+    for python in arms.values():
+        compile_tree(python)
     load0 = os.getloadavg()[0]
     try:
         for r in range(args.rounds):

@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
 
+from lab.bytecode import compile_tree  # noqa: E402
 from lab.transfers import Ngtcp2Transfer, Transfer  # noqa: E402
 from qprof import runfiles  # noqa: E402
 from qprof import archive
@@ -725,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-probe-share", action="store_true",
                     help="skip the report of every run (probe frames per side; ~2 s a run)")
     args = ap.parse_args(argv)
+    compile_tree()  # the loaders start as an installed qprof's do, with their bytecode
     if os.geteuid() != 0:
         print("probe_overhead: run as root (perf and bpftrace on another process)", file=sys.stderr)
         return 2

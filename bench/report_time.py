@@ -47,6 +47,7 @@ from typing import Any
 from qprof import archive, runfiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
+from lab.bytecode import compile_tree  # noqa: E402
 
 DWARF_BYTES_PER_S = 17e6  # perf data written per second with DWARF unwinding on 2 busy CPUs (measured)
 ISSUE_SAMPLES = 600 * 2 * 999  # 10 minutes, two processes, 999 Hz
@@ -153,6 +154,7 @@ def main() -> None:
     if args.stage:
         stage(args.stage, args.run)
         return
+    compile_tree()  # every stage starts a fresh process: as an installed qprof, with its bytecode
 
     tmp = None if args.run or args.keep else Path(tempfile.mkdtemp(prefix="qprof-bench-"))
     run = args.run or args.keep or tmp / "run"

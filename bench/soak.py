@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab package (not installed)
 
+from lab.bytecode import compile_tree  # noqa: E402
 from lab.transfers import Ngtcp2Transfer  # noqa: E402
 
 QPROF = [sys.executable, "-m", "qprof.cli"]
@@ -101,6 +102,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=None, help="keep the run archive here")
     args = ap.parse_args()
+    compile_tree()  # qprof and its loaders start as an installed qprof does, with their bytecode
     if os.geteuid() != 0:
         print("soak: needs root (perf, bpftrace)", file=sys.stderr)
         return 2

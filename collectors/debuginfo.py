@@ -42,8 +42,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import zlib
 from pathlib import Path
 from typing import Callable, Sequence
@@ -274,6 +272,9 @@ class Debuginfod:
         return None, "; ".join(said)
 
     def _get(self, url: str, build_id: str, dest: Path, timeout: float) -> tuple[Path | None, str, bool]:
+        import urllib.error  # here: urllib.request (http.client, email, ssl) was a tenth of every attach's imports
+        import urllib.request
+
         where = f"{url.rstrip('/')}/buildid/{build_id}/debuginfo"
         t0 = time.monotonic()
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ def _frame_pointers(obj: ElfObject, is_go: bool) -> bool | None:
     """Judge by prologues of the largest functions: most start `push rbp; mov rbp,rsp` with -fno-omit-frame-pointer."""
     if is_go:
         return True  # Go has kept frame pointers on amd64 since 1.7
-    if obj.elf.get_machine_arch() != "x64":
+    if not obj.x86_64():
         return None
     table = obj.fullest()
     funcs = sorted(((f.address, f.size) for f in obj.functions(table) if f.size >= 16) if table else (),

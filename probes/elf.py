@@ -6,8 +6,11 @@ where the sampled functions start (collectors.functions); a report of an older a
 and pprof addresses from the files at their recorded paths (attribution). All of them read the same few
 things, so they read them here, the same way: which table is the object's fullest, which entries are
 functions, the build-id note, the PT_LOAD segments. It sits in the probes layer, the lowest that needs it
-(probes/ may import only probes/); pyelftools does the parsing, except for symbol tables, which are
-unpacked whole with struct (pyelftools' symbol objects took ~2 s of attach start-up for a large binary).
+(probes/ may import only probes/). A 64-bit little-endian file (x86_64, arm64) has its headers,
+notes and symbol tables unpacked with struct here: pyelftools' parsing of them was ~0.1 CPU s of every
+attach (twenty objects described at start, their function starts at the end), and its symbol objects
+~2 s for a large binary. pyelftools reads the rest (other classes, compressed sections, Go's
+`.gopclntab`, DT_NEEDED), opened only when asked.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
@@ -30,6 +33,14 @@ UNREADABLE = (OSError, ELFError, ValueError, KeyError, struct.error)
 PF_X = 1  # an executable segment
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 _STT_FUNC = 2
+_EHDR64 = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
+_SHDR64 = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, align, entsize
+_PHDR64 = struct.Struct("<IIQQQQQQ")  # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz, memsz, align
+_SHT_SYMTAB, _SHT_NOTE, _SHT_NOBITS, _SHT_DYNSYM = 2, 7, 8, 11
+_SHF_COMPRESSED = 0x800
+_PT_LOAD, _PT_INTERP = 1, 3
+_NT_GNU_BUILD_ID = 3
+_EM_X86_64 = 62
 _STRING_TAGS = {"DT_NEEDED": "needed", "DT_RUNPATH": "runpath", "DT_RPATH": "rpath"}  # -> pyelftools' attribute
 
 
@@ -58,31 +69,116 @@ class Segment:
         return bool(self.flags & PF_X)
 
 
+@dataclass(frozen=True)
+class _Shdr:
+    name: str
+    type: int
+    flags: int
+    offset: int
+    size: int
+    link: int
+    entsize: int
+
+
 class ElfObject:
     """An ELF file opened for reading; `elf` is pyelftools' view for what is read elsewhere (Go's
-    `.gopclntab`, probes.gopclntab; a library's DT_NEEDED)."""
+    `.gopclntab`, probes.gopclntab; a library's DT_NEEDED), made at its first use."""
 
-    def __init__(self, elf: ELFFile) -> None:
-        self.elf = elf
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self._elf: ELFFile | None = None
         self._segments: list[Segment] | None = None  # read once: pyelftools parses every segment anew
+        self._shdrs: list[_Shdr] | None = None  # a 64-bit little-endian file's sections, unpacked here
+        self._by_name: dict[str, int] = {}
+        self._machine = 0
+        self._interp = False
+        head = stream.read(_EHDR64.size)
+        if head[:4] != b"\x7fELF":
+            raise ELFError("not an ELF file (no ELF magic)")
+        if len(head) == _EHDR64.size and head[4] == 2 and head[5] == 1:  # ELFCLASS64, ELFDATA2LSB
+            self._read_headers(head)
+        else:
+            self._elf = ELFFile(stream)
+
+    def _read_headers(self, head: bytes) -> None:
+        (_, _, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
+         shstrndx) = _EHDR64.unpack(head)
+        self._machine = machine
+        raw: list[tuple[int, int, int, int, int, int, int, int, int, int]] = []
+        if shoff and shentsize == _SHDR64.size:
+            first = _SHDR64.unpack(self._at(shoff, _SHDR64.size))
+            shnum = shnum or first[5]  # SHN_UNDEF: the count is in section 0's size
+            shstrndx = first[6] if shstrndx == 0xFFFF else shstrndx  # SHN_XINDEX: in section 0's link
+            table = self._at(shoff, shnum * _SHDR64.size)
+            raw = list(_SHDR64.iter_unpack(table[:len(table) - len(table) % _SHDR64.size]))
+        names = b""
+        if 0 < shstrndx < len(raw):
+            st = raw[shstrndx]
+            names = self._at(st[4], st[5]) if st[1] != _SHT_NOBITS else b""
+        shdrs = []
+        for r in raw:
+            end = names.find(b"\0", r[0])
+            name = names[r[0]:end if end >= 0 else len(names)].decode("utf-8", "replace") if r[0] < len(names) else ""
+            shdrs.append(_Shdr(name, r[1], r[2], r[4], r[5], r[6], r[9]))
+        self._shdrs = shdrs
+        self._by_name = {s.name: i for i, s in enumerate(shdrs)}  # the last of a name, as pyelftools
+        segs: list[Segment] = []
+        if phoff and phentsize == _PHDR64.size:
+            table = self._at(phoff, phnum * _PHDR64.size)
+            for p_type, flags, offset, vaddr, _, filesz, memsz, _ in _PHDR64.iter_unpack(
+                    table[:len(table) - len(table) % _PHDR64.size]):
+                if p_type == _PT_LOAD:
+                    segs.append(Segment(offset, filesz, vaddr, memsz, flags))
+                self._interp |= p_type == _PT_INTERP
+        self._segments = segs
+
+    def _at(self, offset: int, size: int) -> bytes:
+        self.stream.seek(offset)
+        data = self.stream.read(size)
+        if len(data) != size:
+            raise ELFError(f"truncated: {size} bytes wanted at offset {offset}, {len(data)} there")
+        return data
+
+    @property
+    def elf(self) -> ELFFile:
+        if self._elf is None:
+            self._elf = ELFFile(self.stream)
+        return self._elf
 
     @classmethod
     @contextlib.contextmanager
     def open(cls, path: str) -> Iterator["ElfObject"]:
         """The file at `path` while the block runs; raises one of UNREADABLE when it is not an ELF file."""
         with open(path, "rb") as f:
-            yield cls(ELFFile(f))
+            yield cls(f)
+
+    def x86_64(self) -> bool:
+        return self._machine == _EM_X86_64 if self._shdrs is not None else self.elf.get_machine_arch() == "x64"
 
     def section(self, name: str) -> Section | None:
+        """pyelftools' view of a section (for what this module does not read itself)."""
         sec: Section | None = self.elf.get_section_by_name(name)
         return sec
 
+    def _shdr(self, name: str) -> _Shdr | None:
+        assert self._shdrs is not None
+        i = self._by_name.get(name)
+        return None if i is None else self._shdrs[i]
+
     def has(self, *names: str) -> bool:
         """Whether any of the sections `names` is there."""
+        if self._shdrs is not None:
+            return any(n in self._by_name for n in names)
         return any(self.elf.get_section_by_name(n) is not None for n in names)
 
     def contents(self, name: str) -> bytes | None:
         """A section's bytes; None when it is absent or has none in the file (SHT_NOBITS: a debug file's .text)."""
+        if self._shdrs is not None:
+            sh = self._shdr(name)
+            if sh is None or sh.type == _SHT_NOBITS:
+                return None
+            if not sh.flags & _SHF_COMPRESSED:
+                return self._at(sh.offset, sh.size)
         sec = self.section(name)
         if sec is None or sec["sh_type"] == "SHT_NOBITS":
             return None
@@ -91,6 +187,13 @@ class ElfObject:
 
     def build_id(self) -> str | None:
         """The GNU build-id note, hex: how perf, debug files and debuginfod name an object."""
+        if self._shdrs is not None:
+            for sh in self._shdrs:
+                if sh.type == _SHT_NOTE:
+                    found = _gnu_build_id(self._at(sh.offset, sh.size))
+                    if found is not None:
+                        return found
+            return None
         for sec in self.elf.iter_sections():
             if isinstance(sec, NoteSection):
                 for note in sec.iter_notes():
@@ -100,6 +203,11 @@ class ElfObject:
 
     def symbols(self, table: str) -> int:
         """How many entries `table` has (0 when absent; a table of one holds only the null symbol)."""
+        if self._shdrs is not None:
+            sh = self._shdr(table)
+            if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not sh.entsize:
+                return 0
+            return sh.size // sh.entsize
         sec = self.section(table)
         return int(sec.num_symbols()) if isinstance(sec, SymbolTableSection) else 0
 
@@ -110,15 +218,20 @@ class ElfObject:
     def functions(self, table: str, interest: re.Pattern[str] | None = None) -> Iterator[Function]:
         """The function symbols of `table` with an address, in table order; with `interest`, only those whose
         name it finds (searched in the name's ASCII: a cheap filter before the name is decoded)."""
-        sec = self.section(table)
-        if not isinstance(sec, SymbolTableSection):
-            return
-        strtab = self.elf.get_section(sec["sh_link"]).data()
-        if self.elf.elfclass == 64 and self.elf.little_endian:
-            data = sec.data()
-            entries: Iterator[tuple[int, int, int, int, int]] = (
-                (n, info, shndx, value, size) for n, info, _, shndx, value, size in _SYM64.iter_unpack(data))
+        entries: Iterator[tuple[int, int, int, int, int]]
+        if self._shdrs is not None:
+            sh = self._shdr(table)
+            if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sh.link < len(self._shdrs):
+                return
+            link = self._shdrs[sh.link]
+            strtab = self._at(link.offset, link.size)
+            data = self._at(sh.offset, sh.size - sh.size % _SYM64.size)
+            entries = ((n, info, shndx, value, size) for n, info, _, shndx, value, size in _SYM64.iter_unpack(data))
         else:
+            sec = self.section(table)
+            if not isinstance(sec, SymbolTableSection):
+                return
+            strtab = self.elf.get_section(sec["sh_link"]).data()
             entries = ((s["st_name"], _STT_FUNC if s["st_info"]["type"] == "STT_FUNC" else 0,
                         0 if s["st_shndx"] == "SHN_UNDEF" else 1, s["st_value"], s["st_size"])
                        for s in sec.iter_symbols())
@@ -139,6 +252,8 @@ class ElfObject:
 
     def interpreted(self) -> bool:
         """Whether it names a program interpreter (PT_INTERP): a dynamically linked executable."""
+        if self._shdrs is not None:
+            return self._interp
         return any(s["p_type"] == "PT_INTERP" for s in self.elf.iter_segments())
 
     def needed(self) -> tuple[list[str], list[str]]:
@@ -161,10 +276,24 @@ class ElfObject:
         """`size` bytes of the file from where a virtual address is ("" outside every segment's file bytes)."""
         for seg in self.segments():
             if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
-                self.elf.stream.seek(seg.offset + vaddr - seg.vaddr)
-                data: bytes = self.elf.stream.read(size)
-                return data
+                self.stream.seek(seg.offset + vaddr - seg.vaddr)
+                return self.stream.read(size)
         return b""
+
+
+def _gnu_build_id(notes: bytes) -> str | None:
+    """The NT_GNU_BUILD_ID in a note section's bytes (name and description each padded to 4 bytes)."""
+    off = 0
+    while off + 12 <= len(notes):
+        namesz, descsz, kind = struct.unpack_from("<III", notes, off)
+        name_at = off + 12
+        desc_at = name_at + (namesz + 3) // 4 * 4
+        if desc_at + descsz > len(notes):
+            return None
+        if kind == _NT_GNU_BUILD_ID and notes[name_at:name_at + namesz].rstrip(b"\0") == b"GNU":
+            return notes[desc_at:desc_at + descsz].hex()
+        off = desc_at + (descsz + 3) // 4 * 4
+    return None
 
 
 def build_id(path: str) -> tuple[str | None, str | None]:
