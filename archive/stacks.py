@@ -120,6 +120,7 @@ def fold(samples: Iterable[Sample]) -> list[StackRecord]:
 
 
 HEADER_KEY = "qprof_stacks"
+STACKS_GZIP_LEVEL = 1
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,9 @@ def write_stacks(path: Path, records: Iterable[StackRecord], header: StacksHeade
 
 def _write(tmp: Path, path: Path, records: Iterable[StackRecord], header: StacksHeader | None) -> int:
     n = 0
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as f:
+    # level 1: a long attach writes the whole table again after every chunk it folds; against level 6 it
+    # compresses ~2.6x faster (0.03 s for a 10-minute capture's 9.7 MB) for a file 1.25x larger
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=STACKS_GZIP_LEVEL) as f:
         if header is not None:
             f.write(json.dumps({HEADER_KEY: schema.encode(header)}, separators=(",", ":")) + "\n")
         for r in records:

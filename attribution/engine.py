@@ -22,6 +22,8 @@ pattern once per distinct symbol; a stack then costs one lookup per frame.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -35,6 +37,7 @@ from qprof.archive.stacks import KERNEL_DSO, Frame
 _USER_PSEUDO = re.compile(r"^\[(unknown|vdso|vsyscall|heap|stack|uprobes|anon.*|jit.*)\]$")
 
 
+@functools.lru_cache(maxsize=8192)
 def is_kernel_dso(dso: str) -> bool:
     """perf names kernel objects `[kernel.kallsyms]` and modules `[name]`."""
     return dso == KERNEL_DSO or (dso.startswith("[") and dso.endswith("]") and not _USER_PSEUDO.match(dso))
@@ -80,28 +83,32 @@ class Classifier:
             got = self._within[key] = pattern.search(sym) is not None
         return got
 
-    def context(self, rule: Rule, frames: Sequence[Frame]) -> int:
+    def context(self, rule: Rule, frames: Sequence[Frame], kernel: Sequence[bool] | None = None) -> int:
         """Index of the rootmost frame satisfying `rule.within` (-1: none). A kernel rule's context is
         kernel frames only: a user function that happens to be called `ep_poll` must not turn its
-        callees into polling."""
+        callees into polling. `kernel`: each frame's is_kernel_dso, when the caller has them."""
         pat = rule.within
         assert pat is not None
+        if kernel is None:
+            kernel = [is_kernel_dso(dso) for _, dso in frames]
         for k in range(len(frames) - 1, -1, -1):
-            if (rule.kernel is None or is_kernel_dso(frames[k][1]) == rule.kernel) and \
-                    self._within_match(pat, frames[k][0]):
+            if (rule.kernel is None or kernel[k] == rule.kernel) and self._within_match(pat, frames[k][0]):
                 return k
         return -1
 
     def classify(self, frames: Sequence[Frame]) -> Decision:
         tag: str | None = None
         rootmost: dict[tuple[int, bool | None], int] = {}  # (pattern, kernel) -> rootmost match
+        kernel: list[bool] = []  # each frame's is_kernel_dso, once a rule asks for its context
 
         def within(rule: Rule, i: int) -> bool:
             assert rule.within is not None
             key = (id(rule.within), rule.kernel)
             j = rootmost.get(key)
             if j is None:
-                j = rootmost[key] = self.context(rule, frames)
+                if not kernel:
+                    kernel.extend(is_kernel_dso(dso) for _, dso in frames)
+                j = rootmost[key] = self.context(rule, frames, kernel)
             return j >= i
 
         held: Decision | None = None  # a handoff or another tool's eBPF program, waiting for its caller

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Iterable, TypeVar
 
 from qprof.attribution.categories import CATEGORIES
+from qprof.attribution import patterns
 from qprof.attribution.patterns import BoundedPattern, PatternError
 from qprof.errors import QprofError
 from qprof.jsonvalue import JsonObject
@@ -387,7 +388,9 @@ class MappingSet:
     def load(cls, extra: Iterable[str] = ()) -> "MappingSet":
         users = user_files(extra)
         replaced = {f.name for f in users}
-        return cls(users + [f for f in shipped() if f.name not in replaced])
+        files = cls(users + [f for f in shipped() if f.name not in replaced])
+        patterns.passed().save()  # the patterns that passed their check, for the next load
+        return files
 
     def names(self, kind: str) -> list[str]:
         return sorted(f.name for f in self.files if f.kind == kind)

@@ -249,8 +249,12 @@ class ChunkFolder:
             self.status(f"warning: {paths[0].name}: {e}")
             part, stats = [], ParseStats()
         chunk: dict[StackKey, Slot] = {}  # merged only once the chunks are read: a failure counts nothing
-        for r in part:
-            add_counts(chunk, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
+        for r in part:  # one record per key (fold_files merged its parts): taken as they are
+            k = (r.pid, r.tid, r.comm, r.frames)
+            if k in chunk:
+                add_counts(chunk, k, r.samples, r.period, r.bins, r.span_ns)
+            else:
+                chunk[k] = [r.samples, r.period, dict(r.bins), None if r.span_ns is None else list(r.span_ns)]
         st = self.state
         st.merge(chunk)
         st.stats.absorb(stats)

@@ -414,3 +414,27 @@ def test_any_pattern_is_refused_or_bounded(pat: str, subject: str) -> None:
     except PatternTimeout as e:
         assert str(e).startswith("p.toml:1 ")
     assert time.monotonic() - t0 < 8 * MATCH_TIMEOUT_S
+
+
+def test_patterns_that_passed_are_remembered_and_bad_ones_refused_every_time(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's answers are kept per check and Python version: a pattern that passed is not parsed
+    again at the next load; one that fails is refused at every load."""
+    from qprof.attribution import patterns
+    monkeypatch.setattr(patterns._Passed, "PATH", tmp_path / "patterns.json")
+    first = patterns._Passed()
+    first.check(r"^ngtcp2_conn_\w+$")
+    with pytest.raises(patterns.PatternError):
+        first.check(r"(a+)+$")
+    first.save()
+    second = patterns._Passed()
+    assert r"^ngtcp2_conn_\w+$" in second.known and r"(a+)+$" not in second.known
+    calls: list[str] = []
+    monkeypatch.setattr(patterns, "check_pattern", lambda p: calls.append(p) or patterns._check(patterns.sre.parse(p), p))
+    second.check(r"^ngtcp2_conn_\w+$")
+    assert calls == []
+    with pytest.raises(patterns.PatternError):
+        second.check(r"(a+)+$")
+    (tmp_path / "patterns.json").write_text('{"key": "another check or Python", "passed": ["(a+)+$"]}')
+    with pytest.raises(patterns.PatternError):
+        patterns._Passed().check(r"(a+)+$")
