@@ -42,8 +42,7 @@ def starts_of(path: str, build_id: str | None, names: set[str], candidates: list
     got: dict[str, int] = {}
     source = None
     for c in checked:
-        table = elf.function_starts(c)
-        more = {n: table[n] for n in sorted(names) if n not in got and table.get(n)}
+        more = {n: a for n, a in sorted(elf.starts_named(c, names - got.keys()).items()) if a}
         got.update(more)
         source = source or (c if more else None)
     if got:

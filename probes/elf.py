@@ -20,12 +20,13 @@ import re
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, Section, SymbolTableSection
+
+if TYPE_CHECKING:  # the rest of pyelftools is imported where it reads (~40 ms, most attaches never do)
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import Section
 
 SYMTAB, DYNSYM = ".symtab", ".dynsym"
 # what reading a damaged, truncated or foreign file raises: callers catch these and say the file is unreadable
@@ -98,7 +99,7 @@ class ElfObject:
         if len(head) == _EHDR64.size and head[4] == 2 and head[5] == 1:  # ELFCLASS64, ELFDATA2LSB
             self._read_headers(head)
         else:
-            self._elf = ELFFile(stream)
+            self._elf = _pyelftools(stream)
 
     def _read_headers(self, head: bytes) -> None:
         (_, _, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum,
@@ -142,7 +143,7 @@ class ElfObject:
     @property
     def elf(self) -> ELFFile:
         if self._elf is None:
-            self._elf = ELFFile(self.stream)
+            self._elf = _pyelftools(self.stream)
         return self._elf
 
     @classmethod
@@ -194,6 +195,8 @@ class ElfObject:
                     if found is not None:
                         return found
             return None
+        from elftools.elf.sections import NoteSection
+
         for sec in self.elf.iter_sections():
             if isinstance(sec, NoteSection):
                 for note in sec.iter_notes():
@@ -208,6 +211,8 @@ class ElfObject:
             if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not sh.entsize:
                 return 0
             return sh.size // sh.entsize
+        from elftools.elf.sections import SymbolTableSection
+
         sec = self.section(table)
         return int(sec.num_symbols()) if isinstance(sec, SymbolTableSection) else 0
 
@@ -228,6 +233,8 @@ class ElfObject:
             data = self._at(sh.offset, sh.size - sh.size % _SYM64.size)
             entries = ((n, info, shndx, value, size) for n, info, _, shndx, value, size in _SYM64.iter_unpack(data))
         else:
+            from elftools.elf.sections import SymbolTableSection
+
             sec = self.section(table)
             if not isinstance(sec, SymbolTableSection):
                 return
@@ -242,6 +249,23 @@ class ElfObject:
             if interest is not None and not interest.search(raw.decode("ascii", "replace")):
                 continue
             yield Function(raw.decode("utf-8", "replace"), value, size, shndx != 0)
+
+    def raw_functions(self, table: str) -> Iterator[tuple[bytes, int]]:
+        """(raw name, address) of `table`'s function symbols with an address, in table order: `functions`
+        without decoding names or making records, for whole-table lookups."""
+        if self._shdrs is None:
+            for f in self.functions(table):
+                yield f.name.encode("utf-8", "surrogateescape"), f.address
+            return
+        sh = self._shdr(table)
+        if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sh.link < len(self._shdrs):
+            return
+        link = self._shdrs[sh.link]
+        strtab = self._at(link.offset, link.size)
+        data = self._at(sh.offset, sh.size - sh.size % _SYM64.size)
+        for n, info, _, _, value, _ in _SYM64.iter_unpack(data):
+            if info & 0xF == _STT_FUNC and value:
+                yield strtab[n:strtab.find(b"\0", n)], value
 
     def segments(self) -> list[Segment]:
         """The PT_LOAD segments, in file order."""
@@ -258,6 +282,8 @@ class ElfObject:
 
     def needed(self) -> tuple[list[str], list[str]]:
         """(DT_NEEDED, the directories of DT_RUNPATH or DT_RPATH as written: `$ORIGIN` unexpanded)."""
+        from elftools.elf.dynamic import DynamicSection
+
         needed: list[str] = []
         paths: list[str] = []
         for sec in self.elf.iter_sections():
@@ -279,6 +305,12 @@ class ElfObject:
                 self.stream.seek(seg.offset + vaddr - seg.vaddr)
                 return self.stream.read(size)
         return b""
+
+
+def _pyelftools(stream: BinaryIO) -> "ELFFile":
+    from elftools.elf.elffile import ELFFile
+
+    return ELFFile(stream)
 
 
 def _gnu_build_id(notes: bytes) -> str | None:
@@ -306,15 +338,36 @@ def build_id(path: str) -> tuple[str | None, str | None]:
 
 
 @lru_cache(maxsize=256)
+def _raw_starts(path: str) -> dict[bytes, int]:
+    """Raw name -> first address, from the fullest table, names undecoded: an object's tens of
+    thousands of functions, of which a run's stacks name a few hundred."""
+    out: dict[bytes, int] = {}
+    try:
+        with ElfObject.open(path) as obj:
+            table = obj.fullest()
+            for name, address in obj.raw_functions(table) if table else ():
+                out.setdefault(name, address)
+    except UNREADABLE:
+        return {}
+    return out
+
+
+def forget_starts() -> None:
+    """Forget the tables read: a file was replaced at a path already read (tables are kept by path)."""
+    _raw_starts.cache_clear()
+
+
 def function_starts(path: str) -> dict[str, int]:
     """Function name -> start address (the object's vaddr), from the fullest symbol table, the first
     address of a name winning; {} when unreadable."""
     out: dict[str, int] = {}
-    try:
-        with ElfObject.open(path) as obj:
-            table = obj.fullest()
-            for f in obj.functions(table) if table else ():
-                out.setdefault(f.name, f.address)
-    except UNREADABLE:
-        return {}
+    for raw, address in _raw_starts(path).items():
+        out.setdefault(raw.decode("utf-8", "replace"), address)
     return out
+
+
+def starts_named(path: str, names: Iterable[str]) -> dict[str, int]:
+    """function_starts' entries for these names only (a name the table lacks is left out)."""
+    raw = _raw_starts(path)
+    found = {n: raw.get(n.encode("utf-8", "surrogateescape")) for n in names}
+    return {n: a for n, a in found.items() if a is not None}

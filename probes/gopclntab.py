@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 SECTIONS = (".gopclntab", ".data.rel.ro.gopclntab")  # the latter: some PIE builds
 MODULEDATA_SECTIONS = (".go.module", ".noptrdata", ".data.rel.ro", ".data")  # where the linker puts moduledata

@@ -28,7 +28,7 @@ from qprof.archive.model import MappedObject, Meta, ObjectSymbols, Sampling, Tar
 from qprof.archive.stacks import StackRecord, write_stacks
 from qprof.attribution.symbols import FrameAddresses
 from qprof.collectors import elf as collected, functions
-from qprof.probes.elf import DYNSYM, SYMTAB, ElfObject, build_id, function_starts
+from qprof.probes.elf import DYNSYM, SYMTAB, ElfObject, build_id, forget_starts, function_starts
 from qprof.viewer.pprof import profile_class
 
 MOVED = "-falign-functions=256"  # a rebuild whose functions start elsewhere
@@ -46,7 +46,7 @@ def _build(exe: Path, *flags: str) -> str:
                     *flags, f"-Wl,--build-id=0x{bid}", "-o", str(tmp), str(ROOT / "tests" / "workloads" / "phases.c")],
                    check=True)
     tmp.replace(exe)  # a new file at the path, as a package upgrade or a deploy leaves it
-    function_starts.cache_clear()
+    forget_starts()
     return bid
 
 
