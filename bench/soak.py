@@ -2,10 +2,13 @@
 
 `sudo .venv/bin/python bench/soak.py [--seconds 180] [--unwind dwarf] [--out DIR]`
 
-A real endpoint: an ngtcp2 gtlsserver (Debian's ngtcp2-server) serving a 64 MiB file
-from tmpfs to gtlsclient downloads run back to back for the whole soak; `qprof attach
---server PID` samples the server (DWARF unwinding by default: the costly case, ~8 KiB of
-stack per sample) with the default probes. Every few seconds the script reads the
+Real endpoints: an ngtcp2 gtlsserver (Debian's ngtcp2-server) serving a 64 MiB file from
+tmpfs. With `--ends both` (the default) one gtlsclient downloads it again and again on one
+connection for the whole soak and `qprof attach --server PID --client PID` samples both (two
+busy endpoints); with `--ends server`, gtlsclient downloads run back to back and only the
+server is attached. DWARF unwinding by default (the costly case, ~8 KiB of stack per sample),
+the default probes. At the end it prints the footprint over the whole attach: the CPU of
+`qprof attach` and everything it ran (wait4) against the attached endpoints' CPU (/proc). Every few seconds the script reads the
 resident memory of qprof and all its helper processes (perf record, bpftrace, perf
 script) and the archive's size per file, then fits a line through the readings after a
 warm-up and prints the slopes and their extrapolation to one hour.
@@ -60,7 +63,10 @@ def rss_bytes(pid: int) -> tuple[int, str]:
     if comm == "perf" and len(argv) > 1:
         comm = f"perf {argv[1].decode(errors='replace')}"
     elif comm.startswith("python"):
-        comm = "qprof (python)"
+        loader = next((a.decode(errors="replace").split(".")[2] for a in argv if a.startswith(b"qprof.probes.")), None)
+        comm = f"probes {loader}" if loader else "qprof (python)"
+    elif comm.startswith("qprof-perffold"):
+        comm = "qprof-perffold"
     for line in status.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024, comm
@@ -88,6 +94,16 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of a live process, from /proc/PID/stat (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def clients(xfer: Ngtcp2Transfer, stop: threading.Event, done: list[int]) -> None:
     while not stop.is_set():
         r = subprocess.run(xfer.client_command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -101,6 +117,8 @@ def main() -> int:
     ap.add_argument("--unwind", default="dwarf")
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=None, help="keep the run archive here")
+    ap.add_argument("--ends", choices=["both", "server"], default="both",
+                    help="both: one long client, both ends attached; server: clients back to back, the server attached")
     args = ap.parse_args()
     compile_tree()  # qprof and its loaders start as an installed qprof does, with their bytecode
     if os.geteuid() != 0:
@@ -111,30 +129,52 @@ def main() -> int:
     stop = threading.Event()
     done: list[int] = []
     readings: list[tuple[float, int, dict[str, int], dict[str, int]]] = []
-    with Ngtcp2Transfer(64 << 20) as xfer:
+    # both ends: 64 MiB requests on one connection, more than the soak can fetch (~10 a second here)
+    with Ngtcp2Transfer(64 << 20, requests=int(args.seconds * 20) + 100 if args.ends == "both" else 1) as xfer:
         server = xfer.start_server()
-        loop = threading.Thread(target=clients, args=(xfer, stop, done), daemon=True)
+        ends = ["--server", str(server)]
+        targets = [server]
+        if args.ends == "both":
+            client = xfer.start_client_stopped()
+            xfer.release_client()
+            ends += ["--client", str(client)]
+            targets.append(client)
+            loop = threading.Thread(target=lambda: None)
+        else:
+            loop = threading.Thread(target=clients, args=(xfer, stop, done), daemon=True)
         loop.start()
-        att = subprocess.Popen([*QPROF, "attach", "--server", str(server), "-d", str(args.seconds),
+        targets0 = sum(cpu_s(p) for p in targets)
+        att = subprocess.Popen([*QPROF, "attach", *ends, "-d", str(args.seconds),
                                 "--unwind", args.unwind, "-o", str(run), "-q"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
-        while att.poll() is None:
+        targets_s = 0.0
+        while True:  # reaped here, with its rusage (its helpers' CPU included): Popen.poll would lose it
+            pid, status, ru = os.wait4(att.pid, os.WNOHANG)
+            if pid:
+                att.returncode = os.waitstatus_to_exitcode(status)
+                break
             time.sleep(args.interval)
             per: dict[str, int] = {}
-            for pid in tree(att.pid):
-                rss, comm = rss_bytes(pid)
+            for member in tree(att.pid):
+                rss, comm = rss_bytes(member)
                 per[comm] = per.get(comm, 0) + rss
             readings.append((time.monotonic() - t0, sum(per.values()), per, archive_files(run)))
+            targets_s = max(targets_s, sum(cpu_s(p) for p in targets) - targets0)  # read while they live
             r = readings[-1]
             print(f"t={r[0]:6.1f}s  qprof+helpers RSS {r[1] / 2**20:7.1f} MiB  "
                   f"({', '.join(f'{k} {v / 2**20:.0f}' for k, v in sorted(per.items()))})  "
                   f"archive {sum(r[3].values()) / 2**20:7.1f} MiB", flush=True)
         stop.set()
         err = att.stderr.read() if att.stderr else ""
+        targets_s = max(targets_s, sum(cpu_s(p) for p in targets) - targets0)
         loop.join(120)
-    print(f"\nattach exit {att.returncode} {err.strip()[-300:]}; {len(done)} client downloads of 64 MiB "
-          f"({sum(1 for d in done if d == 0)} ok)")
+    observer_s = ru.ru_utime + ru.ru_stime
+    print(f"\nattach exit {att.returncode} {err.strip()[-300:]}; " + (
+        f"{len(done)} client downloads of 64 MiB ({sum(1 for d in done if d == 0)} ok)" if args.ends == "server"
+        else "one client on one connection"))
+    print(f"footprint over the attach: {observer_s:.2f} CPU s of qprof and its helpers for the targets' "
+          f"{targets_s:.2f} = {100 * observer_s / targets_s:.2f}%" if targets_s > 0 else "targets used no CPU")
     from qprof.archive.stacks import StacksHeader, stacks_header
 
     head = stacks_header(run / "stacks.jsonl.gz") or StacksHeader()
@@ -158,7 +198,7 @@ def main() -> int:
     lasting = 0.0
     for comm in sorted({c for r in steady for c in r[2]}):
         vals = [r[2].get(comm, 0) for r in steady]
-        if comm == "perf script":  # one per chunk, gone once it is folded: its peak, not a trend
+        if comm in ("perf script", "qprof-perffold"):  # one per chunk fold, gone once done: its peak, not a trend
             print(f"    {comm:14s} transient, one per chunk: peak {max(vals) / 2**20:.1f} MiB")
             continue
         s = slope(xs, vals)
