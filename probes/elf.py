@@ -225,12 +225,10 @@ class ElfObject:
         name it finds (searched in the name's ASCII: a cheap filter before the name is decoded)."""
         entries: Iterator[tuple[int, int, int, int, int]]
         if self._shdrs is not None:
-            sh = self._shdr(table)
-            if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sh.link < len(self._shdrs):
+            found = self._table(table)
+            if found is None:
                 return
-            link = self._shdrs[sh.link]
-            strtab = self._at(link.offset, link.size)
-            data = self._at(sh.offset, sh.size - sh.size % _SYM64.size)
+            strtab, data = found
             entries = ((n, info, shndx, value, size) for n, info, _, shndx, value, size in _SYM64.iter_unpack(data))
         else:
             from elftools.elf.sections import SymbolTableSection
@@ -253,19 +251,24 @@ class ElfObject:
     def raw_functions(self, table: str) -> Iterator[tuple[bytes, int]]:
         """(raw name, address) of `table`'s function symbols with an address, in table order: `functions`
         without decoding names or making records, for whole-table lookups."""
-        if self._shdrs is None:
-            for f in self.functions(table):
+        found = self._table(table) if self._shdrs is not None else None
+        if found is None:
+            for f in self.functions(table) if self._shdrs is None else ():
                 yield f.name.encode("utf-8", "surrogateescape"), f.address
             return
-        sh = self._shdr(table)
-        if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sh.link < len(self._shdrs):
-            return
-        link = self._shdrs[sh.link]
-        strtab = self._at(link.offset, link.size)
-        data = self._at(sh.offset, sh.size - sh.size % _SYM64.size)
+        strtab, data = found
         for n, info, _, _, value, _ in _SYM64.iter_unpack(data):
             if info & 0xF == _STT_FUNC and value:
                 yield strtab[n:strtab.find(b"\0", n)], value
+
+    def _table(self, table: str) -> tuple[bytes, bytes] | None:
+        """A symbol table's (string table, whole entries), unpacked here; None when it is not one."""
+        assert self._shdrs is not None
+        sh = self._shdr(table)
+        if sh is None or sh.type not in (_SHT_SYMTAB, _SHT_DYNSYM) or not 0 < sh.link < len(self._shdrs):
+            return None
+        link = self._shdrs[sh.link]
+        return self._at(link.offset, link.size), self._at(sh.offset, sh.size - sh.size % _SYM64.size)
 
     def segments(self) -> list[Segment]:
         """The PT_LOAD segments, in file order."""
