@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -590,3 +592,43 @@ def test_probes_json_of_older_qprof_reads(tmp_path: Path) -> None:
     (run / "probes.json").write_text(json.dumps(doc))
     with pytest.raises(QprofError, match=r"qdiscs\['net:\[1\]'\]\.last\[0\]\.drops"):
         Run.open(run).probes()
+
+
+# values a damaged document holds where another was written: each kind a shape tells apart
+_LEAVES = [None, True, False, 0, -1, 7, 1.5, float("nan"), float("inf"), "", "7", [], [1], {}, {"7": 1}]
+
+
+def _damaged(doc: Any, rng: random.Random) -> Any:
+    """A copy of `doc` damaged at one place: a value replaced, or a key dropped or renamed (one damage, so
+    that what the shape answers turns on it alone)."""
+    doc = json.loads(json.dumps(doc))
+    places: list[tuple[Any, Any]] = []  # (container, key or index)
+    todo = [doc]
+    while todo:
+        node = todo.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            places.append((node, k))
+            todo.append(v)
+    node, k = rng.choice(places)
+    how = rng.randrange(3) if isinstance(node, dict) else 0
+    if how == 0:
+        node[k] = rng.choice(_LEAVES)
+    elif how == 1:
+        del node[k]
+    else:
+        node["x" + k] = node.pop(k)
+    return doc
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_a_shape_answers_ok_exactly_when_it_has_no_complaint(seed: int) -> None:
+    """`ok` (asked of every reading a report reads) and `check` (asked for the complaint) never disagree."""
+    reading = json.loads(archive.proc_line(procfs.reading([os.getpid()])))  # as a reader gets it: string keys
+    meta = json.loads(json.dumps(schema.encode(Meta(targets=[Target(7, threads={7: "t"})],
+                                                    sampling=Sampling(frequency=99)))))
+    rng = random.Random(seed)
+    for doc, shape in ((reading, schema.PROC_READING), (meta, archive.META_SHAPE)):
+        bad = _damaged(doc, rng)
+        assert shape.ok(bad) == (shape.check(bad, "") is None)
