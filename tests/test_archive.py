@@ -632,3 +632,26 @@ def test_a_shape_answers_ok_exactly_when_it_has_no_complaint(seed: int) -> None:
     for doc, shape in ((reading, schema.PROC_READING), (meta, archive.META_SHAPE)):
         bad = _damaged(doc, rng)
         assert shape.ok(bad) == (shape.check(bad, "") is None)
+
+
+def test_exit_watch_tells_a_live_target_from_an_exited_one() -> None:
+    """The session's per-tick liveness (pidfds): alive while it runs; not once it exits, as a zombie and
+    once reaped; a pid gone before it was first asked is not alive even if reused later."""
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    with procfs.ExitWatch() as watch:
+        assert watch.alive(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()
+        deadline = time.monotonic() + 10
+        while watch.alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not watch.alive(child.pid), "an exited child (a zombie until reaped) counted as alive"
+        child.wait()
+        assert not watch.alive(child.pid)
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        assert not watch.alive(int(gone.stdout))
