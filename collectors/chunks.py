@@ -138,7 +138,10 @@ class ChunkFolder:
         self.targets_seen: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.written: list[StackRecord] | None = None  # the records of the stacks file this folder last wrote
+        # the records of the stacks file this folder last wrote, kept when asked (a refold's report reads them):
+        # an attach rewrites the file after every chunk, and holding its last records was ~40 MB an hour in
+        self.keep_written = False
+        self.written: list[StackRecord] | None = None
         self.error: BaseException | None = None
 
     # -- the background pass
@@ -273,7 +276,9 @@ class ChunkFolder:
                 path.unlink(missing_ok=True)
 
     def _save(self) -> None:
-        self.written = self.state.save(self.out / runfiles.STACKS)
+        self.written = None  # the last ones go before the next are made: one table's worth at a time
+        written = self.state.save(self.out / runfiles.STACKS)
+        self.written = written if self.keep_written else None
 
 
 _malloc_trim: Callable[[int], int] | None  # glibc's malloc_trim(pad): 1 when memory went back to the system
@@ -322,6 +327,7 @@ def refold(perf: str, out: Path, groups: list[SampleGroup], status: Callable[[st
     except DamagedStacks as e:
         raise QprofError(f"{e}; {NO_RAW}") from None
     folder = ChunkFolder(perf, out, groups, keep_raw=True, state=state, status=status)
+    folder.keep_written = True
     archive.release_space(out)  # left by a run that was killed
     stats = folder.finish()
     return stats, folder.written
