@@ -23,7 +23,6 @@ pattern once per distinct symbol; a stack then costs one lookup per frame.
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass
 from typing import Sequence

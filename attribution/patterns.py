@@ -24,10 +24,9 @@ from __future__ import annotations
 import hashlib
 import re._constants as C  # noqa: N812  (sre opcodes: what a pattern parses into)
 import re._parser as sre
-from typing import Any
-
 import sys
 from pathlib import Path
+from typing import Any
 
 import regex
 

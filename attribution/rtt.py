@@ -18,7 +18,6 @@ echo: the sender's side is the one that reads the path (the verdict takes it).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 

@@ -8,10 +8,11 @@ connection for the whole soak and `qprof attach --server PID --client PID` sampl
 busy endpoints); with `--ends server`, gtlsclient downloads run back to back and only the
 server is attached. DWARF unwinding by default (the costly case, ~8 KiB of stack per sample),
 the default probes. At the end it prints the footprint over the whole attach: the CPU of
-`qprof attach` and everything it ran (wait4) against the attached endpoints' CPU (/proc). Every few seconds the script reads the
-resident memory of qprof and all its helper processes (perf record, bpftrace, perf
-script) and the archive's size per file, then fits a line through the readings after a
-warm-up and prints the slopes and their extrapolation to one hour.
+`qprof attach` and everything it ran (wait4) against the attached endpoints' CPU (/proc).
+Every few seconds the script reads the resident memory of qprof and each helper process
+(perf record, the probe loaders, the folder) and the archive's size per file, then fits a
+line through the readings after a warm-up and prints the slopes and their extrapolation to
+one hour.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the lab packa
 
 from lab.bytecode import compile_tree  # noqa: E402
 from lab.transfers import Ngtcp2Transfer  # noqa: E402
+from qprof.probes.children import cpu_seconds  # noqa: E402
 
 QPROF = [sys.executable, "-m", "qprof.cli"]
 WARMUP_S = 30.0
@@ -94,14 +96,9 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of a live process, from /proc/PID/stat (0 once it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def targets_cpu_s(pids: list[int]) -> float:
+    """The endpoints' CPU seconds so far (/proc; a process gone counts 0: read them while they live)."""
+    return sum(cpu_seconds(p) or 0.0 for p in pids)
 
 
 def clients(xfer: Ngtcp2Transfer, stop: threading.Event, done: list[int]) -> None:
@@ -139,11 +136,11 @@ def main() -> int:
             xfer.release_client()
             ends += ["--client", str(client)]
             targets.append(client)
-            loop = threading.Thread(target=lambda: None)
+            loop = None
         else:
             loop = threading.Thread(target=clients, args=(xfer, stop, done), daemon=True)
-        loop.start()
-        targets0 = sum(cpu_s(p) for p in targets)
+            loop.start()
+        targets0 = targets_cpu_s(targets)
         att = subprocess.Popen([*QPROF, "attach", *ends, "-d", str(args.seconds),
                                 "--unwind", args.unwind, "-o", str(run), "-q"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -160,15 +157,16 @@ def main() -> int:
                 rss, comm = rss_bytes(member)
                 per[comm] = per.get(comm, 0) + rss
             readings.append((time.monotonic() - t0, sum(per.values()), per, archive_files(run)))
-            targets_s = max(targets_s, sum(cpu_s(p) for p in targets) - targets0)  # read while they live
+            targets_s = max(targets_s, targets_cpu_s(targets) - targets0)
             r = readings[-1]
             print(f"t={r[0]:6.1f}s  qprof+helpers RSS {r[1] / 2**20:7.1f} MiB  "
                   f"({', '.join(f'{k} {v / 2**20:.0f}' for k, v in sorted(per.items()))})  "
                   f"archive {sum(r[3].values()) / 2**20:7.1f} MiB", flush=True)
         stop.set()
         err = att.stderr.read() if att.stderr else ""
-        targets_s = max(targets_s, sum(cpu_s(p) for p in targets) - targets0)
-        loop.join(120)
+        targets_s = max(targets_s, targets_cpu_s(targets) - targets0)
+        if loop is not None:
+            loop.join(120)
     observer_s = ru.ru_utime + ru.ru_stime
     print(f"\nattach exit {att.returncode} {err.strip()[-300:]}; " + (
         f"{len(done)} client downloads of 64 MiB ({sum(1 for d in done if d == 0)} ok)" if args.ends == "server"

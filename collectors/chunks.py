@@ -139,7 +139,8 @@ class ChunkFolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # the records of the stacks file this folder last wrote, kept when asked (a refold's report reads them):
-        # an attach rewrites the file after every chunk, and holding its last records was ~40 MB an hour in
+        # an attach rewrites the file after every chunk, and holding its last records between writes took
+        # tens of MB once the time bins reached their cap (the hour's soak)
         self.keep_written = False
         self.written: list[StackRecord] | None = None
         self.error: BaseException | None = None

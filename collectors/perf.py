@@ -31,6 +31,7 @@ from qprof.collectors.perfscript import PERF_SCRIPT_FIELDS
 from qprof.archive.stacks import SAMPLE_CLOCK
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent, interrupt_and_wait
+from qprof.probes.features import CAP_SYS_ADMIN, effective_capabilities
 
 UNWIND_MODES = ("fp", "dwarf")
 # Hz, off 500 so samples do not lock onto 2 and 4 ms timers (their phase drifts, once a second).
@@ -74,18 +75,10 @@ def record_command(perf: str, unwind: str, frequency: int, event: str,
     return cmd
 
 
-CAP_SYS_ADMIN = 21
-
-
 def _may_unshare_mounts() -> bool:
     """A mount namespace of its own can be made here: root with CAP_SYS_ADMIN (a container's root
     may lack it) and util-linux's unshare and mount."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            caps = next((ln for ln in f if ln.startswith(b"CapEff:")), b"CapEff:\t0").split()[1]
-    except OSError:
-        return False
-    return (os.geteuid() == 0 and bool(int(caps, 16) >> CAP_SYS_ADMIN & 1)
+    return (os.geteuid() == 0 and bool(effective_capabilities() >> CAP_SYS_ADMIN & 1)
             and shutil.which("unshare") is not None and shutil.which("mount") is not None)
 
 

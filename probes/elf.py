@@ -251,10 +251,12 @@ class ElfObject:
     def raw_functions(self, table: str) -> Iterator[tuple[bytes, int]]:
         """(raw name, address) of `table`'s function symbols with an address, in table order: `functions`
         without decoding names or making records, for whole-table lookups."""
-        found = self._table(table) if self._shdrs is not None else None
-        if found is None:
-            for f in self.functions(table) if self._shdrs is None else ():
+        if self._shdrs is None:  # another class or byte order: pyelftools' view
+            for f in self.functions(table):
                 yield f.name.encode("utf-8", "surrogateescape"), f.address
+            return
+        found = self._table(table)
+        if found is None:
             return
         strtab, data = found
         for n, info, _, _, value, _ in _SYM64.iter_unpack(data):
@@ -358,8 +360,10 @@ def _raw_starts(path: str) -> dict[bytes, int]:
 def forget_starts() -> None:
     """Forget the tables read: a file was replaced at a path already read (tables are kept by path)."""
     _raw_starts.cache_clear()
+    function_starts.cache_clear()
 
 
+@lru_cache(maxsize=256)
 def function_starts(path: str) -> dict[str, int]:
     """Function name -> start address (the object's vaddr), from the fullest symbol table, the first
     address of a name winning; {} when unreadable."""

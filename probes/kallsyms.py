@@ -17,7 +17,6 @@ after them (modules, BPF programs, trampolines: not sorted) are parsed, and they
 from __future__ import annotations
 
 import bisect
-import os
 import re
 from pathlib import Path
 
@@ -39,20 +38,11 @@ def snapshot(directory: Path) -> Path | None:
         return None
     if not data or data[:16] == _ZERO:
         return None  # hidden addresses (kptr_restrict): a copy helps no reader
-    path = directory / SNAPSHOT
+    path = directory / SNAPSHOT  # in the owner-only run directory
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        path.write_bytes(data)
     except OSError:
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        remove(path)  # a part written (a full disk) would misname frames
         return None
     return path
 
@@ -60,7 +50,7 @@ def snapshot(directory: Path) -> Path | None:
 def remove(path: Path | None) -> None:
     if path is not None:
         try:
-            path.unlink()
+            path.unlink(missing_ok=True)
         except OSError:
             pass
 

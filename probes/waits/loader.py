@@ -47,7 +47,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TextIO
+from typing import Iterable, Mapping, TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.kallsyms import PROC_KALLSYMS, UNKNOWN_FRAME, KernelSymbols
