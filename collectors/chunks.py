@@ -27,6 +27,7 @@ the chunks not folded, and `report --refold` folds them.
 from __future__ import annotations
 
 import ctypes
+import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,8 @@ from qprof.collectors.folding import file_size, fold_files
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
 from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StackRecord, StacksHeader, add_counts,
-                                  foldable_again, read_stacks, records, stacks_header, write_stacks)
+                                  bin_pairs_text, foldable_again, frames_text, read_stacks, stack_line, stacks_header,
+                                  write_stack_lines)
 from qprof import runfiles
 from qprof.errors import QprofError
 from qprof.probes.children import BACKGROUND_NICE
@@ -51,17 +53,37 @@ POLL_S = 0.5  # how often the folding thread looks for finished chunks
 MAX_BIN_ENTRIES = 500_000
 
 
+# a stack's time bins past this many are sealed (Sealed), all but its latest
+SEAL_AT = 16
+
+
+@dataclass
+class Sealed:
+    """A stack's older time bins as the text its line holds ("[b,p],[b,p]...", archive.stacks.bin_pairs_text),
+    in bin order, every one below `upto`. Why: in a long run the bins are most of the table, the table is
+    written again after every chunk, and a bin older than a stack's latest never changes once its chunk is
+    folded (a recorder's chunks come in time order): sealed, each bin is encoded once, not at every save,
+    and takes ~12 bytes of text against ~100 as a dict entry."""
+
+    text: str = ""
+    count: int = 0
+    upto: int = 0
+
+
 @dataclass
 class FoldState:
     """Distinct stacks folded so far and the chunks they came from (the stacks file's header)."""
 
-    acc: dict[StackKey, Slot] = field(default_factory=dict)  # one slot per distinct stack
+    acc: dict[StackKey, Slot] = field(default_factory=dict)  # one slot per distinct stack: its recent bins
+    sealed: dict[StackKey, Sealed] = field(default_factory=dict)  # its older bins, where it has them
     frames: dict[Frame, Frame] = field(default_factory=dict)  # one object per distinct frame
     folded: list[str] = field(default_factory=list)
     dropped: list[dict[str, Scalar]] = field(default_factory=list)
     unreadable: list[dict[str, Scalar]] = field(default_factory=list)
     stats: ParseStats = field(default_factory=ParseStats)
     bin_grain: int = 1  # time bins per kept bin (archive.stacks): 1 is BIN_S
+    # each distinct stack's frames as its line holds them: encoded once, not at every save
+    frames_text: dict[tuple[Frame, ...], str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> "FoldState":
@@ -79,7 +101,10 @@ class FoldState:
 
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
             bins: tuple[tuple[int, int], ...] = (), span: tuple[int, int] | None = None) -> None:
-        add_counts(self.acc, (pid, tid, comm, self.shared(frames)), samples, period, bins, span)
+        key = (pid, tid, comm, self.shared(frames))
+        if bins and key in self.sealed and min(b for b, _ in bins) < self.sealed[key].upto:
+            self._unseal(key)
+        add_counts(self.acc, key, samples, period, bins, span)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
         """The stack built from shared frame objects: thousands of distinct stacks repeat the same
@@ -93,13 +118,22 @@ class FoldState:
             span = slot[3] if len(slot) > 3 else None
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
-            add_counts(self.acc, k, n, period, ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items(),
-                       None if span is None else (span[0], span[1]))
-        while sum(len(slot[2]) for slot in self.acc.values()) > MAX_BIN_ENTRIES:
+            pairs = ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items()
+            sealed = self.sealed.get(k)
+            if sealed is not None and bins and min(bins) - min(bins) % g < sealed.upto:
+                self._unseal(k)  # a bin older than the sealed ones (not in time order): back to numbers
+            add_counts(self.acc, k, n, period, pairs, None if span is None else (span[0], span[1]))
+        while self.bin_entries() > MAX_BIN_ENTRIES:
             self.coarsen()
+
+    def bin_entries(self) -> int:
+        """(stack, time bin) pairs held, sealed or not."""
+        return sum(len(slot[2]) for slot in self.acc.values()) + sum(s.count for s in self.sealed.values())
 
     def coarsen(self) -> None:
         """Double the bins' length: each kept bin starts at a multiple of the grain (in BIN_S)."""
+        for k in list(self.sealed):
+            self._unseal(k)
         g = self.bin_grain = self.bin_grain * 2
         for slot in self.acc.values():
             merged: dict[int, int] = {}
@@ -107,15 +141,62 @@ class FoldState:
                 merged[b - b % g] = merged.get(b - b % g, 0) + p
             slot[2] = merged
 
+    def seal(self) -> None:
+        """Seal every stack's bins but its latest where it holds more than SEAL_AT."""
+        for k, slot in self.acc.items():
+            bins: dict[int, int] = slot[2]
+            if len(bins) <= SEAL_AT:
+                continue
+            pairs = sorted(bins.items())
+            last = pairs.pop()
+            s = self.sealed.get(k)
+            if s is None:
+                s = self.sealed[k] = Sealed()
+            text = bin_pairs_text(pairs)
+            s.text = f"{s.text},{text}" if s.text else text
+            s.count += len(pairs)
+            s.upto = last[0]
+            slot[2] = {last[0]: last[1]}
+
+    def _unseal(self, key: StackKey) -> None:
+        s = self.sealed.pop(key)
+        per_bin: dict[int, int] = self.acc[key][2]
+        for b, p in json.loads(f"[{s.text}]"):
+            per_bin[b] = per_bin.get(b, 0) + p
+
+    def _bins(self, key: StackKey, slot: Slot) -> tuple[tuple[int, int], ...]:
+        s = self.sealed.get(key)
+        recent = sorted(slot[2].items())
+        if s is None:
+            return tuple(recent)
+        return tuple((b, p) for b, p in json.loads(f"[{s.text}]")) + tuple(recent)
+
+    def records(self) -> list[StackRecord]:
+        """The table's records, in first-occurrence order, as reading the stacks file back gives them."""
+        return [StackRecord(k[0], k[1], k[2], v[0], v[1], k[3], self._bins(k, v),
+                            None if v[3] is None else (v[3][0], v[3][1])) for k, v in self.acc.items()]
+
     def header(self) -> StacksHeader:
         return StacksHeader(self.folded, self.dropped, self.unreadable, self.stats.samples, self.stats.bad_lines,
                             self.stats.bad_examples, round(self.stats.script_cpu_s, 3), self.bin_grain)
 
-    def save(self, path: Path) -> list[StackRecord]:
-        """Write the stacks file; its records, as reading it back gives them."""
-        recs = records(self.acc)
-        write_stacks(path, recs, self.header())
-        return recs
+    def save(self, path: Path, seal: bool = True) -> None:
+        """Write the stacks file, each line laid out from the text kept; `seal`: the bins sealed first (a
+        write that others will follow)."""
+        if seal:
+            self.seal()
+        write_stack_lines(path, map(self._line, self.acc.items()), self.header())
+
+    def _line(self, item: tuple[StackKey, Slot]) -> str:
+        (pid, tid, comm, frames), slot = item
+        text = self.frames_text.get(frames)
+        if text is None:
+            text = self.frames_text[frames] = frames_text(frames)
+        recent = bin_pairs_text(sorted(slot[2].items()))
+        s = self.sealed.get(item[0])
+        bins = recent if s is None else f"{s.text},{recent}" if recent else s.text
+        span = slot[3]
+        return stack_line(pid, tid, comm, slot[0], slot[1], text, bins, None if span is None else (span[0], span[1]))
 
 
 class ChunkFolder:
@@ -197,14 +278,14 @@ class ChunkFolder:
                 if paths:
                     self._fold_chunks(paths, group, True)
                     done += paths
-            self._saved(done)
+            self._saved(done, final=True)
             return
         waiting.sort(key=lambda pg: pg[0].name)
         self._enforce_budget(waiting)
         for i, (path, group) in enumerate(waiting):
             if path.exists():
                 self._fold_chunks([path], group, self._behind(waiting[i:]))
-                self._saved([path])
+                self._saved([path], final=False)
 
     def _pids_known(self, chunk: Path) -> bool:
         """Whether every target in the chunk is in its group's pids (folding keeps only those): the
@@ -227,7 +308,7 @@ class ChunkFolder:
                                        "reason": "folding fell behind sampling: raw budget exceeded"})
             self.status(f"warning: dropped {path.name} ({sizes[path] >> 20} MiB unfolded): folding is "
                         "slower than sampling; lower -F or use --unwind fp")
-            self._save()
+            self._save(final=False)
 
     def _behind(self, waiting: list[tuple[Path, SampleGroup]]) -> bool:
         """Folding must keep up now: the chunks waiting fill half the raw budget (past all of it
@@ -265,21 +346,21 @@ class ChunkFolder:
         st.folded += [p.name for p in paths]
         _return_free_memory()
 
-    def _saved(self, chunks: list[Path]) -> None:
+    def _saved(self, chunks: list[Path], final: bool) -> None:
         """Write the stacks file that holds these folded chunks, then delete their raw data (unless kept):
         a chunk is gone only once the file that counts it is on disk, so a kill at any moment loses none
         and counts none twice."""
         if not chunks:
             return
-        self._save()
+        self._save(final)
         if not self.keep_raw:
             for path in chunks:
                 path.unlink(missing_ok=True)
 
-    def _save(self) -> None:
-        self.written = None  # the last ones go before the next are made: one table's worth at a time
-        written = self.state.save(self.out / runfiles.STACKS)
-        self.written = written if self.keep_written else None
+    def _save(self, final: bool) -> None:
+        # the last write seals nothing: no write follows it to spare
+        self.state.save(self.out / runfiles.STACKS, seal=not final)
+        self.written = self.state.records() if self.keep_written else None
 
 
 _malloc_trim: Callable[[int], int] | None  # glibc's malloc_trim(pad): 1 when memory went back to the system

@@ -24,7 +24,8 @@ from qprof.archive import Run
 from qprof.archive.model import STATUS_COLLECTING, SampleGroup
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.runfiles import chunk_files
-from qprof.archive.stacks import Sample, StacksHeader, fold, read_stacks, stacks_header, write_stacks
+from qprof.archive.stacks import (Sample, StacksHeader, add_counts, fold, read_stacks, records, stacks_header,
+                                  write_stacks)
 from qprof.probes.mapsout import read_maps
 from qprof.probes.children import BACKGROUND_NICE
 from qprof.probes.features import require_perf
@@ -124,7 +125,7 @@ def test_the_last_pass_writes_the_stacks_file_once(capture: Path, tmp_path: Path
     assert len(chunk_files(run, "perf-dwarf.data", include_current=True)) >= 3
     writes: list[Path] = []
     save = FoldState.save
-    monkeypatch.setattr(FoldState, "save", lambda self, path: (writes.append(path), save(self, path))[1])
+    monkeypatch.setattr(FoldState, "save", lambda self, path, seal=True: (writes.append(path), save(self, path, seal))[1])
     (run / "stacks.jsonl.gz").unlink()
     ChunkFolder(require_perf(), run, groups(run), keep_raw=True).finish()
     assert writes == [run / "stacks.jsonl.gz"]
@@ -141,7 +142,7 @@ def test_cut_short_run_refolds_only_what_is_missing(capture: Path, tmp_path: Pat
     folder = ChunkFolder(require_perf(), run, groups(run))
     for c in chunks[:2]:  # as the background passes fold them: each saved, then deleted
         folder._fold_chunks([c], groups(run)[0], urgent=True)
-        folder._saved([c])
+        folder._saved([c], final=False)
     assert not chunks[0].exists() and not chunks[1].exists()
     with edited_meta(run) as meta:
         meta.status = STATUS_COLLECTING  # its collector is long gone
@@ -289,19 +290,57 @@ def test_read_maps_never_raises(tmp_path_factory: pytest.TempPathFactory, lines:
         assert "@a" in maps
 
 
-def test_time_bins_coarsen_past_their_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A long run's (stack, bin) pairs stay under the budget: bins double in length, CPU time kept."""
+def test_time_bins_coarsen_past_their_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A long run's (stack, bin) pairs stay under the budget, sealed ones counted: bins double in length,
+    CPU time kept."""
     from qprof.collectors import chunks
     from qprof.collectors.chunks import FoldState
 
     monkeypatch.setattr(chunks, "MAX_BIN_ENTRIES", 100)
+    monkeypatch.setattr(chunks, "SEAL_AT", 4)
     st = FoldState()
     stacks = [((f"f{i}", "/x"),) for i in range(3)]
-    for b in range(0, 200, 10):  # 20 chunks of 10 bins, 3 stacks in each bin
+    for b in range(0, 200, 10):  # 20 chunks of 10 bins, 3 stacks in each bin; saved after each, as an attach does
         st.merge({(1, 1, "x", s): [10, 10 * 7, {b + k: 7 for k in range(10)}] for s in stacks})
-    entries = sum(len(slot[2]) for slot in st.acc.values())
-    assert entries <= 100 and st.bin_grain == 8
-    for slot in st.acc.values():
-        assert sum(slot[2].values()) == slot[1] == 200 * 7
-        assert all(b % 8 == 0 for b in slot[2])
+        st.save(tmp_path / "s.jsonl.gz")
+    assert st.bin_entries() <= 100 and st.bin_grain == 8 and st.sealed
+    for r in st.records():
+        assert sum(p for _, p in r.bins) == r.period == 200 * 7
+        assert all(b % 8 == 0 for b, _ in r.bins) and [b for b, _ in r.bins] == sorted({b for b, _ in r.bins})
+    assert list(read_stacks(tmp_path / "s.jsonl.gz")) == st.records()
     assert st.header().bin_grain == 8
+
+
+_CHUNK = st.dictionaries(st.tuples(st.integers(1, 2), st.sampled_from([(("a", "/x"),), (("b", "/x"), ("a", "/x"))])),
+                         st.tuples(st.integers(1, 5), st.dictionaries(st.integers(0, 60), st.integers(1, 9),
+                                                                      min_size=1, max_size=12)),
+                         max_size=4)
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(st.lists(st.tuples(_CHUNK, st.booleans()), max_size=12), st.integers(1, 6))
+def test_sealed_bins_save_what_plain_sums_give(tmp_path_factory: pytest.TempPathFactory,
+                                               chunks_: list[tuple[dict, bool]], seal_at: int) -> None:
+    """Chunks in any time order, saved after any of them: the stacks file and the records are the plain
+    sums' (sealed bins unsealed where an older bin comes late, coarsened when over budget)."""
+    from qprof.collectors import chunks
+
+    p = tmp_path_factory.mktemp("seal") / "s.jsonl.gz"
+    plain: dict = {}
+    state = chunks.FoldState()
+    old = chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES
+    chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES = seal_at, 10**9
+    try:
+        for chunk, save in chunks_:
+            part = {(tid, tid, "x", frames): [n, sum(bins.values()), dict(bins), [min(bins), max(bins)]]
+                    for (tid, frames), (n, bins) in chunk.items()}
+            for k, slot in part.items():
+                add_counts(plain, k, slot[0], slot[1], slot[2].items(), (slot[3][0], slot[3][1]))
+            state.merge(part)
+            if save:
+                state.save(p)
+        state.save(p)
+    finally:
+        chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES = old
+    assert state.records() == records(plain)
+    assert list(read_stacks(p)) == records(plain)
