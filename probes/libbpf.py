@@ -99,11 +99,13 @@ def build(package: str, name: str, cache: Path = CACHE) -> Path:
 # ---------------------------------------------------------------- libbpf through ctypes
 
 def _libbpf() -> ctypes.CDLL:
-    path = ctypes.util.find_library("bpf") or "libbpf.so.1"
-    try:
-        lib = ctypes.CDLL(path, use_errno=True)
-    except OSError as e:
-        raise Unavailable(f"libbpf not found ({e}; Debian: apt-get install libbpf1)") from None
+    try:  # by its soname first: find_library runs ldconfig (a process) to find what this names
+        lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    except OSError:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("bpf") or "libbpf.so", use_errno=True)
+        except OSError as e:
+            raise Unavailable(f"libbpf not found ({e}; Debian: apt-get install libbpf1)") from None
     vp, cp, i, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
     for fn, res, args in (
             ("bpf_object__open_file", vp, [cp, vp]), ("bpf_object__load", i, [vp]),
