@@ -112,12 +112,16 @@ class FoldState:
         return tuple(self.frames.setdefault(f, f) for f in frames)
 
     def merge(self, chunk: dict[StackKey, Slot]) -> None:
+        """Add a chunk's sums (its slots are taken over: the caller made them for this)."""
         g = self.bin_grain
         for k, slot in chunk.items():
             n, period, bins = slot[:3]
             span = slot[3] if len(slot) > 3 else None
             if k not in self.acc:
                 k = (k[0], k[1], k[2], self.shared(k[3]))
+                if g == 1:  # a new stack: its slot is taken as it is (the chunk's, made for this merge)
+                    self.acc[k] = [n, period, bins, None if span is None else [span[0], span[1]]]
+                    continue
             pairs = ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items()
             sealed = self.sealed.get(k)
             if sealed is not None and bins and min(bins) - min(bins) % g < sealed.upto:
@@ -321,10 +325,10 @@ class ChunkFolder:
         theirs (at the same priority it is scheduled against them). Chunks folded together that fail
         are folded again one by one, so that a damaged one is named and the others count."""
         background = threading.current_thread() is not threading.main_thread()
-        try:
-            part, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
-                                     1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
-                                     self.kallsyms)
+        try:  # merged only once the chunks are read: a failure counts nothing
+            chunk, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
+                                      1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
+                                      self.kallsyms)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             if len(paths) > 1:
                 for path in paths:
@@ -332,14 +336,7 @@ class ChunkFolder:
                 return
             self.state.unreadable.append({"chunk": paths[0].name, "reason": str(e)})
             self.status(f"warning: {paths[0].name}: {e}")
-            part, stats = [], ParseStats()
-        chunk: dict[StackKey, Slot] = {}  # merged only once the chunks are read: a failure counts nothing
-        for r in part:  # one record per key (fold_files merged its parts): taken as they are
-            k = (r.pid, r.tid, r.comm, r.frames)
-            if k in chunk:
-                add_counts(chunk, k, r.samples, r.period, r.bins, r.span_ns)
-            else:
-                chunk[k] = [r.samples, r.period, dict(r.bins), None if r.span_ns is None else list(r.span_ns)]
+            chunk, stats = {}, ParseStats()
         st = self.state
         st.merge(chunk)
         st.stats.absorb(stats)

@@ -30,14 +30,13 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from qprof import runfiles
 from qprof.collectors import debuginfo, mapfiles, nativefold
 from qprof.collectors.perf import script_command
 from qprof.collectors.perfdata import prepare
 from qprof.collectors.perfscript import ParseStats, StreamFolder
-from qprof.archive.stacks import StackKey, StackRecord, add_counts, records, write_stacks
+from qprof.archive.stacks import Slot, StackKey, StackRecord, add_counts, records, write_stacks
 from qprof.archive.model import SampleGroup
 from qprof.errors import QprofError
 from qprof.probes.children import die_with_parent
@@ -105,13 +104,20 @@ def run_slices(perf: str, specs: list[SliceSpec], jobs: int, nice: int = 0
 
 def merge(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[list[StackRecord], ParseStats]:
     """Records of consecutive slices as one fold of the whole text: same keys summed, first-occurrence order."""
-    acc: dict[StackKey, list[Any]] = {}
+    acc, stats = accumulate(parts)
+    return records(acc), stats
+
+
+def accumulate(parts: list[tuple[list[StackRecord], ParseStats]]) -> tuple[dict[StackKey, Slot], ParseStats]:
+    """merge's sums as the accumulator they are made in (archive.stacks.add_counts), for a caller that adds
+    them to its own (collectors.chunks) rather than turn them into records and back."""
+    acc: dict[StackKey, Slot] = {}
     stats = ParseStats()
     for part, st in parts:
         for r in part:
             add_counts(acc, (r.pid, r.tid, r.comm, r.frames), r.samples, r.period, r.bins, r.span_ns)
         stats.absorb(st)
-    return records(acc), stats
+    return acc, stats
 
 
 def _intersect(a: Window, b: list[int | None]) -> Window | None:
@@ -145,7 +151,7 @@ def run_specs(out: Path, groups: list[SampleGroup], jobs: int) -> list[SliceSpec
 
 def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: int | None = None,
                windows: PidWindows | None = None, nice: int = 0, kallsyms: Path | None = None
-               ) -> tuple[list[StackRecord], ParseStats]:
+               ) -> tuple[dict[StackKey, Slot], ParseStats]:
     """Fold consecutive perf data files of one recorder (a run's chunks, in order): with the native folder
     one process reads them all (kallsyms and the objects' tables read once); with `perf script`, each
     file in `jobs` time slices at once. `kallsyms`: the attach's snapshot (probes.kallsyms), for the
@@ -153,7 +159,7 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
     jobs = default_jobs() if jobs is None else jobs
     folder = nativefold.chosen()
     if folder is None:
-        return merge([merge(run_slices(perf, file_specs(d, log, pids, jobs, windows), jobs, nice)) for d in data])
+        return accumulate([merge(run_slices(perf, file_specs(d, log, pids, jobs, windows), jobs, nice)) for d in data])
     for d in data:  # the folder reads KSYMBOL records; build-ids a target's mapping needs are stamped
         stamps = mapfiles.stamps(d.parent)
         if stamps:
@@ -169,7 +175,7 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
         for ps, w in calls:
             running += [nativefold.Running(folder, part, ps, root, log, w, nice, kallsyms)
                         for part in split_files(data, jobs)]
-        return merge([r.collect() for r in running])
+        return accumulate([r.collect() for r in running])
     finally:
         for r in running:
             r.kill()
@@ -202,10 +208,15 @@ def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None =
 
     `jobs`: folder processes at once (default: one per usable CPU); 1 runs one process per
     recorder (the native folder) or per file (perf script), the plain sequential way."""
-    parts = [fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
-                        out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows) for g in groups]
-    records, stats = merge(parts)
-    write_stacks(out / runfiles.STACKS, records)
+    acc: dict[StackKey, Slot] = {}
+    stats = ParseStats()
+    for g in groups:
+        part, st = fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
+                              out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows)
+        for k, slot in part.items():
+            add_counts(acc, k, slot[0], slot[1], slot[2].items(), slot[3])
+        stats.absorb(st)
+    write_stacks(out / runfiles.STACKS, records(acc))
     return stats
 
 
