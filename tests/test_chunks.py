@@ -318,18 +318,18 @@ _CHUNK = st.dictionaries(st.tuples(st.integers(1, 2), st.sampled_from([(("a", "/
 
 
 @settings(max_examples=examples(150), deadline=None)
-@given(st.lists(st.tuples(_CHUNK, st.booleans()), max_size=12), st.integers(1, 6))
+@given(st.lists(st.tuples(_CHUNK, st.booleans()), max_size=12), st.integers(1, 6), st.sampled_from([10**9, 12, 40]))
 def test_sealed_bins_save_what_plain_sums_give(tmp_path_factory: pytest.TempPathFactory,
-                                               chunks_: list[tuple[dict, bool]], seal_at: int) -> None:
+                                               chunks_: list[tuple[dict, bool]], seal_at: int, budget: int) -> None:
     """Chunks in any time order, saved after any of them: the stacks file and the records are the plain
-    sums' (sealed bins unsealed where an older bin comes late, coarsened when over budget)."""
+    sums' (sealed bins unsealed where an older bin comes late), at the grain the bins' budget left."""
     from qprof.collectors import chunks
 
     p = tmp_path_factory.mktemp("seal") / "s.jsonl.gz"
     plain: dict = {}
     state = chunks.FoldState()
     old = chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES
-    chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES = seal_at, 10**9
+    chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES = seal_at, budget
     try:
         for chunk, save in chunks_:
             part = {(tid, tid, "x", frames): [n, sum(bins.values()), dict(bins), [min(bins), max(bins)]]
@@ -342,5 +342,12 @@ def test_sealed_bins_save_what_plain_sums_give(tmp_path_factory: pytest.TempPath
         state.save(p)
     finally:
         chunks.SEAL_AT, chunks.MAX_BIN_ENTRIES = old
+    g = state.bin_grain
+    for slot in plain.values():
+        coarse: dict = {}
+        for b, v in slot[2].items():
+            coarse[b - b % g] = coarse.get(b - b % g, 0) + v
+        slot[2] = coarse
     assert state.records() == records(plain)
     assert list(read_stacks(p)) == records(plain)
+    assert g == 1 or state.bin_entries() <= budget
