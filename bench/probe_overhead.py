@@ -15,7 +15,8 @@ Configurations (qprof's in-process attach, AttachSession, with default options):
   default-client   the same on the client only
   sampling-both    perf only (probes none) on both: what sampling alone costs
   system-both      default-both with --scope system (perf samples every CPU on wall-clock ticks)
-  <group>-both     perf + an opt-in group (softirq, syscalls, crypto), when asked for with --configs
+  <group>-both     perf + one probe group alone (packetio, waits, softirq, syscalls, crypto), when asked
+                   for with --configs
 
 A pair = one baseline run (nothing attached) and one run of the configuration,
 in random order within the pair; configurations are interleaved round-robin, so
@@ -150,9 +151,8 @@ def configurations() -> list[Config]:
     configs.append(Config("nowaits-both", qprof_attach(rest, "both"), f"perf + {','.join(rest)} on both", rest))
     configs.append(Config("system-both", qprof_attach(DEFAULT_GROUPS, "both", "system"),
                           "perf (--scope system) + default probes on both", tuple(DEFAULT_GROUPS)))
-    for g in GROUPS:
-        if g not in DEFAULT_GROUPS:
-            configs.append(Config(f"{g}-both", qprof_attach((g,), "both"), f"perf + {g} alone on both", (g,)))
+    for g in GROUPS:  # each group alone, the default ones too: which of them costs what
+        configs.append(Config(f"{g}-both", qprof_attach((g,), "both"), f"perf + {g} alone on both", (g,)))
     return configs
 
 
