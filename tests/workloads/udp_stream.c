@@ -82,12 +82,15 @@ static int send_stream(int port, double seconds, int size, int segs, double rate
 		return perror("UDP_SEGMENT"), 1;
 	char *buf = calloc(segs, size);
 	unsigned long long dgrams = 0, bytes = 0, calls = 0;
-	double start = now(), end = start + seconds;
+	double start = now(), end = start + seconds, due = start;
 	while (now() < end) {
 		if (rate > 0) {  // paced: one send at its time
-			double due = start + calls / rate, t = now();
+			double t = now();
 			if (due > t)
 				usleep((useconds_t)((due - t) * 1e6));
+			else if (due < t - 1 / rate)
+				due = t;  // behind (not scheduled for a while): no burst to catch up, the rate goes on from now
+			due += 1 / rate;
 		}
 		for (int i = 0; i < (rate > 0 ? 1 : 64); i++) {
 			ssize_t n = send(s, buf, (size_t)size * segs, 0);
