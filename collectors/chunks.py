@@ -102,8 +102,8 @@ class FoldState:
     def add(self, pid: int, tid: int, comm: str, frames: tuple[Frame, ...], samples: int, period: int,
             bins: tuple[tuple[int, int], ...] = (), span: tuple[int, int] | None = None) -> None:
         key = (pid, tid, comm, self.shared(frames))
-        if bins and key in self.sealed and min(b for b, _ in bins) < self.sealed[key].upto:
-            self._unseal(key)
+        if bins:
+            self._unseal_below(key, min(b for b, _ in bins))
         add_counts(self.acc, key, samples, period, bins, span)
 
     def shared(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
@@ -123,9 +123,8 @@ class FoldState:
                     self.acc[k] = [n, period, bins, None if span is None else [span[0], span[1]]]
                     continue
             pairs = ((b - b % g, p) for b, p in bins.items()) if g > 1 else bins.items()
-            sealed = self.sealed.get(k)
-            if sealed is not None and bins and min(bins) - min(bins) % g < sealed.upto:
-                self._unseal(k)  # a bin older than the sealed ones (not in time order): back to numbers
+            if bins:
+                self._unseal_below(k, min(bins) - min(bins) % g)
             add_counts(self.acc, k, n, period, pairs, None if span is None else (span[0], span[1]))
         while self.bin_entries() > MAX_BIN_ENTRIES:
             self.coarsen()
@@ -167,6 +166,13 @@ class FoldState:
         s.count += len(pairs)
         s.upto = last[0]
         slot[2] = {last[0]: last[1]}
+
+    def _unseal_below(self, key: StackKey, lowest: int) -> None:
+        """Before a bin is added: one older than the stack's sealed ones (not in time order) puts them
+        back into numbers."""
+        sealed = self.sealed.get(key)
+        if sealed is not None and lowest < sealed.upto:
+            self._unseal(key)
 
     def _unseal(self, key: StackKey) -> None:
         s = self.sealed.pop(key)

@@ -208,15 +208,10 @@ def fold_run(perf: str, out: Path, groups: list[SampleGroup], jobs: int | None =
 
     `jobs`: folder processes at once (default: one per usable CPU); 1 runs one process per
     recorder (the native folder) or per file (perf script), the plain sequential way."""
-    acc: dict[StackKey, Slot] = {}
-    stats = ParseStats()
-    for g in groups:
-        part, st = fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
-                              out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows)
-        for k, slot in part.items():
-            add_counts(acc, k, slot[0], slot[1], slot[2].items(), slot[3])
-        stats.absorb(st)
-    write_stacks(out / runfiles.STACKS, records(acc))
+    parts = [fold_files(perf, runfiles.chunk_files(out, g.perf_data, include_current=True),
+                        out / runfiles.perf_log(g.unwind), list(g.pids), jobs, g.windows) for g in groups]
+    recs, stats = merge([(records(acc), st) for acc, st in parts])
+    write_stacks(out / runfiles.STACKS, recs)
     return stats
 
 
