@@ -33,7 +33,8 @@ SYMTAB, DYNSYM = ".symtab", ".dynsym"
 UNREADABLE = (OSError, ELFError, ValueError, KeyError, struct.error)
 PF_X = 1  # an executable segment
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
-_STT_FUNC = 2
+_STT_FUNC, _STT_OBJECT = 2, 1
+_SHN_LORESERVE = 0xFF00  # section indexes from here on are special (SHN_ABS, SHN_COMMON...)
 _EHDR64 = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
 _SHDR64 = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, align, entsize
 _PHDR64 = struct.Struct("<IIQQQQQQ")  # Elf64_Phdr: type, flags, offset, vaddr, paddr, filesz, memsz, align
@@ -247,6 +248,26 @@ class ElfObject:
             if interest is not None and not interest.search(raw.decode("ascii", "replace")):
                 continue
             yield Function(raw.decode("utf-8", "replace"), value, size, shndx != 0)
+
+    def variables(self) -> Iterator[tuple[str, str, int, int]]:
+        """(name, section, value, size) of `.symtab`'s data objects defined in a section, in table order:
+        where a compiled BPF object's global variables sit (probes.layout)."""
+        if self._shdrs is None:
+            from elftools.elf.sections import SymbolTableSection
+
+            sec = self.section(SYMTAB)
+            for s in sec.iter_symbols() if isinstance(sec, SymbolTableSection) else ():
+                if s["st_info"]["type"] == "STT_OBJECT" and isinstance(s["st_shndx"], int):
+                    yield s.name, self.elf.get_section(s["st_shndx"]).name, s["st_value"], s["st_size"]
+            return
+        found = self._table(SYMTAB)
+        if found is None:
+            return
+        strtab, data = found
+        for n, info, _, shndx, value, size in _SYM64.iter_unpack(data):
+            if info & 0xF == _STT_OBJECT and 0 < shndx < min(len(self._shdrs), _SHN_LORESERVE):
+                yield (strtab[n:strtab.find(b"\0", n)].decode("utf-8", "replace"), self._shdrs[shndx].name,
+                       value, size)
 
     def raw_functions(self, table: str) -> Iterator[tuple[bytes, int]]:
         """(raw name, address) of `table`'s function symbols with an address, in table order: `functions`

@@ -4,7 +4,7 @@ A probe group's structs (its counters, its configuration) are written once, in
 its .bpf.c file. Python reads them back from the compiled object: struct member
 names, offsets and sizes from the object's BTF section (probes.btf), and
 where each global variable sits and what it starts as from the ELF symbol table
-and sections (pyelftools). Nothing about a layout is written again in Python,
+and sections (probes.elf). Nothing about a layout is written again in Python,
 so a field added in C is decoded without touching the loader.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qprof.probes.btf import BTF, STRUCT, BTFUnavailable
+from qprof.probes.elf import UNREADABLE, ElfObject
 
 
 class LayoutError(Exception):
@@ -144,30 +145,25 @@ class ObjectLayout:
 @lru_cache(maxsize=8)
 def read(obj: Path) -> ObjectLayout:
     """The layout of a compiled object (cached per path: objects are immutable, named by hash)."""
-    from elftools.elf.elffile import ELFFile  # pyelftools, a qprof dependency
-    from elftools.elf.sections import SymbolTableSection
-
     variables: dict[str, Variable] = {}
     sections: dict[str, bytes] = {}
-    with open(obj, "rb") as f:
-        elf = ELFFile(f)
-        btf_section = elf.get_section_by_name(".BTF")
-        if btf_section is None:
-            raise LayoutError(f"{obj.name} carries no BTF (compile it with clang -g)")
-        try:
-            types = BTF(btf_section.data())
-        except BTFUnavailable as e:
-            raise LayoutError(f"{obj.name}: {e}") from None
-        for name in (".rodata", ".data", ".bss"):
-            sec = elf.get_section_by_name(name)
-            if sec is not None:
-                sections[name] = b"" if name == ".bss" else sec.data()
-        symtab = elf.get_section_by_name(".symtab")
-        # .symtab, when present, is a symbol table (pyelftools returns it as a SymbolTableSection)
-        for sym in symtab.iter_symbols() if isinstance(symtab, SymbolTableSection) else []:
-            if sym["st_info"]["type"] != "STT_OBJECT" or not isinstance(sym["st_shndx"], int):
-                continue
-            section = elf.get_section(sym["st_shndx"]).name
-            if section in (".rodata", ".data", ".bss"):
-                variables[sym.name] = Variable(sym.name, section, sym["st_value"], sym["st_size"])
+    try:
+        with ElfObject.open(str(obj)) as elf:
+            btf_data = elf.contents(".BTF")
+            if btf_data is None:
+                raise LayoutError(f"{obj.name} carries no BTF (compile it with clang -g)")
+            try:
+                types = BTF(btf_data)
+            except BTFUnavailable as e:
+                raise LayoutError(f"{obj.name}: {e}") from None
+            for name in (".rodata", ".data", ".bss"):
+                if elf.has(name):
+                    sections[name] = b"" if name == ".bss" else (elf.contents(name) or b"")
+            for name, section, value, size in elf.variables():
+                if section in (".rodata", ".data", ".bss"):
+                    variables[name] = Variable(name, section, value, size)
+    except UNREADABLE as e:
+        if isinstance(e, OSError):
+            raise
+        raise LayoutError(f"{obj.name} is not a readable ELF object ({e}): rebuild it") from None
     return ObjectLayout(types, variables, sections)

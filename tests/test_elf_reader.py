@@ -53,10 +53,15 @@ def reference(path: str) -> dict[str, object]:
         segs = [(p["p_offset"], p["p_filesz"], p["p_vaddr"], p["p_memsz"], p["p_flags"])
                 for p in e.iter_segments() if p["p_type"] == "PT_LOAD"]
         interp = any(p["p_type"] == "PT_INTERP" for p in e.iter_segments())
+        symtab = e.get_section_by_name(".symtab")
+        variables = [(sym.name, e.get_section(sym["st_shndx"]).name, sym["st_value"], sym["st_size"])
+                     for sym in (symtab.iter_symbols() if isinstance(symtab, SymbolTableSection) else ())
+                     if sym["st_info"]["type"] == "STT_OBJECT" and isinstance(sym["st_shndx"], int)]
         sec = e.get_section_by_name(".gnu_debuglink")
         link = sec.data() if sec is not None and sec["sh_type"] != "SHT_NOBITS" else None
         return {"build_id": build_id, "counts": counts, "funcs": funcs, "segments": segs, "interp": interp,
-                "x64": e.get_machine_arch() == "x64", "debuglink": link, "go": e.get_section_by_name(".gopclntab") is not None}
+                "x64": e.get_machine_arch() == "x64", "debuglink": link, "go": e.get_section_by_name(".gopclntab") is not None,
+                "variables": variables}
 
 
 def ours(path: str) -> dict[str, object]:
@@ -66,7 +71,7 @@ def ours(path: str) -> dict[str, object]:
         return {"build_id": o.build_id(), "counts": {t: o.symbols(t) for t in (".symtab", ".dynsym")}, "funcs": funcs,
                 "segments": [(s.offset, s.filesz, s.vaddr, s.memsz, s.flags) for s in o.segments()],
                 "interp": o.interpreted(), "x64": o.x86_64(), "debuglink": o.contents(".gnu_debuglink"),
-                "go": o.has(".gopclntab")}
+                "go": o.has(".gopclntab"), "variables": list(o.variables())}
 
 
 def test_host_objects_read_as_pyelftools_reads_them() -> None:
@@ -97,5 +102,6 @@ def test_damaged_files_are_refused_or_read(sample_bytes: bytes, data: st.DataObj
         o.build_id(), o.fullest(), o.interpreted(), o.segments(), o.contents(".text"), o.x86_64()
         for t in (".symtab", ".dynsym"):
             list(o.functions(t))
+        list(o.variables())
     except UNREADABLE:
         pass

@@ -68,6 +68,18 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     # the targets' bits, where the sampler sets them
     assert lay.variable("watch").section == ".bss" and lay.struct("watch").field("tgids").count * 64 == 1 << 22
     assert lay.initial("steps", "hist_steps") == steps, "setting the config keeps the other read-only data"
+    # where the globals sit: as pyelftools reads the object's symbol table
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with open(packetio_object, "rb") as f:
+        e = ELFFile(f)
+        symtab = e.get_section_by_name(".symtab")
+        assert isinstance(symtab, SymbolTableSection)
+        want = {s.name: (e.get_section(s["st_shndx"]).name, s["st_value"], s["st_size"]) for s in symtab.iter_symbols()
+                if s["st_info"]["type"] == "STT_OBJECT" and isinstance(s["st_shndx"], int)
+                and e.get_section(s["st_shndx"]).name in (".rodata", ".data", ".bss")}
+    assert {v.name: (v.section, v.offset, v.size) for v in lay.variables.values()} == want and len(want) >= 5
 
 
 # Product modules by layer, in the order data flows, and the layers each may import. The archive
