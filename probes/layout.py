@@ -14,7 +14,6 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from qprof.probes.btf import BTF, STRUCT, BTFUnavailable
 from qprof.probes.elf import UNREADABLE, ElfObject
