@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ctypes
+import gc
+import io
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from qprof.errors import QprofError
 from qprof.probes.mapsout import last_path, read_maps
@@ -86,7 +90,107 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def interrupt_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float | None]:
+class Child(Protocol):
+    """What qprof calls on a helper it started: subprocess.Popen's calls, which Forked has too."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Forked:
+    """A child forked from this process without exec, with Popen's calls (Child)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is gone
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (rc := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        return rc
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def single_threaded() -> bool:
+    """Whether this process has one thread (the kernel's count: native threads too). Only then is a
+    fork without exec safe: a lock another thread held at the fork stays held in the child."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def fork_child(run: Callable[[], int], stdout: int, stderr: int, preexec: Callable[[], None]) -> Forked | None:
+    """`run` in a child forked from this process, its stdout and stderr on these descriptors, its exit
+    status what `run` returns; None when this process has more than one thread (start it with exec then).
+
+    A helper written in Python starts this way with the interpreter and the modules qprof has loaded
+    already: a fresh interpreter and its imports were ~0.1 CPU s of each probe loader's start. The child
+    never returns into qprof's code: it ends in os._exit, whatever `run` does."""
+    if not single_threaded():
+        return None
+    for f in (sys.stdout, sys.stderr):  # what the parent buffered is written once, by the parent
+        f.flush()
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        gc.freeze()  # what the parent made is never scanned here: its pages stay shared
+        for sig in (signal.SIGINT, signal.SIGTERM):  # qprof's handlers only note a stop; this child must act
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # qprof's files and pipes: not held open by the helper
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8")
+        sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8", line_buffering=True)
+        preexec()
+        code = run()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def interrupt_and_wait(proc: Child, timeout: float) -> tuple[int, float | None]:
     """SIGINT (both write their final output on it), then SIGKILL if it hangs. Returns the exit
     status and the CPU seconds the helper used (with its children), read once it has exited and
     before it is reaped: what observing the targets cost, told in the run archive."""
@@ -107,8 +211,7 @@ def interrupt_and_wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[i
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
-    return proc.returncode, cpu
+    return proc.wait(), cpu
 
 
 class ProbeProcess:
@@ -121,7 +224,7 @@ class ProbeProcess:
 
     def __init__(self, name: str, output: Path, log: Path) -> None:
         self.name, self.output, self.log = name, output, log
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Child | None = None
         self.started_at: float | None = None
         self.cpu_s: float | None = None  # CPU seconds it used, once stopped
 
@@ -131,6 +234,17 @@ class ProbeProcess:
             out.truncate(0)
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                          preexec_fn=preexec, env=env)
+
+    def _fork(self, run: Callable[[], int], preexec: Callable[[], None]) -> bool:
+        """Start `run` as the child (fork_child), its output and log as _popen's; False when this
+        process cannot fork safely (more than one thread): start it with _popen then."""
+        with open(self.output, "ab") as out, open(self.log, "wb") as log:
+            out.truncate(0)
+            child = fork_child(run, out.fileno(), log.fileno(), preexec)
+        if child is None:
+            return False
+        self.proc = child
+        return True
 
     def wait_attached(self, timeout: float = 60.0, should_stop: Callable[[], bool] = lambda: False) -> bool:
         """True once every probe is attached (the child printed its readiness line); False if

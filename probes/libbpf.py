@@ -22,6 +22,7 @@ import ctypes.util
 import errno
 import gc
 import hashlib
+import importlib
 import json
 import mmap
 import os
@@ -369,7 +370,7 @@ class LoaderConfig:
 
 
 class LibbpfProcess(ProbeProcess):
-    """A probe group's loader (`python -m MODULE OBJECT CONFIG_JSON`) writing JSON lines to `output`:
+    """A probe group's loader (MODULE's main(OBJECT, CONFIG_JSON), forked or `python -m`) writing JSON lines to `output`:
     it loads and attaches, prints READY once its probes are live, then its measurements every
     second and a last time on SIGINT/SIGTERM."""
 
@@ -379,8 +380,17 @@ class LibbpfProcess(ProbeProcess):
         self.module, self.obj, self.config = module, obj, config
 
     def spawn(self) -> None:
-        cmd = [sys.executable, "-m", self.module, str(self.obj), self.config.to_argv()]
-        self._popen(cmd, die_with_parent(signal.SIGTERM))
+        """Forked from qprof (fork_child) where it can be, else `python -m MODULE` as a fresh process."""
+        argv = [str(self.obj), self.config.to_argv()]
+        preexec = die_with_parent(signal.SIGTERM)
+        module = self.module
+
+        def run() -> int:
+            main: Callable[[list[str]], int] = importlib.import_module(module).main
+            return main(argv)
+
+        if not self._fork(run, preexec):
+            self._popen([sys.executable, "-m", module, *argv], preexec)
 
 
 # ---------------------------------------------------------------- a group's loader child
@@ -411,9 +421,9 @@ class Runner(Protocol):
 
 def loader_main(argv: list[str], module: str, make: Callable[[Path, LoaderConfig, TextIO, Stop], Runner],
                 errors: tuple[type[Exception], ...] = ()) -> int:
-    """The entry of a group's loader (`python -m MODULE OBJECT CONFIG_JSON`): the config checked, SIGINT and
-    SIGTERM turned into a stop and a wake-up, the loader made and run; exit 2 on bad arguments, 1 with one
-    `qprof: error:` line when the group cannot run (Unavailable, OSError, ValueError and `errors`)."""
+    """The entry of a group's loader (main(OBJECT, CONFIG_JSON), forked or `python -m MODULE`): the config
+    checked, SIGINT and SIGTERM turned into a stop and a wake-up, the loader made and run; exit 2 on bad
+    arguments, 1 with one `qprof: error:` line when the group cannot run (Unavailable, OSError, ValueError and `errors`)."""
     if len(argv) != 2:
         print(f"usage: python -m {module} OBJECT CONFIG_JSON", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The packetio loader: load the programs, run the sampling windows, print what was counted.
 
-Run by qprof as a child (`python -m qprof.probes.packetio.sampler OBJECT CONFIG_JSON`,
+Run by qprof as a child (forked, or `python -m qprof.probes.packetio.sampler OBJECT CONFIG_JSON`,
 probes.libbpf.LibbpfProcess): it dies with qprof, its programs and links are
 its file descriptors. The drop programs stay attached; the per-packet ones are
 attached for one window per period (probes/packetio/windows.py), and the gate

@@ -1,6 +1,6 @@
 """The waits loader: load the programs, seed the targets' threads, print their time every second.
 
-Run by qprof as a child (`python -m qprof.probes.waits.loader OBJECT CONFIG_JSON`,
+Run by qprof as a child (forked, or `python -m qprof.probes.waits.loader OBJECT CONFIG_JSON`,
 probes.libbpf.LibbpfProcess): it dies with qprof, its programs and maps are its
 file descriptors. CONFIG_JSON: {"pids": [...], "stack_interval_ms": 10, "preempt_from_rq": N,
 "series": PATH} (probes/waits/__init__.py: where the CPU's preempt count sits from its runqueue; 0:
