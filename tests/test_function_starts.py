@@ -89,6 +89,38 @@ def test_damaged_objects_are_said_unreadable_never_raised(tmp_path: Path) -> Non
         assert collected.object_info(str(p)).symbols in ("unreadable", "none"), name
 
 
+def test_an_object_read_before_is_answered_from_the_cache_until_it_changes(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """object_info remembers what it read by the file's identity: the same answer without reading the
+    file again, a rebuilt file (a new build-id) read anew, a damaged entry ignored."""
+    monkeypatch.setattr(collected, "OBJECTS", tmp_path / "objects.json")
+    monkeypatch.setattr(collected, "_remembered", None)
+    exe = tmp_path / "phases"
+    bid = _build(exe)
+    collected.object_info.cache_clear()
+    first = collected.object_info(str(exe))
+    assert first.build_id == bid and first.symbols == "symtab"
+    collected.object_info.cache_clear()
+    monkeypatch.setattr(collected, "_remembered", None)
+    monkeypatch.setattr(collected, "_read", lambda *a: pytest.fail("read again though unchanged"))
+    assert collected.object_info(str(exe)) == first
+    monkeypatch.undo()
+    monkeypatch.setattr(collected, "OBJECTS", tmp_path / "objects.json")
+    monkeypatch.setattr(collected, "_remembered", None)
+    bid2 = _build(exe)
+    collected.object_info.cache_clear()
+    second = collected.object_info(str(exe))
+    assert second.build_id == bid2 != bid
+    doc = json.loads((tmp_path / "objects.json").read_text())
+    for key in doc:
+        doc[key] = ["x", "not a kind", 1, None, True]
+    (tmp_path / "objects.json").write_text(json.dumps(doc))
+    collected.object_info.cache_clear()
+    monkeypatch.setattr(collected, "_remembered", None)
+    assert collected.object_info(str(exe)) == second
+    collected.object_info.cache_clear()
+
+
 def _archive(run: Path, exe: Path, bid: str) -> Run:
     """A run archive of one process sampled in the phases and main of `exe` (and in the kernel)."""
     run.mkdir()
