@@ -416,7 +416,7 @@ class AttachSession:
         meta.chunks = chunks.summary(self.folder.state)
         self._describe_mapped_later()
         try:  # where the sampled functions start, from the files the run mapped: reports need no host file
-            functions.write(out, meta, self._readable)
+            functions.write(out, self.folder.state.frames, meta, self._readable)
         except OSError as e:
             self.status(f"function starts not recorded ({e.strerror or e}): pprof addresses read at report time")
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop

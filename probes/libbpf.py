@@ -370,9 +370,9 @@ class LoaderConfig:
 
 
 class LibbpfProcess(ProbeProcess):
-    """A probe group's loader (MODULE's main(OBJECT, CONFIG_JSON), forked or `python -m`) writing JSON lines to `output`:
-    it loads and attaches, prints READY once its probes are live, then its measurements every
-    second and a last time on SIGINT/SIGTERM."""
+    """A probe group's loader (MODULE's main(OBJECT, CONFIG_JSON), forked or `python -m`) writing JSON
+    lines to `output`: it loads and attaches, prints READY once its probes are live, then its
+    measurements every second and a last time on SIGINT/SIGTERM."""
 
     def __init__(self, name: str, module: str, obj: Path, config: LoaderConfig, output: Path,
                  log: Path) -> None:
@@ -423,7 +423,8 @@ def loader_main(argv: list[str], module: str, make: Callable[[Path, LoaderConfig
                 errors: tuple[type[Exception], ...] = ()) -> int:
     """The entry of a group's loader (main(OBJECT, CONFIG_JSON), forked or `python -m MODULE`): the config
     checked, SIGINT and SIGTERM turned into a stop and a wake-up, the loader made and run; exit 2 on bad
-    arguments, 1 with one `qprof: error:` line when the group cannot run (Unavailable, OSError, ValueError and `errors`)."""
+    arguments, 1 with one `qprof: error:` line when the group cannot run (Unavailable, OSError, ValueError
+    and `errors`)."""
     if len(argv) != 2:
         print(f"usage: python -m {module} OBJECT CONFIG_JSON", file=sys.stderr)
         return 2

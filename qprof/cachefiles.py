@@ -1,7 +1,7 @@
 """qprof's own cache (~/.cache/qprof, or under XDG_CACHE_HOME): where answers that outlive one run are kept.
 
-Compiled probes, the folder's build, answers about the kernel's BTF, tools' versions and the objects
-targets mapped (collectors.elf) live in it. A cache file is only ever a shortcut: unreadable, damaged
+Compiled probes, the folder's build, answers about the kernel's BTF, tools' versions and the frame pointers of
+the objects targets map (collectors.elf) live in it. A cache file is only ever a shortcut: unreadable, damaged
 or unwritable, it costs the work it saves and is never an error.
 """
 

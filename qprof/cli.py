@@ -513,7 +513,7 @@ def _refold(run: "Run") -> None:
     run.save_meta()
     if not (run.path / runfiles.FUNCTIONS).exists():  # a run cut before its end recorded them
         # from the files this host holds, each used only if its build-id is the one the run mapped
-        functions.write(run.path, run.meta, lambda pid, path: None)
+        functions.write(run.path, functions.stack_frames(run.path / runfiles.STACKS), run.meta, lambda pid, path: None)
     _stderr.print(f"qprof: refolded {stats.samples} samples")
 
 

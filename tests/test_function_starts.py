@@ -89,35 +89,36 @@ def test_damaged_objects_are_said_unreadable_never_raised(tmp_path: Path) -> Non
         assert collected.object_info(str(p)).symbols in ("unreadable", "none"), name
 
 
-def test_an_object_read_before_is_answered_from_the_cache_until_it_changes(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """object_info remembers what it read by the file's identity: the same answer without reading the
-    file again, a rebuilt file (a new build-id) read anew, a damaged entry ignored."""
-    monkeypatch.setattr(collected, "OBJECTS", tmp_path / "objects.json")
+def test_frame_pointers_judged_before_are_remembered_by_build_id(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object's frame pointers are judged once per build-id (and symbol table): the same answer
+    without judging again; a rebuilt file (a new build-id) and its stripped copy judged anew; a damaged
+    entry judged again."""
+    monkeypatch.setattr(collected, "JUDGED", tmp_path / "judged.json")
     monkeypatch.setattr(collected, "_remembered", None)
+    judge = collected._frame_pointers
+    judged: list[str] = []
+    monkeypatch.setattr(collected, "_frame_pointers", lambda obj, go: judged.append("x") or judge(obj, go))
     exe = tmp_path / "phases"
     bid = _build(exe)
-    collected.object_info.cache_clear()
-    first = collected.object_info(str(exe))
-    assert first.build_id == bid and first.symbols == "symtab"
-    collected.object_info.cache_clear()
-    monkeypatch.setattr(collected, "_remembered", None)
-    monkeypatch.setattr(collected, "_read", lambda *a: pytest.fail("read again though unchanged"))
-    assert collected.object_info(str(exe)) == first
-    monkeypatch.undo()
-    monkeypatch.setattr(collected, "OBJECTS", tmp_path / "objects.json")
-    monkeypatch.setattr(collected, "_remembered", None)
+
+    def info(path: Path) -> MappedObject:
+        collected.object_info.cache_clear()
+        return collected.object_info(str(path))
+
+    first = info(exe)
+    assert first.build_id == bid and first.symbols == "symtab" and len(judged) == 1
+    monkeypatch.setattr(collected, "_remembered", None)  # a new process: from the file
+    assert info(exe) == first and len(judged) == 1
+    stripped = tmp_path / "stripped"
+    subprocess.run(["strip", "-o", str(stripped), str(exe)], check=True)
+    assert info(stripped).symbols == "dynsym" and len(judged) == 2
     bid2 = _build(exe)
-    collected.object_info.cache_clear()
-    second = collected.object_info(str(exe))
-    assert second.build_id == bid2 != bid
-    doc = json.loads((tmp_path / "objects.json").read_text())
-    for key in doc:
-        doc[key] = ["x", "not a kind", 1, None, True]
-    (tmp_path / "objects.json").write_text(json.dumps(doc))
-    collected.object_info.cache_clear()
+    assert info(exe).build_id == bid2 != bid and len(judged) == 3
+    doc = json.loads((tmp_path / "judged.json").read_text())
+    (tmp_path / "judged.json").write_text(json.dumps({k: "damaged" for k in doc}))
     monkeypatch.setattr(collected, "_remembered", None)
-    assert collected.object_info(str(exe)) == second
+    assert info(exe).frame_pointers == first.frame_pointers and len(judged) == 4
     collected.object_info.cache_clear()
 
 
@@ -149,7 +150,8 @@ def test_recorded_starts_outlive_the_binary(tmp_path: Path) -> None:
     nm = _nm(exe)
     want = {n: nm[n] for n in (*PHASES, "main")}
     run = _archive(tmp_path / "run", exe, bid)
-    starts = functions.write(run.path, run.meta, lambda pid, path: None)
+    starts = functions.write(run.path, functions.stack_frames(run.path / runfiles.STACKS), run.meta,
+                             lambda pid, path: None)
     (obj,) = starts.objects
     assert (obj.path, obj.build_id, obj.starts, obj.source) == (str(exe), bid, want, str(exe))
     assert schema.decode(type(starts), json.loads((run.path / runfiles.FUNCTIONS).read_text())) == starts
@@ -164,7 +166,8 @@ def test_recording_refuses_a_file_with_another_build_id(tmp_path: Path) -> None:
     exe = tmp_path / "phases"
     run = _archive(tmp_path / "run", exe, _build(exe))
     _build(exe)
-    (obj,) = functions.record(run.path / runfiles.STACKS, run.meta, lambda pid, path: None).objects
+    (obj,) = functions.record(functions.stack_frames(run.path / runfiles.STACKS), run.meta,
+                              lambda pid, path: None).objects
     assert obj.starts == {} and obj.note == "no file with its build-id could be read"
 
 
@@ -243,5 +246,7 @@ def test_pprof_after_the_binary_was_rebuilt_and_deleted_is_the_same(kernel_facin
     got = _locations(before)
     print("\n" + "\n".join(f"{n}: {a:#x}" for n, a in sorted(got.items())))
     assert set(PHASES) <= set(got), got
-    named = {n: a for n, a in got.items() if not n.startswith("[")}
+    # a sample can land in a PLT stub (`clock_gettime@plt`, a name perf makes up: no symbol table
+    # holds it, nor nm's list), about one run in two here: only functions are compared with nm
+    named = {n: a for n, a in got.items() if not n.startswith("[") and not n.endswith("@plt")}
     assert named == {n: nm[n] for n in named}, (named, nm)
