@@ -409,16 +409,17 @@ class AttachSession:
         meta.symbols = list(self.symbols.found)
         stats = self.folder.finish()
         meta.parse = chunks.parse_summary(stats)
-        meta.qprof_cpu_s = round(_counted_own_cpu() - self._own_cpu0, 3)
-        # with no target a child of qprof (attach), what its reaped children used is all helpers'
-        if not self._targets_are_children:
-            meta.helpers_cpu_s = round(_children_cpu() - self._children_cpu0, 3)
         meta.chunks = chunks.summary(self.folder.state)
         self._describe_mapped_later()
         try:  # where the sampled functions start, from the files the run mapped: reports need no host file
             functions.write(out, self.folder.state.frames, meta, self._readable)
         except OSError as e:
             self.status(f"function starts not recorded ({e.strerror or e}): pprof addresses read at report time")
+        # read after the last work whose CPU they count (the function starts above were missed before)
+        meta.qprof_cpu_s = round(_counted_own_cpu() - self._own_cpu0, 3)
+        # with no target a child of qprof (attach), what its reaped children used is all helpers'
+        if not self._targets_are_children:
+            meta.helpers_cpu_s = round(_children_cpu() - self._children_cpu0, 3)
         # perf ends on the SIGINT qprof sends it by raising it again: -SIGINT is a normal stop
         broken = {m: rc for m, rc in meta.perf_exit.items() if rc not in (0, None, -signal.SIGINT)}
         if broken or (self._stop_reason or "").startswith("perf exited"):
