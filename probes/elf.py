@@ -226,11 +226,8 @@ class ElfObject:
         name it finds (searched in the name's ASCII: a cheap filter before the name is decoded)."""
         entries: Iterator[tuple[int, int, int, int, int]]
         if self._shdrs is not None:
-            found = self._table(table)
-            if found is None:
-                return
-            strtab, data = found
-            entries = ((n, info, shndx, value, size) for n, info, _, shndx, value, size in _SYM64.iter_unpack(data))
+            strtab, unpacked = self._entries(table)
+            entries = ((n, info, shndx, value, size) for n, info, _, shndx, value, size in unpacked)
         else:
             from elftools.elf.sections import SymbolTableSection
 
@@ -260,11 +257,8 @@ class ElfObject:
                 if s["st_info"]["type"] == "STT_OBJECT" and isinstance(s["st_shndx"], int):
                     yield s.name, self.elf.get_section(s["st_shndx"]).name, s["st_value"], s["st_size"]
             return
-        found = self._table(SYMTAB)
-        if found is None:
-            return
-        strtab, data = found
-        for n, info, _, shndx, value, size in _SYM64.iter_unpack(data):
+        strtab, entries = self._entries(SYMTAB)
+        for n, info, _, shndx, value, size in entries:
             if info & 0xF == _STT_OBJECT and 0 < shndx < min(len(self._shdrs), _SHN_LORESERVE):
                 yield (strtab[n:strtab.find(b"\0", n)].decode("utf-8", "replace"), self._shdrs[shndx].name,
                        value, size)
@@ -276,13 +270,18 @@ class ElfObject:
             for f in self.functions(table):
                 yield f.name.encode("utf-8", "surrogateescape"), f.address
             return
-        found = self._table(table)
-        if found is None:
-            return
-        strtab, data = found
-        for n, info, _, _, value, _ in _SYM64.iter_unpack(data):
+        strtab, entries = self._entries(table)
+        for n, info, _, _, value, _ in entries:
             if info & 0xF == _STT_FUNC and value:
                 yield strtab[n:strtab.find(b"\0", n)], value
+
+    def _entries(self, table: str) -> tuple[bytes, Iterator[tuple[int, int, int, int, int, int]]]:
+        """A symbol table's string table and its entries unpacked (Elf64_Sym's fields); none when it is not one."""
+        found = self._table(table)
+        if found is None:
+            return b"", iter(())
+        strtab, data = found
+        return strtab, _SYM64.iter_unpack(data)
 
     def _table(self, table: str) -> tuple[bytes, bytes] | None:
         """A symbol table's (string table, whole entries), unpacked here; None when it is not one."""
