@@ -99,7 +99,7 @@ class BpftraceProcess(ProbeProcess):
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_AND_EXEC, "sh",
                bpftrace, *flags, "-f", "json", str(self.program)]
         env = {**os.environ, "BPFTRACE_STRLEN": "64", "BPFTRACE_NO_USER_SYMBOLS": "1"}
-        self._popen(cmd, die_with_parent(signal.SIGTERM), env)
+        self._start(cmd, die_with_parent(signal.SIGTERM), env)
 
     def start(self, bpftrace: str, timeout: float = 60.0) -> None:
         self.spawn(bpftrace)

@@ -228,23 +228,16 @@ class ProbeProcess:
         self.started_at: float | None = None
         self.cpu_s: float | None = None  # CPU seconds it used, once stopped
 
-    def _popen(self, cmd: list[str], preexec: Callable[[], None], env: dict[str, str] | None = None) -> None:
+    def _start(self, cmd: list[str], preexec: Callable[[], None], env: dict[str, str] | None = None,
+               run: Callable[[], int] | None = None) -> None:
+        """The child, its stdout the output and its stderr the log: `run` forked from this process where it
+        can be (fork_child), else `cmd` executed."""
         # O_APPEND: compact() may empty the output under the child, whose next print then lands at 0
         with open(self.output, "ab") as out, open(self.log, "wb") as log:
             out.truncate(0)
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                                         preexec_fn=preexec, env=env)
-
-    def _fork(self, run: Callable[[], int], preexec: Callable[[], None]) -> bool:
-        """Start `run` as the child (fork_child), its output and log as _popen's; False when this
-        process cannot fork safely (more than one thread): start it with _popen then."""
-        with open(self.output, "ab") as out, open(self.log, "wb") as log:
-            out.truncate(0)
-            child = fork_child(run, out.fileno(), log.fileno(), preexec)
-        if child is None:
-            return False
-        self.proc = child
-        return True
+            forked = fork_child(run, out.fileno(), log.fileno(), preexec) if run is not None else None
+            self.proc = forked if forked is not None else subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=log, preexec_fn=preexec, env=env)
 
     def wait_attached(self, timeout: float = 60.0, should_stop: Callable[[], bool] = lambda: False) -> bool:
         """True once every probe is attached (the child printed its readiness line); False if

@@ -389,8 +389,7 @@ class LibbpfProcess(ProbeProcess):
             main: Callable[[list[str]], int] = importlib.import_module(module).main
             return main(argv)
 
-        if not self._fork(run, preexec):
-            self._popen([sys.executable, "-m", module, *argv], preexec)
+        self._start([sys.executable, "-m", module, *argv], preexec, run=run)
 
 
 # ---------------------------------------------------------------- a group's loader child
