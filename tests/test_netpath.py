@@ -240,14 +240,22 @@ def test_bulk_transfer_through_a_delayed_path_costs_the_forwarder_little(forward
           f"forwarder ({after['sched']}): {cpu:.3f} CPU s in {wall:.2f} s = {cpu / wall:.3f} cores, {frames} frames, "
           f"{cpu / frames * 1e6:.2f} us/frame; queued at most {down['max_queued_bytes']} bytes; late at most "
           f"{down['late_max_us']:.0f} us down, {up['late_max_us']:.0f} us up ({down['late_over_1ms']} and "
-          f"{up['late_over_1ms']} frames over 1 ms); UDP GSO burst: {gso}")
+          f"{up['late_over_1ms']} frames over 1 ms; of its own work at most {down['late_own_max_us']:.0f} and "
+          f"{up['late_own_max_us']:.0f} us, {down['late_own_over_1ms']} and {up['late_own_over_1ms']} frames over 1 ms; "
+          f"longest oversleep {after['oversleep_max_us']:.0f} us); UDP GSO burst: {gso}")
     assert goodput >= 0.8 * BULK_RATE_MBIT * 1448 / 1514, "the rate limit's rate was not reached across the path"
     for c in (down, up):
         assert c["queue_drops"] == c["socket_drops"] == c["send_errors"] == c["random_drops"] == 0
         assert c["gso_frames"] == c["truncated"] == 0, "frames larger than the MTU reached the path"
     assert cpu / wall < FORWARDER_MAX_CORES, "the forwarder took a large share of a core"
     assert cpu / frames < FORWARDER_MAX_US_PER_FRAME * 1e-6
-    assert (down["late_over_1ms"] + up["late_over_1ms"]) <= 0.01 * frames, "the forwarder fell behind"
+    # Frames late in all, 2026-11-28: 0-1.2% of them over 1 ms and up to 50 ms, 8-35% while the host took
+    # the VM's CPUs away for 5-15 ms at a time; the forwarder cannot help that, and its counters take it
+    # out where the guest sees it (steal, an oversleep). Not all of it: a stall the host spends in its
+    # own work on the guest's behalf reads as the guest's CPU time (one of six over 2 ms in a minute of a
+    # FIFO thread's duty cycle here). Late by its own reckoning: none over 1 ms on a quiet host, 0.2-1.2%
+    # in the worst minutes; a forwarder waking 2 ms late made 55% late.
+    assert (down["late_own_over_1ms"] + up["late_own_over_1ms"]) <= 0.01 * frames, "the forwarder fell behind"
     assert gso["received"] == gso["sent"] and gso["gso_frames"] == 0
 
 

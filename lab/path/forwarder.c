@@ -42,7 +42,14 @@
  * send_errors (the device refused the frame), socket_drops (the kernel dropped the frame before
  * the forwarder read it: the forwarder was too slow), truncated (larger than 64 KiB), gso_frames,
  * the frames and bytes queued now and the most bytes ever queued, and how late frames left
- * after their due time (late_mean_us, late_max_us, late_over_1ms). Process-wide: its own CPU
+ * after their due time (late_mean_us, late_max_us, late_over_1ms), and how many of those the
+ * forwarder made late itself (late_own_over_1ms, late_own_max_us: a frame's lateness less the time
+ * the forwarder was kept from running since its last wait: how much later than asked that wait
+ * returned (after a wait without a timeout: how long after the first frame came), and the wall
+ * time since then that is not its CPU time, when the guest's scheduler or
+ * the host, taking the VM's CPU away, held it off. What is left is its own: waking later than a
+ * frame's due time, or work it had not finished; a forwarder that cannot keep up never waits).
+ * Process-wide: its own CPU
  * seconds (getrusage: user, system; the system time includes the receiving host's softirq work
  * that the kernel runs inside the forwarder's send calls, as it would inside any sender's on
  * veth: about a third of it in a TCP transfer, measured with perf), wake-ups, the longest pass of
@@ -171,7 +178,7 @@ static void ring_pop(struct ring *r) {
 
 struct counters {
     uint64_t received, forwarded, bytes, random_drops, queue_drops, send_errors, socket_drops, truncated,
-        gso_frames, late_over_1ms, late_max_ns, late_sum_ns, discarded;
+        gso_frames, late_over_1ms, late_max_ns, late_sum_ns, late_own_over_1ms, late_own_max_ns, discarded;
 };
 
 struct dir {
@@ -209,6 +216,9 @@ static uint64_t xorshift64star(uint64_t *s) {
 static uint64_t delay_ns, horizon_ns, coalesce_ns;
 static uint64_t start_mono;
 static uint64_t wakeups, turn_max_ns, oversleep_max_ns;
+/* when the last wait returned (monotonic, the thread's CPU clock) and how much later than asked */
+static uint64_t woke_mono, woke_cpu, woke_over;
+static int woke_idle; /* that wait had no timeout: nothing was queued */
 static char sched_name[32] = "other";
 
 static void dir_init(struct dir *d, const char *name, int in, int out, double loss, uint64_t seed, size_t limit) {
@@ -274,7 +284,9 @@ static void take(struct dir *d, struct mmsghdr *m, uint64_t now_mono, int64_t re
         d->c.random_drops++;
         return;
     }
-    uint64_t due = rx_time(&m->msg_hdr, now_mono, real_minus_mono) + delay_ns;
+    uint64_t rx = rx_time(&m->msg_hdr, now_mono, real_minus_mono), due = rx + delay_ns;
+    if (woke_idle && woke_mono > rx && woke_mono - rx > woke_over)
+        woke_over = woke_mono - rx; /* it waited for no time; it was held off since the frame came */
     if (d->q.frame_bytes + (size - VNET) > d->q.limit || !ring_push(&d->q, due, data, size))
         d->c.queue_drops++;
 }
@@ -305,14 +317,19 @@ static int drain(struct dir *d) {
     return 1;
 }
 
-static void sent(struct dir *d, uint64_t now) {
+static void sent(struct dir *d, uint64_t now, uint64_t kept_off) {
     struct rec *rec = ring_peek(&d->q);
     uint64_t late = now > rec->due ? now - rec->due : 0;
+    uint64_t own = late > kept_off ? late - kept_off : 0;
     if (late > d->c.late_max_ns)
         d->c.late_max_ns = late;
     d->c.late_sum_ns += late;
     if (late > 1000000)
         d->c.late_over_1ms++;
+    if (own > d->c.late_own_max_ns)
+        d->c.late_own_max_ns = own;
+    if (own > 1000000)
+        d->c.late_own_over_1ms++;
     d->c.forwarded++;
     d->c.bytes += rec->size - VNET;
     ring_pop(&d->q);
@@ -342,8 +359,13 @@ static void send_due(struct dir *d) {
             ring_pop(&d->q);
             continue;
         }
+        uint64_t kept_off = 0;
+        if (now > ring_peek(&d->q)->due) { /* a late batch (the CPU clock is a system call) */
+            uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - woke_cpu, wall = clock_ns(CLOCK_MONOTONIC) - woke_mono;
+            kept_off = woke_over + (wall > cpu ? wall - cpu : 0);
+        }
         for (int i = 0; i < k; i++)
-            sent(d, now);
+            sent(d, now, kept_off);
         /* k < n: the next call starts at the refused frame and reports its error */
     }
 }
@@ -397,11 +419,12 @@ static void print_dir(struct dir *d) {
            ", \"socket_drops\": %" PRIu64 ", \"truncated\": %" PRIu64 ", \"gso_frames\": %" PRIu64
            ", \"queued\": %zu, \"queued_bytes\": %zu, \"max_queued_bytes\": %zu, \"queue_limit_bytes\": %zu"
            ", \"late_mean_us\": %.1f, \"late_max_us\": %.1f, \"late_over_1ms\": %" PRIu64
-           ", \"discarded\": %" PRIu64 "}",
+           ", \"late_own_max_us\": %.1f, \"late_own_over_1ms\": %" PRIu64 ", \"discarded\": %" PRIu64 "}",
            d->name, d->loss, c->received, c->forwarded, c->bytes, c->random_drops, c->queue_drops, c->send_errors,
            c->socket_drops, c->truncated, c->gso_frames, d->q.count, d->q.frame_bytes, d->q.max_frame_bytes,
            d->q.limit, c->forwarded ? (double)c->late_sum_ns / (double)c->forwarded / 1e3 : 0.0,
-           (double)c->late_max_ns / 1e3, c->late_over_1ms, c->discarded);
+           (double)c->late_max_ns / 1e3, c->late_over_1ms, (double)c->late_own_max_ns / 1e3, c->late_own_over_1ms,
+           c->discarded);
 }
 
 static void report(const char *event, struct dir *ab, struct dir *ba, uint64_t seed) {
@@ -520,6 +543,8 @@ int main(int argc, char **argv) {
         die("epoll_ctl");
 
     start_mono = clock_ns(CLOCK_MONOTONIC);
+    woke_mono = start_mono;
+    woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     report("start", &ab, &ba, seed);
     uint64_t next_report = interval_ns ? start_mono + interval_ns : NONE;
     for (;;) {
@@ -570,6 +595,10 @@ int main(int argc, char **argv) {
         if (wake == NONE) {
             if (epoll_pwait2(ep, got, 4, NULL, NULL) < 0 && errno != EINTR)
                 die("epoll_pwait2");
+            woke_mono = clock_ns(CLOCK_MONOTONIC);
+            woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+            woke_over = 0;
+            woke_idle = 1;
         } else if (wake > now) {
             struct timespec to = {.tv_sec = (time_t)((wake - now) / 1000000000ull),
                                   .tv_nsec = (long)((wake - now) % 1000000000ull)};
@@ -577,6 +606,10 @@ int main(int argc, char **argv) {
             if (n < 0 && errno != EINTR)
                 die("epoll_pwait2");
             uint64_t woke = clock_ns(CLOCK_MONOTONIC);
+            woke_mono = woke;
+            woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+            woke_over = woke > wake ? woke - wake : 0;
+            woke_idle = 0;
             if (n == 0 && woke > wake && woke - wake > oversleep_max_ns)
                 oversleep_max_ns = woke - wake;
         }
