@@ -241,7 +241,7 @@ def test_bulk_transfer_through_a_delayed_path_costs_the_forwarder_little(forward
           f"{cpu / frames * 1e6:.2f} us/frame; queued at most {down['max_queued_bytes']} bytes; late at most "
           f"{down['late_max_us']:.0f} us down, {up['late_max_us']:.0f} us up ({down['late_over_1ms']} and "
           f"{up['late_over_1ms']} frames over 1 ms; of its own work at most {down['late_own_max_us']:.0f} and "
-          f"{up['late_own_max_us']:.0f} us, {down['late_own_over_1ms']} and {up['late_own_over_1ms']} frames over 1 ms; "
+          f"{up['late_own_max_us']:.0f} us, {down['late_own_over_1ms']} and {up['late_own_over_1ms']} over 1 ms; "
           f"longest oversleep {after['oversleep_max_us']:.0f} us); UDP GSO burst: {gso}")
     assert goodput >= 0.8 * BULK_RATE_MBIT * 1448 / 1514, "the rate limit's rate was not reached across the path"
     for c in (down, up):

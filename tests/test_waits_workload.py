@@ -42,6 +42,7 @@ DUTY = {
     "w-signal": ("timer", 6 / 7, 1000 / 7),
 }
 CONSISTENCY = 0.03  # of the window
+PER_SWITCH_S = 20e-6  # how far the task-clock and the CPU clock may part at each call (see below)
 SHARE_BAND = 0.10
 
 
@@ -77,14 +78,20 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
         in_call, off = sum(t["in_call_s"].values()), sum(t["off_cpu_s"].values())
         exact = (cpu + rq + off - window) / window
         plain = (cpu + rq + in_call - window) / window
-        print(f"  {name:8s} window {window:.3f} s = cpu {cpu:.3f} + run-queue {rq:.3f} + off-CPU {off:.3f} "
+        print(f"  {name:8s} window {window:.3f} s = cpu {cpu:.3f} (task-clock {t['task_clock_s']:.3f}) "
+              f"+ run-queue {rq:.3f} + off-CPU {off:.3f} "
               f"{exact:+.2%} (cpu + run-queue + in-call {plain:+.2%}); "
               + ", ".join(f"{k} {v / window:.1%} of the window in calls" for k, v in t["in_call_s"].items()))
         assert t["tid"] > 0
         assert SECONDS * 0.95 <= window <= SECONDS * 1.2, window
         assert cpu > 0.01 and abs(t["schedstat_on_cpu_s"] - cpu) <= CONSISTENCY * window
-        # the task-clock stops at the switches, the CPU clock at the scheduler's last clock read
-        assert abs(t["task_clock_s"] - cpu) <= CONSISTENCY * window, (name, t["task_clock_s"], cpu)
+        # The two clocks split each switch differently: the CPU clock charges a wake-up that preempts from
+        # the wake-up on, the task-clock from the switch; and the task-clock (sched_clock) counts what the
+        # host took from the vCPU while the thread ran (steal), which the CPU clock leaves out. Measured
+        # 2026-11-28 beside the hogs: -12 to +13 us a call, w-disk's 4,500-4,900 reads the most (-28 to
+        # +66 ms: the host's disk work lands right after each read is submitted).
+        tc_slack = CONSISTENCY * window + t["calls"] * PER_SWITCH_S
+        assert abs(t["task_clock_s"] - cpu) <= tc_slack, (name, t["task_clock_s"], cpu, t["calls"])
         for kind, wall in t["in_call_s"].items():
             assert wall > 0, (name, kind)
             assert t["off_cpu_s"][kind] >= -0.001, (name, kind)
