@@ -371,25 +371,31 @@ def _check_client(xfer: Transfer) -> None:
         check()
 
 
+def unprofiled_transfer(scenario: Scenario, stack: str, factory: TransferFactory, size: int,
+                        timeout: float = 120.0) -> tuple[float, float]:
+    """One transfer of `size` bytes in `scenario`'s lab with nothing attached: (goodput in bit/s, seconds)."""
+    with scenario.lab() as lab, _transfer(scenario, stack, factory, lab, size) as placed:
+        xfer = placed.xfer
+        xfer.start_server()
+        xfer.start_client_stopped()
+        placed.release()
+        deadline = time.monotonic() + timeout
+        while not xfer.client_done():
+            if time.monotonic() > deadline:
+                raise LabError(f"{xfer.name}: an unprofiled transfer of {size} bytes took over {timeout:.0f} s")
+            time.sleep(0.01)
+        _check_client(xfer)
+        assert xfer.released_at is not None and xfer.finished_at is not None
+        took = xfer.finished_at - xfer.released_at
+    return xfer.transferred_bytes() * 8 / took, took
+
+
 def measure_goodput(scenario: Scenario, stack: str, factory: TransferFactory, first_size: int = 16 << 20,
                     want_seconds: float = 1.5, timeout: float = 120.0) -> float:
     """Unprofiled goodput (bit/s) of `scenario` for this stack: grows a short transfer until it lasts a while."""
     size = first_size
     for _ in range(4):
-        with scenario.lab() as lab, _transfer(scenario, stack, factory, lab, size) as placed:
-            xfer = placed.xfer
-            xfer.start_server()
-            xfer.start_client_stopped()
-            placed.release()
-            deadline = time.monotonic() + timeout
-            while not xfer.client_done():
-                if time.monotonic() > deadline:
-                    raise LabError(f"{xfer.name}: calibration transfer of {size} bytes took over {timeout:.0f} s")
-                time.sleep(0.01)
-            _check_client(xfer)
-            assert xfer.released_at is not None and xfer.finished_at is not None
-            took = xfer.finished_at - xfer.released_at
-        rate = xfer.transferred_bytes() * 8 / took
+        rate, took = unprofiled_transfer(scenario, stack, factory, size, timeout)
         if took >= want_seconds * 0.5:
             return rate
         size = int(min(rate / 8 * want_seconds, 8 << 30))

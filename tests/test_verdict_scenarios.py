@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from lab.scenarios import (SCENARIOS, RunResult, measure_goodput, pinning_predictions, run_scenario, size_for,
-                           transfer_factory, unsupported)
+                           transfer_factory, unprofiled_transfer, unsupported)
 from qprof.attribution.causes import Cause
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -128,16 +130,43 @@ def test_scenario_verdict(scenario_run: Any, name: str, stack: str) -> None:
 # quic-go's runtime queueing for the CPUs (pinning raised goodput 1.32-1.65x, 10 pairs) and s2n-quic's threads
 # waiting for one another's wakeups on idle CPUs (0.66-0.89x), 2026-11-27: docs/measurements.md
 PINNING_CASES = ["quicgo", "s2nquic-mt"]
+# One profiled pair misjudged pinning on a host taking the VM's CPUs away (CI, 2026-11-28: s2nquic-mt x1.69 and
+# quicgo x2.41, each against 10 of 10 pairs the other way the day before; quicgo read x0.98 in 1 of 3 pairs
+# beside a quiet host): pinning's effect is the median of interleaved pairs, unprofiled as the verdict's
+# remedy speaks of the transfer alone (quicgo 1.08-1.26, s2nquic-mt 0.78-0.99 in 4 pairs, 2026-11-28), and
+# the prediction is what most of up to three uncapped verdicts say (cc3 read quicgo's CPUs idle 43%: handoffs).
+PINNING_PAIRS = 5
+PINNING_VERDICTS = 3
+PINNING_SECONDS = 1.5  # each unprofiled transfer
 
 
 @pytest.mark.parametrize("stack", PINNING_CASES)
-def test_pinning_does_what_the_uncapped_verdict_predicts(scenario_run: Any, stack: str) -> None:
-    free, bound = scenario_run("scheduling", stack), scenario_run("pinned", stack)
-    print("\n" + describe(free) + "\n" + describe(bound))
-    for r in (free, bound):
+def test_pinning_does_what_the_uncapped_verdict_predicts(scenario_run: Any, stack: str,
+                                                          tmp_path: Any) -> None:
+    free, bound = SCENARIOS["scheduling"], SCENARIOS["pinned"]
+    first = scenario_run("scheduling", stack)
+    factory = transfer_factory(stack)
+    runs, said = [first], Counter[str]()
+    while True:
+        r = runs[-1]
+        print("\n" + describe(r))
         assert r.error is None and r.has_verdict and r.goodput_mbit, describe(r)
-    said = set(pinning_predictions(free.cause))
-    assert len(said) == 1, f"the uncapped verdict predicts nothing of pinning: {describe(free)}"
-    predicted, ratio = said.pop(), bound.goodput_mbit / free.goodput_mbit
-    print(f"pinned/uncapped goodput x{ratio:.2f}; the verdict predicted it would {predicted}")
+        parts = set(pinning_predictions(r.cause))
+        assert len(parts) == 1, f"the uncapped verdict predicts nothing of pinning: {describe(r)}"
+        said.update(parts)
+        predicted, votes = said.most_common(1)[0]
+        if votes > PINNING_VERDICTS // 2:
+            break
+        runs.append(run_scenario(free, stack, factory, first.size, tmp_path / f"uncapped-{len(runs)}" / "run"))
+    size = size_for(first.goodput_mbit * 1e6, PINNING_SECONDS, 1.0)  # the profiled rate: unprofiled runs shorter
+    ratios = []
+    for i in range(PINNING_PAIRS):  # ABBA: a drift of the host's speed falls on both arms alike
+        order = (free, bound) if i % 2 == 0 else (bound, free)
+        got = {sc.name: unprofiled_transfer(sc, stack, factory, size)[0] for sc in order}
+        ratios.append(got[bound.name] / got[free.name])
+        print(f"pair {i}: uncapped {got[free.name] / 1e6:.0f}, pinned {got[bound.name] / 1e6:.0f} Mbit/s: "
+              f"x{ratios[-1]:.2f}")
+    ratio = statistics.median(ratios)
+    print(f"pinned/uncapped goodput x{ratio:.2f} (median of {PINNING_PAIRS} pairs); {votes} of {len(runs)} uncapped "
+          f"verdicts predicted it would {predicted}")
     assert (ratio > 1) == (predicted == "raise"), f"x{ratio:.2f}, predicted {predicted}"
