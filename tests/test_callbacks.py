@@ -6,13 +6,16 @@ tquic: inside `TransportHandler::on_stream_readable`; h3client, a C client on
 libngtcp2 and libnghttp3: inside nghttp3's `recv_data`, called from the
 `recv_stream_data` callback libngtcp2 calls), times that work itself (CPU
 clock of its thread, or the TSC inside a callback too short for two clock
-reads) and prints `work_seconds=W cpu_seconds=T` (T: the whole process's CPU
-time from getrusage). qprof's Uncategorized / application share of the client
-must be within 3 standard deviations (at least 3 pp) of W/T: the work is the client's own code, not the stack's
-Connection Mgmt. Around the work the client also runs glue code of its own
-(its event loop, clock reads for the stack: 0.1-2% of its CPU), which qprof
-rightly counts as application too: a first transfer without the work measures
-it, and the expected share is W/T plus that glue, scaled to the larger total.
+reads, less what the timing adds) and prints `work_seconds=W cpu_seconds=T`
+(T: the whole process's CPU time; h3client's is its task-clock, which counts
+the host's steal as its TSC does). qprof's samples in the work function
+(`checksum`) must be within 3 standard deviations (at least 3 pp) of W/T, and
+they must be Uncategorized / application: the work is the client's own code,
+not the stack's Connection Mgmt. Around the work the client also runs
+glue code of its own (its event loop, clock reads for the stack), which qprof rightly counts as
+application too: the application share holds the work function's and that glue (2.6-6.7% of
+h3client's CPU in separate transfers, 2026-11-28: a share measured in another transfer, as before,
+left the comparison to that spread; within one transfer there is none).
 
 Attached as users attach, default probes on: their handlers' frames are
 Uncategorized / "eBPF probes" in qprof's shares and part of the client's CPU time T
@@ -48,17 +51,13 @@ MIN_SAMPLES = 2000  # below this BYTES is wrong for the host, whatever its load
 # 1/sqrt(samples). A busy host takes CPU from the client, and with it samples (fresh-clone run72: 2987
 # where a quiet host gives ~4000), so the allowance follows the samples the run really got.
 SD_AT_1800 = 0.013
-# The expected share carries the glue measured in the first transfer, with its own sampling error:
-# binomial, widened by the ratio of the figure above to the binomial one at a 20% share (0.94 pp).
-SPREAD = SD_AT_1800 / math.sqrt(0.2 * 0.8 / 1800)
 MIN_TOLERANCE = 0.03
+WORK_SYMBOL = re.compile(r"(^|[.:])checksum($|[.:])")  # checksum, main.checksum, crate::checksum::h...
 
 
-def tolerance(samples: int, glue: float, glue_samples: int) -> float:
-    """3 standard deviations of qprof's share minus the expected one (both transfers' sampling), at least 3 pp."""
-    share_sd = SD_AT_1800 * math.sqrt(1800 / samples)
-    glue_sd = SPREAD * math.sqrt(glue * (1 - glue) / glue_samples)
-    return max(MIN_TOLERANCE, 3 * math.hypot(share_sd, glue_sd))
+def tolerance(samples: int) -> float:
+    """3 standard deviations of qprof's share at this many samples, at least 3 pp."""
+    return max(MIN_TOLERANCE, 3 * SD_AT_1800 * math.sqrt(1800 / samples))
 
 
 def application_share(run: Path) -> tuple[dict, float]:
@@ -73,25 +72,23 @@ def test_receive_path_work_is_application(name: str, kernel_facing: None, endpoi
     from lab.endpoints.transfer import profile
 
     built = endpoint_build(name)
-    monkeypatch.delenv("QPROF_BULK_WORK", raising=False)
-    base, _ = profile(built, BYTES[name], out=tmp_path / "base", unwind="auto")
-    base_client, glue = application_share(base)
     monkeypatch.setenv("QPROF_BULK_WORK", str(PASSES[name]))
     run, xfer = profile(built, BYTES[name], out=tmp_path / "run", unwind="auto")
     m = re.search(r"work_seconds=([\d.]+) cpu_seconds=([\d.]+)", xfer.client_output)
     assert m, f"the client did not report its work: {xfer.client_output!r}"
     work = float(m[1]) / float(m[2])
     client, app = application_share(run)
-    # the client's glue code stays (in CPU seconds) what it was without the work
-    expected = work + glue * (1 - work)
-    print(f"\n{name}: client work {work:.1%} of its CPU by its own clock, glue {glue:.1%} without work: "
-          f"expected application {expected:.1%}, qprof {app:.1%} ({client['samples']} samples, eBPF probes "
-          f"{client['probe_share']:.2%}); categories "
-          + ", ".join(f"{c} {v:.1%}" for c, v in client["categories"].items()))
+    uncategorized = client["top_symbols"][UNCATEGORIZED]
+    in_work = sum(s["samples"] for s in uncategorized if WORK_SYMBOL.search(s["symbol"])) / client["samples"]
+    print(f"\n{name}: client work {work:.1%} of its CPU by its own clock; qprof: the work function {in_work:.1%}, "
+          f"application {app:.1%} ({client['samples']} samples, eBPF probes {client['probe_share']:.2%}); "
+          "categories " + ", ".join(f"{c} {v:.1%}" for c, v in client["categories"].items()))
     assert work > 0.08, "the work is a measurable share"
     assert client["samples"] >= MIN_SAMPLES, "too few samples for the tolerance: BYTES too small"
     assert at_most(client["probe_share"], PROBE_SHARE_LIMIT, client["samples"]), client["probe_share"]
-    allowed = tolerance(client["samples"], glue, base_client["samples"])
-    assert abs(app - expected) <= allowed, (app, expected, allowed, client["top_symbols"][UNCATEGORIZED][:5])
-    top = [s["symbol"] for s in client["top_symbols"][UNCATEGORIZED][:2]]
-    assert any("checksum" in s for s in top), top
+    allowed = tolerance(client["samples"])
+    assert abs(in_work - work) <= allowed, (in_work, work, allowed, uncategorized[:5])
+    # the work's samples are application's (the shares are of the same samples: no tolerance)
+    assert app >= in_work - 1e-9, (app, in_work, uncategorized[:5])
+    top = [s["symbol"] for s in uncategorized[:2]]
+    assert any(WORK_SYMBOL.search(s) for s in top), top
