@@ -122,9 +122,13 @@ def test_scenario_verdict(scenario_run: Any, name: str, stack: str) -> None:
                 # ~40 messages counted on this 34 Mbit/s transfer; 2 of 13 runs read a third of it
                 # (10.1 and 10.0 ms, 2026-11-28), the others 30.2-30.3 ms. The verdict does not use it.
                 return
-            assert kernel is not None
             if word["rtt_ms"] <= SURE_RTT_MS:
+                assert kernel is not None
                 assert abs(kernel - word["rtt_ms"]) <= 0.2 * word["rtt_ms"], (kernel, word["rtt_ms"])
+            # Longer round trips are not asserted either way: targets using ~0.1 core get short windows
+            # (the hooks' budget follows their CPU), and on the 50 ms path most of the transfer's windows
+            # were 50-75 ms, too short to hold an echo, the first one alone longer (CI, 2026-11-28: quic-go's
+            # server read none from 194 messages, its client 32.8 ms, ngtcp2's server 17.3 ms).
 
 
 # quic-go's runtime queueing for the CPUs (pinning raised goodput 1.32-1.65x, 10 pairs) and s2n-quic's threads
