@@ -24,6 +24,7 @@ cycle, w-timer 3/5, w-net 4/5, w-cond and w-signal 6/7, within 10 pp.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,13 @@ DUTY = {
 }
 CONSISTENCY = 0.03  # of the window
 PER_SWITCH_S = 20e-6  # how far the task-clock and the CPU clock may part at each call (see below)
+STEAL_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def steal_s() -> float:
+    """Seconds the host has taken from all of this VM's CPUs since boot (/proc/stat's steal column)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) * STEAL_TICK_S if len(fields) > 8 else 0.0
 SHARE_BAND = 0.10
 
 
@@ -60,7 +68,9 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
     work = tmp_path / "work"
     work.mkdir()
     cmd = [str(binary), str(SECONDS), str(out), str(work)] + (["--busy"] if mode == "busy" else [])
+    stolen = steal_s()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    stolen = steal_s() - stolen + STEAL_TICK_S * (os.cpu_count() or 1)  # a tick per CPU: the counters' rounding
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(out.read_text())
     assert proc.stdout.splitlines()[0] == str(truth["pid"]), "the pid first, for a profiler to attach"
@@ -71,7 +81,8 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
     assert truth["disk_mode"] in ("O_DIRECT", "fadvise")
     assert set(truth["threads"]) == THREADS
 
-    print(f"\n{mode}: disk {truth['disk_mode']}, {truth['disk_reads']} reads, "
+    print(f"\n{mode}: the host took {stolen:.3f} CPU s of the VM's; "
+          f"disk {truth['disk_mode']}, {truth['disk_reads']} reads, "
           f"{truth['disk_read_off_cpu_us']:.1f} us off-CPU each")
     for name, t in sorted(truth["threads"].items()):
         window, cpu, rq = t["window_s"], t["cpu_s"], t["schedstat_runqueue_s"]
@@ -89,9 +100,11 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
         # the wake-up on, the task-clock from the switch; and the task-clock (sched_clock) counts what the
         # host took from the vCPU while the thread ran (steal), which the CPU clock leaves out. Measured
         # 2026-11-28 beside the hogs: -12 to +13 us a call, w-disk's 4,500-4,900 reads the most (-28 to
-        # +66 ms: the host's disk work lands right after each read is submitted).
+        # +66 ms), and +165 ms once in CI (38 us a read: the host's disk work lands right after each read
+        # is submitted). What the host took cannot pass what it took from all the VM's CPUs in the run.
         tc_slack = CONSISTENCY * window + t["calls"] * PER_SWITCH_S
-        assert abs(t["task_clock_s"] - cpu) <= tc_slack, (name, t["task_clock_s"], cpu, t["calls"])
+        assert -tc_slack <= t["task_clock_s"] - cpu <= tc_slack + stolen, (name, t["task_clock_s"], cpu,
+                                                                            t["calls"], stolen)
         for kind, wall in t["in_call_s"].items():
             assert wall > 0, (name, kind)
             assert t["off_cpu_s"][kind] >= -0.001, (name, kind)
