@@ -138,7 +138,7 @@ PINNING_CASES = ["quicgo", "s2nquic-mt"]
 # quicgo x2.41, each against 10 of 10 pairs the other way the day before; quicgo read x0.98 in 1 of 3 pairs
 # beside a quiet host): pinning's effect is the median of interleaved pairs, unprofiled as the verdict's
 # remedy speaks of the transfer alone (quicgo 1.08-1.26, s2nquic-mt 0.78-0.99 in 4 pairs, 2026-11-28), and
-# the prediction is what most of up to three uncapped verdicts say (cc3 read quicgo's CPUs idle 43%: handoffs).
+# the prediction is what most of up to three uncapped verdicts say (a CI run read quic-go's CPUs idle 43%: handoffs).
 PINNING_PAIRS = 5
 PINNING_VERDICTS = 3
 PINNING_SECONDS = 1.5  # each unprofiled transfer

@@ -24,13 +24,13 @@ cycle, w-timer 3/5, w-net 4/5, w-cond and w-signal 6/7, within 10 pp.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, build_c
+from qprof.collectors.procfs import CLK_TCK, cpu_ticks
 
 WORKLOAD = ROOT / "tests" / "workloads"
 SECONDS = 2.0
@@ -44,14 +44,12 @@ DUTY = {
 }
 CONSISTENCY = 0.03  # of the window
 PER_SWITCH_S = 20e-6  # how far the task-clock and the CPU clock may part at each call (see below)
-STEAL_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+SHARE_BAND = 0.10
 
 
 def steal_s() -> float:
     """Seconds the host has taken from all of this VM's CPUs since boot (/proc/stat's steal column)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    return int(fields[8]) * STEAL_TICK_S if len(fields) > 8 else 0.0
-SHARE_BAND = 0.10
+    return sum(v[7] for v in cpu_ticks().values() if len(v) > 7) / CLK_TCK
 
 
 def alive(pid: int, name: str) -> bool:
@@ -70,7 +68,7 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
     cmd = [str(binary), str(SECONDS), str(out), str(work)] + (["--busy"] if mode == "busy" else [])
     stolen = steal_s()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    stolen = steal_s() - stolen + STEAL_TICK_S * (os.cpu_count() or 1)  # a tick per CPU: the counters' rounding
+    stolen = steal_s() - stolen + len(cpu_ticks()) / CLK_TCK  # a tick per CPU: the counters' rounding
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(out.read_text())
     assert proc.stdout.splitlines()[0] == str(truth["pid"]), "the pid first, for a profiler to attach"

@@ -46,10 +46,9 @@
  * forwarder made late itself (late_own_over_1ms, late_own_max_us: a frame's lateness less the time
  * the forwarder was kept from running since its last wait: how much later than asked that wait
  * returned (after a wait without a timeout: how long after the first frame came), and the wall
- * time since then that is not its CPU time, when the guest's scheduler or
- * the host, taking the VM's CPU away, held it off. What is left is its own: waking later than a
- * frame's due time, or work it had not finished; a forwarder that cannot keep up never waits).
- * Process-wide: its own CPU
+ * time since then that is not its CPU time, when the guest's scheduler or the host, taking the
+ * VM's CPU away, held it off. What is left is its own: waking later than a frame's due time, or
+ * work it had not finished; a forwarder that cannot keep up never waits). Process-wide: its own CPU
  * seconds (getrusage: user, system; the system time includes the receiving host's softirq work
  * that the kernel runs inside the forwarder's send calls, as it would inside any sender's on
  * veth: about a third of it in a TCP transfer, measured with perf), wake-ups, the longest pass of
@@ -219,6 +218,14 @@ static uint64_t wakeups, turn_max_ns, oversleep_max_ns;
 /* when the last wait returned (monotonic, the thread's CPU clock) and how much later than asked */
 static uint64_t woke_mono, woke_cpu, woke_over;
 static int woke_idle; /* that wait had no timeout: nothing was queued */
+
+/* A wait returned at `mono`, `over` later than it asked (`idle`: it asked for no time). */
+static void woke(uint64_t mono, uint64_t over, int idle) {
+    woke_mono = mono;
+    woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    woke_over = over;
+    woke_idle = idle;
+}
 static char sched_name[32] = "other";
 
 static void dir_init(struct dir *d, const char *name, int in, int out, double loss, uint64_t seed, size_t limit) {
@@ -361,7 +368,8 @@ static void send_due(struct dir *d) {
         }
         uint64_t kept_off = 0;
         if (now > ring_peek(&d->q)->due) { /* a late batch (the CPU clock is a system call) */
-            uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - woke_cpu, wall = clock_ns(CLOCK_MONOTONIC) - woke_mono;
+            uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - woke_cpu;
+            uint64_t wall = clock_ns(CLOCK_MONOTONIC) - woke_mono;
             kept_off = woke_over + (wall > cpu ? wall - cpu : 0);
         }
         for (int i = 0; i < k; i++)
@@ -543,8 +551,7 @@ int main(int argc, char **argv) {
         die("epoll_ctl");
 
     start_mono = clock_ns(CLOCK_MONOTONIC);
-    woke_mono = start_mono;
-    woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    woke(start_mono, 0, 0);
     report("start", &ab, &ba, seed);
     uint64_t next_report = interval_ns ? start_mono + interval_ns : NONE;
     for (;;) {
@@ -595,23 +602,17 @@ int main(int argc, char **argv) {
         if (wake == NONE) {
             if (epoll_pwait2(ep, got, 4, NULL, NULL) < 0 && errno != EINTR)
                 die("epoll_pwait2");
-            woke_mono = clock_ns(CLOCK_MONOTONIC);
-            woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-            woke_over = 0;
-            woke_idle = 1;
+            woke(clock_ns(CLOCK_MONOTONIC), 0, 1);
         } else if (wake > now) {
             struct timespec to = {.tv_sec = (time_t)((wake - now) / 1000000000ull),
                                   .tv_nsec = (long)((wake - now) % 1000000000ull)};
             int n = epoll_pwait2(ep, got, 4, &to, NULL);
             if (n < 0 && errno != EINTR)
                 die("epoll_pwait2");
-            uint64_t woke = clock_ns(CLOCK_MONOTONIC);
-            woke_mono = woke;
-            woke_cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-            woke_over = woke > wake ? woke - wake : 0;
-            woke_idle = 0;
-            if (n == 0 && woke > wake && woke - wake > oversleep_max_ns)
-                oversleep_max_ns = woke - wake;
+            uint64_t back = clock_ns(CLOCK_MONOTONIC);
+            woke(back, back > wake ? back - wake : 0, 0);
+            if (n == 0 && back > wake && back - wake > oversleep_max_ns)
+                oversleep_max_ns = back - wake;
         }
     }
 }
