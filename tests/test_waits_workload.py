@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, build_c
-from qprof.collectors.procfs import CLK_TCK, cpu_ticks
+from conftest import ROOT, build_c, steal_s, stolen_since
 
 WORKLOAD = ROOT / "tests" / "workloads"
 SECONDS = 2.0
@@ -45,11 +44,6 @@ DUTY = {
 CONSISTENCY = 0.03  # of the window
 PER_SWITCH_S = 20e-6  # how far the task-clock and the CPU clock may part at each call (see below)
 SHARE_BAND = 0.10
-
-
-def steal_s() -> float:
-    """Seconds the host has taken from all of this VM's CPUs since boot (/proc/stat's steal column)."""
-    return sum(v[7] for v in cpu_ticks().values() if len(v) > 7) / CLK_TCK
 
 
 def alive(pid: int, name: str) -> bool:
@@ -68,7 +62,7 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
     cmd = [str(binary), str(SECONDS), str(out), str(work)] + (["--busy"] if mode == "busy" else [])
     stolen = steal_s()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    stolen = steal_s() - stolen + len(cpu_ticks()) / CLK_TCK  # a tick per CPU: the counters' rounding
+    stolen = stolen_since(stolen)
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(out.read_text())
     assert proc.stdout.splitlines()[0] == str(truth["pid"]), "the pid first, for a profiler to attach"
@@ -107,6 +101,8 @@ def test_waits_workload_adds_up(tmp_path: Path, mode: str) -> None:
             assert wall > 0, (name, kind)
             assert t["off_cpu_s"][kind] >= -0.001, (name, kind)
             assert t["in_call_cpu_s"][kind] + t["in_call_runqueue_s"][kind] <= wall + 0.001, (name, kind)
+            assert 0 < t["in_call_task_clock_s"][kind] <= t["task_clock_s"], (name, kind)
+            assert t["in_call_task_clock_s"][kind] + t["in_call_runqueue_s"][kind] <= wall + 0.001, (name, kind)
         assert abs(exact) <= CONSISTENCY, f"{name}: window {window} vs {cpu + rq + off}"
         assert abs(t["residual_s"] + exact * window) < 1e-5, "residual_s is that difference"
         assert t["calls"] == sum(t["calls_by_function"].values()) or name == "w-cond"
