@@ -16,6 +16,7 @@ import pytest
 
 from qprof.archive import Run
 from qprof.archive.model import Meta
+from qprof.collectors.procfs import CLK_TCK, cpu_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tests"
@@ -52,6 +53,18 @@ def at_most(share: float, limit: float, samples: int) -> bool:
 
 def _binomial_sd(p: float, samples: int) -> float:
     return math.sqrt(p * (1 - p) / max(samples, 1))
+
+
+def steal_s() -> float:
+    """Seconds the host has taken from all of this VM's CPUs since boot (/proc/stat's steal column): what a
+    thread's sched_clock-based clocks (task-clock, perf's cpu-clock samples) count and its CPU clock does not."""
+    return sum(v[7] for v in cpu_ticks().values() if len(v) > 7) / CLK_TCK
+
+
+def stolen_since(start: float, end: float | None = None) -> float:
+    """What the host took from `start` to `end` (steal_s() readings; `end` now), at most: a tick per CPU is the
+    counters' rounding."""
+    return (steal_s() if end is None else end) - start + len(cpu_ticks()) / CLK_TCK
 
 
 def shell_mode() -> int:

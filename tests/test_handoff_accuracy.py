@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, build_c, qprof
+from conftest import ROOT, build_c, qprof, steal_s, stolen_since
 from qprof.archive import Run
 from qprof.archive.stacks import StackRecord
 from qprof.attribution.categories import CALLER_PLACED, CATEGORIES, OTHER_BPF, PACKET_IO, UNCATEGORIZED
@@ -65,7 +65,9 @@ def test_handoffs_are_placed_where_the_threads_own_clocks_count_them(kernel_faci
     binary = build_c(WORKLOAD / "handoff.c", "handoff", ["-pthread", "-lcrypto"])
     truth_file = tmp_path / "truth.json"
     run = tmp_path / "run"
+    stolen = steal_s()
     qprof("record", "-q", "-F", FREQUENCY, "-o", str(run), "--", str(binary), SECONDS, str(truth_file))
+    stolen = stolen_since(stolen)
     truth = json.loads(truth_file.read_text())
     assert abs(sum(truth[c] for c in CATEGORIES) - truth["total"]) < 1e-3, "the workload's categories add up"
     expected = {c: truth[c] / truth["total"] for c in CATEGORIES}
@@ -74,11 +76,16 @@ def test_handoffs_are_placed_where_the_threads_own_clocks_count_them(kernel_faci
     n = p["samples"]
     probes, other = p["probe_share"], p["other_bpf_share"]
     errors = {c: p["categories"][c] - expected[c] for c in CATEGORIES}
+    # perf's cpu-clock samples count what the host took from the vCPU while a thread ran (steal), the threads'
+    # CPU clock does not: the samples past the clock, up to the steal measured around the run, land where the
+    # vCPU was resumed, in any category (CI: 8.37 s of samples for 7.99 s of clock, Uncategorized +2.26 pp)
+    past = min(max(0.0, p["cpu_seconds"] - truth["total"]), stolen) / p["cpu_seconds"]
     print(f"\nsamples={n} cpu={p['cpu_seconds']:.2f}s truth={truth['total']:.2f}s items={truth['items']} "
-          f"waits={truth['waits']} eBPF probes {probes:.2%}, other eBPF programs {other:.2%}")
+          f"waits={truth['waits']} eBPF probes {probes:.2%}, other eBPF programs {other:.2%}; the host took "
+          f"{stolen:.2f} CPU s in the run, samples past the clock {past:.2%}")
     # qprof's probes run in the sender's system calls: their frames may move Packet I/O to Uncategorized
-    allowed = {c: tolerance(expected[c], p["categories"][c], n) + (probes if c in (PACKET_IO, UNCATEGORIZED) else 0.0)
-               for c in CATEGORIES}
+    allowed = {c: tolerance(expected[c], p["categories"][c], n) + past
+               + (probes if c in (PACKET_IO, UNCATEGORIZED) else 0.0) for c in CATEGORIES}
     # Work no rule places (interrupt and softirq work, clock reads dearer in place) is Uncategorized above
     # the clock and missing from the categories it interrupted, each in proportion to its time: CI read
     # Uncategorized +1.15 pp and Connection Mgmt -1.93 pp (2026-11-28), 0.38 pp of it that share.

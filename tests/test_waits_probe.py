@@ -13,6 +13,8 @@ Tolerances, from the setup:
   - on-CPU and runnable time against the kernel's own schedstat (sum_exec_runtime, run_delay)
     read around the loader's span: the loader's attach (a few ms) and the polling for its
     readiness line (10 ms steps) make the two windows differ by a few tens of ms: 2% of 3 s;
+    on-CPU may also pass schedstat's by what the host took from the VM's CPUs in the span (steal:
+    the switches' clock counts it, sum_exec_runtime does not);
   - the sleeper's blocked time per block is its 10 ms nanosleep, plus the timer slack (50 us) and
     the expiry: within 0.5 ms, on a quiet or a loaded host (a loaded one adds runnable time after
     each wakeup, not blocked time);
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, build_c, qprof
+from conftest import ROOT, build_c, qprof, steal_s, stolen_since
 from qprof.probes import libbpf
 from qprof.probes.mapsout import read_maps
 from qprof.probes.waits import GROUP
@@ -228,13 +230,20 @@ def test_each_thread_is_accounted_exactly_and_by_what_it_waited_for(waiters: Wai
     w = waiters
     tids = {"sleeper": w.sleeper, "receiver": w.receiver, "waiter": w.waiter, "signaller": w.signaller}
     marks: dict[str, dict[int, tuple[int, int]]] = {}
-    maps, proc = run_loader([w.pid], tmp_path, SECONDS,
-                            lambda phase: marks.__setitem__(phase, {t: schedstat(w.pid, t) for t in tids.values()}))
+    steal: dict[str, float] = {}
+
+    def mark(phase: str) -> None:
+        marks[phase] = {t: schedstat(w.pid, t) for t in tids.values()}
+        steal[phase] = steal_s()
+
+    maps, proc = run_loader([w.pid], tmp_path, SECONDS, mark)
+    stolen = stolen_since(steal["start"], steal["stop"])
     rec = WaitMaps.from_maps(maps)
     assert rec.span_ns is not None and rec.stack_interval_ms == GROUP.stack_interval_ms
     span = rec.duration_ns
     assert abs(span / 1e9 - SECONDS) < 0.5, span
-    print(f"\nspan {span / 1e9:.3f} s, loader CPU {proc.cpu_s} s, stats {rec.stats}")
+    print(f"\nspan {span / 1e9:.3f} s, loader CPU {proc.cpu_s} s, the host took {stolen:.3f} CPU s, "
+          f"stats {rec.stats}")
     assert set(tids.values()) <= set(rec.threads), sorted(rec.threads)
     shares = {}
     for name, tid in tids.items():
@@ -247,7 +256,10 @@ def test_each_thread_is_accounted_exactly_and_by_what_it_waited_for(waiters: Wai
               + " ".join(f"{k} {v:.3f}" for k, v in s.items() if v)
               + f"; schedstat on-CPU {(on1 - on0) / span:.3f} runnable {(rq1 - rq0) / span:.3f}")
         assert abs(t.total_ns - span) <= SPAN_TOL * span, (name, t.total_ns, span)
-        assert abs(t.ns["on_cpu"] - (on1 - on0)) <= SCHEDSTAT_TOL * span, (name, t.ns["on_cpu"], on1 - on0)
+        # the switches' clock counts what the host took from the vCPU while the thread ran, schedstat's does not
+        # (CI: the sleeper 1.482 s on a CPU against 1.363 s)
+        assert -SCHEDSTAT_TOL * span <= t.ns["on_cpu"] - (on1 - on0) <= SCHEDSTAT_TOL * span + stolen * 1e9, \
+            (name, t.ns["on_cpu"], on1 - on0, stolen)
         assert abs(t.ns["runnable"] - (rq1 - rq0)) <= SCHEDSTAT_TOL * span, (name, t.ns["runnable"], rq1 - rq0)
         assert all(t.counts[k] > 0 for k, v in t.ns.items() if v), (name, t.counts)
 
