@@ -344,7 +344,14 @@ def _recorded(run: Path, *argv: str) -> dict[str, Any]:
                        env=_env(run.parent / f"{run.name}-symbols"), cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    return json.loads(qprof("report", str(run), "--format", "json").stdout)
+    return json.loads(qprof("report", str(run), "--format", "json", "--top", "100000").stdout)
+
+
+def _own(p: dict[str, Any], binary: Path) -> dict[tuple[str, str], int]:
+    """Samples per (category, function) whose leaf is in the binary itself: the kernel's share (where a sample
+    that waited for the host or for interrupts to be enabled lands) varies from run to run, the work does not."""
+    return {(c, s["symbol"]): s["samples"] for c, syms in p["top_symbols"].items() for s in syms
+            if s["dso"] == str(binary)}
 
 
 def _naming(p: dict[str, Any], binary: Path) -> dict[str, Any]:
@@ -368,7 +375,21 @@ def test_a_stripped_go_binary_is_profiled_as_its_build_with_symbols(kernel_facin
     go = next(m for m in p["mappings"] if m["name"] == "go-runtime")
     assert go["detected_by"].startswith("Go binary")
     assert p["unnamed_share"] <= 0.05
-    share, n, share0, n0 = p["categories"]["Crypto"], p["samples"], base["categories"]["Crypto"], base["samples"]
+    # Both builds' own code, named two ways, is placed alike: each function in the category the other named it
+    # in, and Crypto's share of the binary's samples within two binomial shares' spread. (CI once read Crypto
+    # 97.9% against 91.3% of all samples: the stripped run had 100 more outside the binary, in the kernel.)
+    own, own0 = _own(p, stripped), _own(base, full)
+    placed: dict[str, set[str]] = {}
+    placed0: dict[str, set[str]] = {}
+    for into, keys in ((placed, own), (placed0, own0)):
+        for c, f in keys:
+            into.setdefault(f, set()).add(c)  # a rule on the callers may place one function in two
+    assert {f: (c, placed0[f]) for f, c in placed.items() if f in placed0 and not c & placed0[f]} == {}
+    n, n0 = sum(own.values()), sum(own0.values())
+    share = sum(v for (c, _), v in own.items() if c == "Crypto") / n
+    share0 = sum(v for (c, _), v in own0.items() if c == "Crypto") / n0
+    print(f"in the binary: stripped {n} samples ({n / p['samples']:.1%}), Crypto {share:.1%}; "
+          f"symbols {n0} ({n0 / base['samples']:.1%}), Crypto {share0:.1%}")
     assert share0 > 0.5, "the workload is mostly AES-GCM"
     sd = math.sqrt(share0 * (1 - share0) * (1 / n0 + 1 / n))  # two binomial shares: their difference's
     assert abs(share - share0) <= 4 * sd + 0.005, (share, share0, sd)
