@@ -67,6 +67,13 @@ def stolen_since(start: float, end: float | None = None) -> float:
     return (steal_s() if end is None else end) - start + len(cpu_ticks()) / CLK_TCK
 
 
+def past_the_clock(sampled_s: float, clock_s: float, stolen: float) -> float:
+    """The share of a process's samples that may have landed anywhere: perf's cpu-clock samples count what the
+    host took from the vCPU while a thread ran (steal), a thread's CPU clock does not, so the sampled seconds
+    past the workload's own clock, up to the steal measured around the run, were taken where the vCPU resumed."""
+    return min(max(0.0, sampled_s - clock_s), stolen) / sampled_s if sampled_s > 0 else 0.0
+
+
 def shell_mode() -> int:
     """The mode a new file of the user's shell gets (0666 less the umask): what qprof's outputs take."""
     umask = os.umask(0)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attach_held, build_c, qprof
+from conftest import ROOT, attach_held, build_c, past_the_clock, qprof, steal_s, stolen_since
 from qprof.attribution.categories import APPLICATION, CATEGORIES, UNCATEGORIZED
 from qprof.collectors.perf import DEFAULT_FREQUENCY
 
@@ -46,7 +46,9 @@ def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path
     truth_file = tmp_path / "truth.json"
     run = tmp_path / "run"
     # attached as users attach: default probes on (their handlers run inside the UDP phase's syscalls)
+    stolen = steal_s()
     attach_held([str(binary), SECONDS, str(truth_file), str(tmp_path)], run, unwind=unwind)
+    stolen = stolen_since(stolen)
     truth = json.loads(truth_file.read_text())
     assert abs(sum(truth[c] for c in CATEGORIES) - truth["total"]) < 1e-3, "the workload's categories add up"
     expected = {c: truth[c] / truth["total"] for c in CATEGORIES}
@@ -59,8 +61,9 @@ def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path
     assert mode == ("dwarf" if unwind == "auto" else "fp")
     n = p["samples"]
     errors = {c: p["categories"][c] - expected[c] for c in CATEGORIES}
+    past = past_the_clock(p["cpu_seconds"], truth["total"], stolen)  # samples that may be anywhere (steal)
     print(f"\nunwind={mode} samples={n} cpu={p['cpu_seconds']:.2f}s truth={truth['total']:.2f}s "
-          f"clock read {truth['clock_read_ns']:.0f} ns")
+          f"clock read {truth['clock_read_ns']:.0f} ns; the host took {stolen:.2f} CPU s, past the clock {past:.2%}")
     for c in CATEGORIES:
         print(f"  {c:16s} qprof {p['categories'][c]:6.1%}  self-measured {expected[c]:6.1%}  "
               f"error {errors[c] * 100:+.2f} pp  (band {band(expected[c], n) * 100:.2f} pp)")
@@ -75,10 +78,10 @@ def test_shares_match_self_measured_cpu_time(kernel_facing: None, tmp_path: Path
     print(f"  eBPF probes {probes:.2%} of the samples, other eBPF programs {other:.2%}")
     assert probes <= 0.02, probes
     for c in CATEGORIES:
-        allowance = probes if c in ("Packet I/O", UNCATEGORIZED) else 0.0
+        allowance = past + (probes if c in ("Packet I/O", UNCATEGORIZED) else 0.0)
         assert abs(errors[c]) <= band(expected[c], n) + allowance, f"{c}: {errors[c] * 100:+.2f} pp"
     # the program's own code, called back by libcrypto through qsort: application, not Crypto
     app = p["subcategories"][UNCATEGORIZED].get(APPLICATION, 0.0)
-    assert abs(app - expected[UNCATEGORIZED]) <= band(expected[UNCATEGORIZED], n), (app, expected[UNCATEGORIZED])
+    assert abs(app - expected[UNCATEGORIZED]) <= band(expected[UNCATEGORIZED], n) + past, (app, expected[UNCATEGORIZED])
     top_app = {s["symbol"] for s in p["top_symbols"][UNCATEGORIZED][:3]}
     assert "qprof_accuracy_compare" in top_app, top_app
