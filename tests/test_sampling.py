@@ -128,6 +128,30 @@ def test_a_whole_period_ends_when_the_hooks_overrun_the_budget() -> None:
     assert not windows.overran(2 * 3000, windows.CHECK_S, low)
 
 
+def test_checks_slow_down_while_the_hooks_are_quiet_and_not_while_they_run() -> None:
+    budget = windows.budget_rate()
+    wait, waits = windows.CHECK_S, []
+    for _ in range(5):  # idle targets: a few hook runs of other tasks
+        wait = windows.next_check(wait, 3, wait, budget)
+        waits.append(wait)
+    assert waits == sorted(waits) and waits[-1] == windows.CHECK_IDLE_S and waits[0] == 2 * windows.CHECK_S
+    # a transfer starts: the next check is CHECK_S away, and stays so while it runs
+    assert windows.next_check(windows.CHECK_IDLE_S, int(900e3 * windows.CHECK_IDLE_S), windows.CHECK_IDLE_S,
+                              budget) == windows.CHECK_S
+    assert windows.next_check(windows.CHECK_S, int(budget * windows.CHECK_S), windows.CHECK_S, budget) == windows.CHECK_S
+    # however late a quiet check wakes, the next is no further than CHECK_IDLE_S
+    assert windows.next_check(1.0, 0, 1.0, budget) == windows.CHECK_IDLE_S
+    # the latest a transfer of ~900k hook runs a second is seen costs what a quiet spell allows: ~11 ms
+    assert 900e3 * windows.CHECK_IDLE_S * windows.EVENT_COST_S <= 0.012
+
+
+@given(st.floats(0, 10), st.integers(0, 10**9), st.floats(0, 10), st.floats(1, 1e7))
+@settings(max_examples=examples(200))
+def test_a_check_is_never_nearer_than_check_s_nor_further_than_check_idle_s(wait: float, runs: int, over: float,
+                                                                          budget: float) -> None:
+    assert windows.CHECK_S <= windows.next_check(wait, runs, over, budget) <= windows.CHECK_IDLE_S
+
+
 @given(st.integers(0, 10**9), st.floats(0, 10), st.floats(1, 1e7))
 @settings(max_examples=examples(200))
 def test_overrun_is_monotone_in_the_runs(events: int, counted_s: float, budget: float) -> None:
@@ -309,7 +333,7 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
 
 @given(st.dictionaries(st.sampled_from(["series", "periods", "full_periods", "groups", "netns", "events", "budget",
                                         "span_s", "counted_s", "expansion", "x"]), JSONISH))
-@settings(max_examples=examples(300))
+@settings(max_examples=examples(300), deadline=None)  # its first example may import what the readers import lazily
 @example(obj={"series": [], "periods": None, "full_periods": None, "events": {"": math.inf}})  # fresh-clone run184
 def test_damaged_windows_never_raise(obj: dict) -> None:
     """Damaged windows read as the archive reads them (a map of the wrong shape is left out, `@windows`

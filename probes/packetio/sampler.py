@@ -204,6 +204,7 @@ class Sampler:
         # windows.budget_scale over the window decisions: a sum and a minimum, constant size on long runs
         self.scale_sum, self.scale_n, self.scale_min = 0.0, 0, 1.0
         self.overruns = 0  # whole-period windows whose hooks passed windows.overran (ended at that check)
+        self._check_s = windows.CHECK_S  # the wait to the next overrun check (windows.next_check), across periods
         self._pending: Window | None = None  # the last window, until its period is known to be over
         self.through: float | None = None  # CLOCK_MONOTONIC end of the last committed period: what the sums cover
 
@@ -421,18 +422,21 @@ class Sampler:
         self._stop.sleep_until(t, wake)
 
     def _count_whole(self, end: float, opened: float, budget_events_s: float, wake: int) -> tuple[int, bool]:
-        """Wait for the end of a whole-period window, checking the hook rate every windows.CHECK_S:
-        (hook runs so far, whether they overran the budget and the period ends now)."""
+        """Wait for the end of a whole-period window, checking the hook rate (windows.next_check says how
+        often): (hook runs so far, whether they overran the budget and the period ends now)."""
         runs = 0
         while not self.stop:
             now = time.monotonic()
             if now >= end:
                 break
-            self._sleep_until(min(end, now + windows.CHECK_S), wake)
-            runs += self.hook_runs()
+            self._sleep_until(min(end, now + self._check_s), wake)
+            new = self.hook_runs()
+            runs += new
             if windows.overran(runs, time.monotonic() - opened, budget_events_s):
                 self.overruns += 1
+                self._check_s = windows.CHECK_S
                 return runs, True
+            self._check_s = windows.next_check(self._check_s, new, time.monotonic() - now, budget_events_s)
         return runs, False
 
     def _commit(self, end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:

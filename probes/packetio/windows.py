@@ -55,6 +55,13 @@ MIN_WINDOW_S = 0.002
 CHECK_S = 0.01
 OVERRUN = 2.0
 BURST_S = 0.2
+# Each check costs the loader ~160 us of CPU here (a wake-up, a map lookup, Python): 100 a second were two
+# thirds of its CPU beside idle targets (0.82 CPU s in a 30 s attach of two `sleep`s, 0.34 with checks every
+# 50 ms). So a check whose hook runs came under QUIET of the budget's rate doubles the wait to the next, up to
+# CHECK_IDLE_S; any more and checks are CHECK_S apart again. A transfer starting after a quiet spell is seen
+# up to CHECK_IDLE_S late: ~36k hook runs of a 1 GiB ngtcp2 transfer (~11 ms of its CPU), once per start.
+CHECK_IDLE_S = 0.04
+QUIET = 0.1
 # Hook runs the windows may cost, all tasks together: CPU_BUDGET of one CPU at EVENT_COST_S a run.
 # EVENT_COST_S is what one hook run costs a target on qprof's 2-vCPU test VM as its own samples see it:
 # in a fresh-clone `qprof demo` (1 GiB) the client's probe frames were 18 of 877 samples (36 ms) for
@@ -132,6 +139,14 @@ def overran(events: int, counted_s: float, budget_events_s: float) -> bool:
     the budget, with a burst of BURST_S of the whole budget allowed: the period ends there (it is
     counted whole up to then, so nothing is estimated)."""
     return counted_s > 0 and events > OVERRUN * max(budget_events_s * counted_s, budget_rate() * BURST_S)
+
+
+def next_check(wait_s: float, runs: int, over_s: float, budget_events_s: float) -> float:
+    """The wait to a whole-period window's next overrun check, after a wait of `wait_s` whose check saw `runs`
+    hook runs over `over_s`: CHECK_S while the hooks run, doubling to CHECK_IDLE_S while they are quiet."""
+    if runs > QUIET * budget_events_s * over_s:
+        return CHECK_S
+    return min(CHECK_IDLE_S, max(CHECK_S, 2 * wait_s))
 
 
 def tri_index(i: int, j: int, n: int) -> int:
