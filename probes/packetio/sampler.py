@@ -432,11 +432,12 @@ class Sampler:
             self._sleep_until(min(end, now + self._check_s), wake)
             new = self.hook_runs()
             runs += new
-            if windows.overran(runs, time.monotonic() - opened, budget_events_s):
+            looked = time.monotonic()
+            if windows.overran(runs, looked - opened, budget_events_s):
                 self.overruns += 1
                 self._check_s = windows.CHECK_S
                 return runs, True
-            self._check_s = windows.next_check(self._check_s, new, time.monotonic() - now, budget_events_s)
+            self._check_s = windows.next_check(self._check_s, new, looked - now, budget_events_s)
         return runs, False
 
     def _commit(self, end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:

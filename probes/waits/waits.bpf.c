@@ -267,8 +267,8 @@ static __always_inline void sample_stacks(void *ctx, struct thread *t, __u64 now
 	t->kstack = bpf_get_stackid(ctx, &stacks, 0);
 	// A bucket keeps the first stack that hashed to it and refuses the others for the whole run: the
 	// waits workload's ~24 distinct stacks in 8192 buckets collide in ~3% of runs (birthday odds; 1 of
-	// ~85 runs here, and once in CI), and a frequent wait then lost its kernel frames every time (CI, 2026-11-28: a
-	// futex wait, 183 of 1241 stacks).
+	// ~85 runs here, and once in CI), and a frequent wait then lost its kernel frames every time (CI,
+	// 2026-11-28: a futex wait, 183 of 1241 stacks).
 	// The same stack less its innermost frame (the scheduler's own, which a wait's place never is)
 	// hashes elsewhere. A user stack is not cut: its innermost frame is the call's wrapper.
 	if (t->kstack == -EEXIST_)
