@@ -48,7 +48,8 @@
  * returned (after a wait without a timeout: how long after the first frame came), and the wall
  * time since then that is not its CPU time, when the guest's scheduler or the host, taking the
  * VM's CPU away, held it off. What is left is its own: waking later than a frame's due time, or
- * work it had not finished; a forwarder that cannot keep up never waits). Process-wide: its own CPU
+ * work it had not finished; a forwarder that cannot keep up never waits), and how many were held
+ * off over 0.5 ms (late_held_over_500us: the lateness that is not its own). Process-wide: its own CPU
  * seconds (getrusage: user, system; the system time includes the receiving host's softirq work
  * that the kernel runs inside the forwarder's send calls, as it would inside any sender's on
  * veth: about a third of it in a TCP transfer, measured with perf), wake-ups, the longest pass of
@@ -177,7 +178,8 @@ static void ring_pop(struct ring *r) {
 
 struct counters {
     uint64_t received, forwarded, bytes, random_drops, queue_drops, send_errors, socket_drops, truncated,
-        gso_frames, late_over_1ms, late_max_ns, late_sum_ns, late_own_over_1ms, late_own_max_ns, discarded;
+        gso_frames, late_over_1ms, late_max_ns, late_sum_ns, late_own_over_1ms, late_own_max_ns, late_held_over_500us,
+        discarded;
 };
 
 struct dir {
@@ -337,6 +339,8 @@ static void sent(struct dir *d, uint64_t now, uint64_t kept_off) {
         d->c.late_own_max_ns = own;
     if (own > 1000000)
         d->c.late_own_over_1ms++;
+    if (late - own > 500000)
+        d->c.late_held_over_500us++;
     d->c.forwarded++;
     d->c.bytes += rec->size - VNET;
     ring_pop(&d->q);
@@ -427,12 +431,13 @@ static void print_dir(struct dir *d) {
            ", \"socket_drops\": %" PRIu64 ", \"truncated\": %" PRIu64 ", \"gso_frames\": %" PRIu64
            ", \"queued\": %zu, \"queued_bytes\": %zu, \"max_queued_bytes\": %zu, \"queue_limit_bytes\": %zu"
            ", \"late_mean_us\": %.1f, \"late_max_us\": %.1f, \"late_over_1ms\": %" PRIu64
-           ", \"late_own_max_us\": %.1f, \"late_own_over_1ms\": %" PRIu64 ", \"discarded\": %" PRIu64 "}",
+           ", \"late_own_max_us\": %.1f, \"late_own_over_1ms\": %" PRIu64 ", \"late_held_over_500us\": %" PRIu64
+           ", \"discarded\": %" PRIu64 "}",
            d->name, d->loss, c->received, c->forwarded, c->bytes, c->random_drops, c->queue_drops, c->send_errors,
            c->socket_drops, c->truncated, c->gso_frames, d->q.count, d->q.frame_bytes, d->q.max_frame_bytes,
            d->q.limit, c->forwarded ? (double)c->late_sum_ns / (double)c->forwarded / 1e3 : 0.0,
            (double)c->late_max_ns / 1e3, c->late_over_1ms, (double)c->late_own_max_ns / 1e3, c->late_own_over_1ms,
-           c->discarded);
+           c->late_held_over_500us, c->discarded);
 }
 
 static void report(const char *event, struct dir *ab, struct dir *ba, uint64_t seed) {
