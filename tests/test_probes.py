@@ -163,6 +163,7 @@ def test_sampled_counts_hold_the_truth(probes_available: None, tmp_path: Path, s
     assert not pio["sampling"]["exact"], "a stream of ~10^5 datagrams a second is sampled, not counted whole"
     if late:
         assert pio["sampling"]["budget"]["overruns"] >= 1, "the stream began in a whole period: it ended early"
+    print("sampling:", json.dumps({k: v for k, v in pio["sampling"].items() if k != "method"}))
     snd, rcv = pio["processes"][str(sender_pid)]["estimates"], pio["processes"][str(sink_pid)]["estimates"]
     # the end marker (one 1-byte datagram) is the workload's, not counted by it
     truth = [(snd, "tx.datagrams", tx[0] + 1), (snd, "tx.bytes", tx[1] + 1), (snd, "tx.messages", tx[2] + 1),

@@ -107,11 +107,15 @@ def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None
     for t in targets:
         spans = t["goodput_gbps"]
         overall = sum(g * (b - a) for a, b, g in spans) / sum(b - a for a, b, _ in spans)
-        print(f"pid {t['pid']}: {len(spans)} intervals, the last {spans[-1][2]:.2f} Gbit/s of {overall:.2f} overall")
+        print(f"pid {t['pid']}: {len(spans)} intervals, the last {spans[-1][2]:.2f} Gbit/s of {overall:.2f} overall:",
+              spans)
         # The squeezed interval read a whole interval's bytes over the last one's d seconds: 1/d times its
         # rate. A transfer's one-second rates drift (CI, 2026-11-28: 1.17, 1.19, 1.51, then 2.13 over the
         # last 0.28 s, on a host taking the VM's CPUs away), and a short interval's rate varies more: the
         # bound is the geometric middle, sqrt(1/d) times the interval before it, and at least 1.5 times.
+        # (CI, 2026-11-29: 1.19 then 1.83 over the last 0.67 s. The loader stretched the last sampled
+        # period to the stop, weighing its window by time after the transfer's end, up to ~1.5x; it ends
+        # at its own end now (probes/packetio/sampler.py, _commit). 14 runs here after: at most 1.36x.)
         assert len(spans) >= 2, spans
         (a, b, rate), before = spans[-1], spans[-2][2]
         assert rate <= max(1.5, (1 / (b - a)) ** 0.5) * before, spans

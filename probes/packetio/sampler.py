@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from qprof.probes import layout as layouts
 from qprof.probes.children import cpu_seconds
@@ -442,10 +442,16 @@ class Sampler:
 
     def _commit(self, end: float, end_mib: Mib, uncounted_from: float | None = None) -> None:
         """The pending window's period ends at `end`: add it to the statistics. `uncounted_from`: a
-        later period's start since which the gate was closed (a stop before that period's window): a
-        whole-period window then counted only its own period of the extended one."""
+        later period's start since which the gate was closed (a stop before that period's window).
+        A sampled window's period then ends there: the window was drawn from that period alone, and
+        stretching it to the stop weighed the window by time it could not have fallen in (a transfer
+        ending before the stop read up to 1.5x too fast over its last period); the time after is left
+        to the namespace's counters (attribution.sampling's regression). A whole-period window counted
+        only its own period of the extended one: the run is then sampled, never exact."""
         pending = self._pending
         if pending is not None:
+            if not pending.full and uncounted_from is not None and uncounted_from > pending.start:
+                end = min(end, uncounted_from)  # a stop in the wait for that period's start: not begun
             period = max(end - pending.start, pending.length)
             counted = period if pending.full else pending.length
             if pending.full and uncounted_from is not None and uncounted_from > pending.start:
@@ -460,7 +466,7 @@ class Sampler:
 
     def run(self, wake: int) -> None:
         """Windows until told to stop. A period's statistics are committed when the next window
-        opens (the period is over then), or at the stop, which extends the last period to it."""
+        opens (the period is over then), or at the stop (see _commit for a stop between windows)."""
         prog = self.prog
         prog.attach(n for n in prog.programs if n not in HOT and n != "add_target")
         self.watch_ports()
@@ -536,9 +542,9 @@ class Sampler:
                 self.watch_ports()
                 self.snapshot()
         # stopping. A gate still open (the stop came between two whole-period windows) counted this
-        # period whole up to now: its own window. Else the last window's period is extended to now,
-        # and what came after that period's end was not counted: a stop during the wait for the next
-        # window leaves a whole-period window partial, never exact with datagrams it missed.
+        # period whole up to now: its own window. Else the last window's period ends at the stop, or at
+        # its own end when the stop came in the wait for the next window: what came after was not counted.
+        # A whole-period window is then extended to the stop, partial: never exact with datagrams it missed.
         if counting:
             closed, mib_b = self.flip_gate(0)
             self.set_timing(False)
