@@ -37,6 +37,7 @@ SO_TIMESTAMPNS = 35  # SOL_SOCKET: receive timestamps in ns (CLOCK_REALTIME), no
 SO_RCVBUFFORCE = 33  # SOL_SOCKET: SO_RCVBUF past net.core.rmem_max (root)
 LOSS = 0.02
 DATAGRAMS = 5000
+DIRECTIONS = ("server_to_client", "client_to_server")  # the path's two directions, as the forwarder prints them
 
 
 @pytest.fixture(scope="module")
@@ -122,22 +123,22 @@ def test_rtt_is_twice_the_delay(forwarder: Any) -> None:
         fwd_pid = lab.forwarder_pid
     net, seen = sorted(net[3:]), sorted(seen[3:])  # the first exchanges resolve ARP (it crosses the path too)
     median, p90 = statistics.median(net), net[int(0.9 * len(net))]
-    late = {d: (stats[d]["late_mean_us"], stats[d]["late_max_us"]) for d in ("server_to_client", "client_to_server")}
+    late = {d: (stats[d]["late_mean_us"], stats[d]["late_max_us"]) for d in DIRECTIONS}
+    held_by = [stats[d]["late_held_over_500us"] for d in DIRECTIONS]
     print(f"\nRTT across a path of {DELAY_MS:g} ms each way ({len(net)} pings): network min {net[0]:.3f} median "
           f"{median:.3f} p90 {p90:.3f} max {net[-1]:.3f} ms; as Python sees it min {seen[0]:.3f} median "
           f"{statistics.median(seen):.3f} max {seen[-1]:.3f} ms; forwarder {stats['sched']}, "
-          f"late (mean, max us) {late}, held off over 0.5 ms "
-          f"{[stats[d]['late_held_over_500us'] for d in ('server_to_client', 'client_to_server')]}")
+          f"late (mean, max us) {late}, held off over 0.5 ms {held_by}")
     assert net[0] >= 2 * DELAY_MS, "a frame left the path before its delay"
     assert median <= 2 * DELAY_MS + NET_SLACK_MS
     # The slowest tenth may pass the bound (the 90th percentile within it), and one more ping for each frame
     # the forwarder was held off over half the slack (the guest's scheduler, or the host taking the VM's CPUs:
     # CI read its mean lateness 207-221 us, 2-7x a quiet host's, and the 90th percentile 31.15 ms).
-    held = sum(stats[d]["late_held_over_500us"] for d in ("server_to_client", "client_to_server"))
+    held = sum(held_by)
     over = sum(1 for r in net if r > 2 * DELAY_MS + NET_SLACK_MS)
     assert over <= len(net) - int(0.9 * len(net)) - 1 + held, (p90, over, held)
     assert 2 * DELAY_MS <= statistics.median(seen) <= 2 * DELAY_MS + RTT_SLACK_MS
-    for d in ("server_to_client", "client_to_server"):
+    for d in DIRECTIONS:
         c = stats[d]
         assert c["forwarded"] >= 50 and c["random_drops"] == c["queue_drops"] == c["socket_drops"] == 0
     assert lab.path_final is not None and lab.path_final["event"] == "exit"
@@ -239,7 +240,7 @@ def test_bulk_transfer_through_a_delayed_path_costs_the_forwarder_little(forward
         wall = time.monotonic() - t0
         gso = udp_gso_burst(lab)
     down, up = after["server_to_client"], after["client_to_server"]
-    frames = sum(after[d]["forwarded"] - before[d]["forwarded"] for d in ("server_to_client", "client_to_server"))
+    frames = sum(after[d]["forwarded"] - before[d]["forwarded"] for d in DIRECTIONS)
     cpu = after["cpu_seconds"] - before["cpu_seconds"]
     goodput = nbytes * 8 / seconds / 1e6
     print(f"\nTCP across 5 ms each way, tbf {BULK_RATE_MBIT} Mbit/s: {goodput:.1f} Mbit/s of payload "

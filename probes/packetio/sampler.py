@@ -450,12 +450,13 @@ class Sampler:
         only its own period of the extended one: the run is then sampled, never exact."""
         pending = self._pending
         if pending is not None:
-            if not pending.full and uncounted_from is not None and uncounted_from > pending.start:
-                end = min(end, uncounted_from)  # a stop in the wait for that period's start: not begun
+            gap_from = uncounted_from if uncounted_from is not None and uncounted_from > pending.start else None
+            if gap_from is not None and not pending.full:
+                end = min(end, gap_from)  # a stop in the wait for that period's start: not begun
             period = max(end - pending.start, pending.length)
             counted = period if pending.full else pending.length
-            if pending.full and uncounted_from is not None and uncounted_from > pending.start:
-                counted = min(period, uncounted_from - pending.start)
+            if gap_from is not None and pending.full:
+                counted = min(period, gap_from - pending.start)
             zero = (0.0,) * len(windows.AUX)
             before = {ns: tuple(b - a for a, b in zip(self.mib_start.get(ns, zero), self.mib_frame_end.get(ns, zero)))
                       for ns in self.mib_frame_end}
