@@ -179,7 +179,9 @@ def _rates(readings: list[ProcReading], pid: int, origin: float, span_s: tuple[f
 def _within(moved: list[list[float]], lo: float, hi: float) -> list[list[float]]:
     """Intervals of bytes kept to [lo, hi]: cut at its ends; bytes of an interval wholly outside go to
     the nearest one inside (the probes print their totals up to a second late: a transfer's last bytes
-    can show in a print after its last packet)."""
+    can show in a print after its last packet). The last one ends at hi: the final totals, read at the
+    stop, count every byte up to it even when dated earlier (a stop in the wait for the next sampling
+    window dates them at the last period's end, probes.packetio.sampler._commit)."""
     if hi <= lo or not moved:
         return moved
     kept: list[list[float]] = []
@@ -197,6 +199,7 @@ def _within(moved: list[list[float]], lo: float, hi: float) -> list[list[float]]
         total = [sum(m[2] for m in moved), sum(m[3] for m in moved)]
         return [[lo, hi, *total]]
     kept = [m for m in kept if m[1] > m[0]] or [[lo, hi, sum(m[2] for m in kept), sum(m[3] for m in kept)]]
+    kept[-1][1] = hi  # else the span's tail held no bytes and the rates over the rest read too fast
     # a piece the span's end cut short of an interval printed after it holds that whole interval's bytes,
     # counted before the print (the probes print up to a period late): alone, 16 ms "at" 84 Gbit/s in a
     # 3 Gbit/s transfer (2026-11-27). It joins the interval before it; likewise a short first piece.

@@ -84,6 +84,19 @@ def test_timeline_rates_are_kept_to_the_transfer_and_add_up_to_its_bytes() -> No
     assert [(r.start_s, r.end_s) for r in rates] == [(0.0, 1.066), (1.066, 1.239)]
 
 
+def test_final_totals_dated_before_the_transfers_end_still_reach_it() -> None:
+    """A stop in the wait for the next sampling window dates the final UDP totals at the last sampled
+    period's end, before the last packet: their bytes still run to the transfer's end, so the rates'
+    mean over the timeline is the report's goodput (CI 2026-11-29 read it 1.6% high without this)."""
+    rs = [_reading(0.0), replace(_reading(1.2, udp=(300e6, 0)), traffic=Traffic(udp={7: (300e6, 0)}, udp_through=1.0)),
+          replace(_reading(2.4, udp=(500e6, 0)), traffic=Traffic(udp={7: (500e6, 0)}, udp_through=1.9))]
+    moved = transfer(7, _udp(500_000_000, 0), None, (100_000_000, 2_200_000_000), rs)
+    rates, _ = _rates(rs, 7, 0.0, (0.1, 2.2), moved)
+    assert [(round(r.start_s, 3), round(r.end_s, 3)) for r in rates] == [(0.1, 1.0), (1.0, 2.2)]
+    mean = sum((r.end_s - r.start_s) * r.sent_gbps for r in rates) / (2.2 - 0.1)
+    assert mean == pytest.approx(moved.gbps)
+
+
 @given(st.lists(st.tuples(st.floats(0.01, 2), st.floats(0, 1e9), st.floats(0, 1e9)), min_size=1, max_size=6),
        st.floats(0, 5), st.floats(0.01, 5))
 @settings(max_examples=examples(300), deadline=None)
@@ -96,6 +109,9 @@ def test_kept_intervals_keep_every_byte(parts: list[tuple[float, float, float]],
     assert sum(k[2] for k in kept) == pytest.approx(sum(m[2] for m in moved))
     assert sum(k[3] for k in kept) == pytest.approx(sum(m[3] for m in moved))
     assert all(k[1] > k[0] for k in kept)
+    # one run of intervals from the first bytes (or lo) to hi: the rates' mean over them is the transfer's
+    assert all(a[1] == b[0] for a, b in zip(kept, kept[1:])) and kept[-1][1] == lo + width
+    assert kept[0][0] == lo  # the bytes count from 0 <= lo
 
 
 def test_idle_watch_ends_after_the_work_not_before_it() -> None:
