@@ -198,6 +198,10 @@ class Target:
     images: list[Image] = field(default_factory=list)  # after an exec: every image, the first one included
     service: str | None = None  # the followed cgroup it was found in (attach --cgroup/--unit); None: by pid
     joined_s: float | None = None  # seconds into the run it appeared in that cgroup; None: there at the start
+    # DWARF: its stacks the native folder unwound, and those that went past the stack copy, losing their
+    # callers (older archives, frame pointers, perf script: unknown)
+    stacks_unwound: int | None = field(default=None, metadata=NEVER_NULL)
+    stacks_cut: int | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass(frozen=True)
@@ -214,12 +218,14 @@ class Service:
 class SampleGroup:
     """One perf recorder: the unwinding mode, the pids it holds samples of and its data file. `windows`:
     per pid, the [start, end] sample times (ns, None: open) in which this group holds that pid's samples
-    (a target that exec'd into a program wanting the other unwinding mode moved between groups)."""
+    (a target that exec'd into a program wanting the other unwinding mode moved between groups).
+    `stack_bytes`: the user stack copied per DWARF sample (older archives: not recorded)."""
 
     unwind: str
     pids: list[int] = field(default_factory=list)
     perf_data: str = ""
     windows: dict[int, list[list[int | None]]] = field(default_factory=dict)
+    stack_bytes: int | None = field(default=None, metadata=NEVER_NULL)
 
 
 @dataclass

@@ -74,6 +74,32 @@ def time_ns(stamp: str) -> int | None:
 
 
 @dataclass
+class StackNeed:
+    """One process's DWARF stacks as the native folder unwound them (perffold's `stack_need`): `needed`
+    maps the bytes of its stack copy a finished stack's unwinding read (rounded up to 256) to how many
+    stacks read that much; `truncated` stacks read past the copy's end (their callers are `[unknown]`);
+    `copied` is the largest copy seen. What a smaller copy would cut, and how often the copy falls short."""
+
+    copied: int = 0
+    truncated: int = 0
+    needed: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def stacks(self) -> int:
+        return self.truncated + sum(self.needed.values())
+
+    @property
+    def deepest(self) -> int:
+        return max((b for b, n in self.needed.items() if n), default=0)
+
+    def absorb(self, other: StackNeed) -> None:
+        self.copied = max(self.copied, other.copied)
+        self.truncated += other.truncated
+        for b, n in other.needed.items():
+            self.needed[b] = self.needed.get(b, 0) + n
+
+
+@dataclass
 class ParseStats:
     """What the reader met; reported so that silently dropped data is visible."""
 
@@ -82,6 +108,7 @@ class ParseStats:
     bad_examples: list[str] = field(default_factory=list)
     script_cpu_s: float = 0.0  # CPU seconds the folder used: the `perf script` runs, or the native folder
     folder: str = "perf script"  # what read the perf data (collectors.nativefold.NAME: the native folder)
+    stack_need: dict[int, StackNeed] = field(default_factory=dict)  # per pid; the native folder's only
 
     def absorb(self, other: "ParseStats") -> None:
         """Add another part's statistics (a slice, a chunk), keeping the first five bad lines."""
@@ -91,6 +118,8 @@ class ParseStats:
         if other.samples:
             self.folder = other.folder
         self.bad_examples.extend(other.bad_examples[:max(0, 5 - len(self.bad_examples))])
+        for pid, need in other.stack_need.items():
+            self.stack_need.setdefault(pid, StackNeed()).absorb(need)
 
     def bad(self, line: str) -> None:
         self.bad_lines += 1

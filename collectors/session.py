@@ -33,7 +33,8 @@ from qprof.version import __version__
 from qprof import archive
 from qprof.archive.identity import is_alive, process_identity
 from qprof.collectors import chunks, debuginfo, elf, functions, mapfiles, nativefold, netstat, procfs, sysinfo
-from qprof.collectors.perf import DEFAULT_FREQUENCY, UNWIND_MODES, PerfRecorder
+from qprof.collectors.perf import DEFAULT_FREQUENCY, DWARF_STACK_BYTES, UNWIND_MODES, PerfRecorder
+from qprof.collectors.perfscript import ParseStats
 from qprof.collectors.perfcgroup import SampleCgroups, cleanup_leftovers
 from qprof.collectors.probing import ProbeCollector
 from qprof.collectors.service import Followed, v2_hierarchy
@@ -111,6 +112,10 @@ def choose_unwind(requested: str, exe: MappedObject | None) -> tuple[str, str]:
                          "may not: DWARF unwinding recovers their callers")
     return "dwarf", (f"{name} has no frame pointers ({exe.symbols} symbols): DWARF unwinding "
                      "recovers callers that frame-pointer stacks lose")
+
+
+def _stack_bytes(mode: str) -> int | None:
+    return DWARF_STACK_BYTES if mode == "dwarf" else None
 
 
 def validate_options(opts: AttachOptions) -> None:
@@ -354,7 +359,7 @@ class AttachSession:
             tools={"perf": tool_version("perf"), "bpftrace": tool_version("bpftrace")},
             kernel_features=kernel_features(),
             sampling=Sampling(opts.event, opts.frequency, SAMPLE_CLOCK,
-                              [SampleGroup(m, p, runfiles.perf_data(m)) for m, p in groups.items()],
+                              [SampleGroup(m, p, runfiles.perf_data(m), {}, _stack_bytes(m)) for m, p in groups.items()],
                               opts.chunk_bytes, opts.keep_raw),
             targets=targets, requested_duration_s=opts.duration, probes=list(opts.probes),
             collector=process_identity(os.getpid()), services=list(opts.services))
@@ -367,8 +372,8 @@ class AttachSession:
         self._perf = perf
         self.traffic = TrafficRecorder(out, opts.pids, self.status)
         self.traffic.start(time.monotonic())
-        for mode, pids in groups.items():
-            self._start_recorder(out, mode, pids)
+        for g in meta.sampling.groups:
+            self._start_recorder(out, g)
         self._pressure_cgroups(out, [p for p in opts.pids if p not in self._service_of])
         self.folder = chunks.ChunkFolder(perf, out, meta.sampling.groups, keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status, kallsyms=self._kallsyms)
@@ -409,6 +414,7 @@ class AttachSession:
         meta.symbols = list(self.symbols.found)
         stats = self.folder.finish()
         meta.parse = chunks.parse_summary(stats)
+        self._count_cut_stacks(stats)
         meta.chunks = chunks.summary(self.folder.state)
         self._describe_mapped_later()
         try:  # where the sampled functions start, from the files the run mapped: reports need no host file
@@ -429,8 +435,17 @@ class AttachSession:
                              "the samples written until then")
         self._finish(out, STATUS_COMPLETE, None)
 
-    def _start_recorder(self, out: Path, mode: str, pids: list[int]) -> PerfRecorder:
-        opts = self.opts
+    def _count_cut_stacks(self, stats: ParseStats) -> None:
+        """How many of each target's DWARF stacks went past the stack copy (the native folder counts
+        them; perf script does not say): a user sees which target's stacks lost their callers."""
+        assert self.meta is not None
+        for t in self.meta.targets:
+            need = stats.stack_need.get(t.pid)
+            if need is not None and need.stacks:
+                t.stacks_unwound, t.stacks_cut = need.stacks, need.truncated
+
+    def _start_recorder(self, out: Path, group: SampleGroup, pids: list[int] | None = None) -> PerfRecorder:
+        opts, mode, pids = self.opts, group.unwind, group.pids if pids is None else pids
         rec = PerfRecorder(self._perf, pids, mode, opts.frequency, opts.event,
                            out / runfiles.perf_data(mode), out / runfiles.perf_log(mode),
                            self._sampling_cgroups(pids), switch_output=opts.chunk_bytes, kallsyms=self._kallsyms)
@@ -497,8 +512,8 @@ class AttachSession:
         groups = self.meta.sampling.groups
         target = next((g for g in groups if g.unwind == new), None)
         if target is None:
-            target = SampleGroup(new, [], runfiles.perf_data(new))
-            self._start_recorder(out, new, [pid])
+            target = SampleGroup(new, [], runfiles.perf_data(new), {}, _stack_bytes(new))
+            self._start_recorder(out, target, [pid])  # the pid joins the group below, with its window
             groups.append(target)  # after its recorder runs: the folding thread may pick it up at once
         elif self.cgroups is not None:
             return False  # that recorder samples fixed cgroups, not this pid's

@@ -4,11 +4,13 @@ folder gives that reference's samples per thread and its stacks, within what its
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -19,8 +21,8 @@ from qprof.collectors import debuginfo, nativefold, perfdata
 from qprof.archive import Run
 from qprof.collectors.folding import (SliceSpec, _intersect, fold_run, merge, run_slices, run_specs, split_files,
                                      time_slices)
-from qprof.collectors.perf import script_command
-from qprof.collectors.perfscript import ParseStats, StreamFolder
+from qprof.collectors.perf import DWARF_STACK_BYTES, script_command
+from qprof.collectors.perfscript import ParseStats, StackNeed, StreamFolder
 from qprof.archive.stacks import Sample, StackRecord, fold, read_stacks
 from qprof.runfiles import chunk_files
 from qprof.errors import QprofError
@@ -274,3 +276,52 @@ def test_native_fold_agrees_with_perf_script(capture: Path, tmp_path: Path) -> N
     for pid, cat in a.keys() | b.keys():
         n = sum(v for (p, _), v in a.items() if p == pid)
         assert abs(a[(pid, cat)] - b[(pid, cat)]) / n * 100 <= CATEGORY_PP, (pid, cat, a[(pid, cat)], b[(pid, cat)])
+
+
+def _each(folder: Path, data: Path, pids: list[int], limit: int | None) -> tuple[dict[tuple[int, int], list[str]], dict[str, Any]]:
+    """Every sample's stack (by time and thread) as the folder unwinds it, perhaps as if perf had copied
+    only `limit` bytes; and its statistics."""
+    cmd = nativefold.command(folder, [data], pids, debuginfo.cache_root())
+    cmd[1:1] = ["--each", *(["--copy-limit", str(limit)] if limit is not None else [])]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
+    stats = json.loads(out[-1])[nativefold.STATS_KEY]
+    stacks: dict[tuple[int, int], list[str]] = {}
+    for line in out[:-1]:
+        s = json.loads(line)
+        stacks.setdefault((s["time"], s["tid"]), []).append(json.dumps(s["frames"]))
+    return stacks, stats
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("capture", ["dwarf"], indirect=True)
+def test_stack_need_says_which_stacks_a_copy_cuts(capture: Path) -> None:
+    """The folder's measure of how far unwinding read into each DWARF stack copy (what the report's
+    count of stacks cut at the copy's end rests on), held against the folder itself on a real ngtcp2
+    capture: folded again as if perf had copied less (--copy-limit), exactly the stacks that read past
+    the limit go past it now; at the deepest finished stack's need, none that finished changes."""
+    folder = nativefold.built()
+    assert folder is not None, "qprof's native folder is not built: `make setup` builds it"
+    (group,) = Run.open(capture).meta.sampling.groups
+    (data,) = chunk_files(capture, group.perf_data, include_current=True)
+    full, stats = _each(folder, data, group.pids, None)
+    needs = {int(p): StackNeed(n["copied"], n["truncated"], {int(b): c for b, c in n["needed"]})
+             for p, n in stats["stack_need"].items()}
+    whole = StackNeed()
+    for n in needs.values():
+        whole.absorb(n)
+    finished = sorted(b for b, c in whole.needed.items() for _ in range(c))
+    assert set(needs) == set(group.pids) and whole.copied == DWARF_STACK_BYTES and len(finished) > 200, needs
+    print(f"\n{whole.stacks} stacks, {whole.truncated} past the {DWARF_STACK_BYTES} B copy; bytes the finished "
+          f"ones read: median {finished[len(finished) // 2]}, deepest {whole.deepest}; "
+          + "; ".join(f"pid {p}: {n.truncated} of {n.stacks} past the copy" for p, n in needs.items()))
+    limit = finished[len(finished) * 4 // 5]  # a fifth or so of the finished stacks read past it
+    for copy in (limit, whole.deepest):
+        past = sum(c for b, c in whole.needed.items() if b > copy)
+        cut, cut_stats = _each(folder, data, group.pids, copy)
+        assert cut.keys() == full.keys()
+        changed = sum(1 for k, v in full.items() if sorted(v) != sorted(cut[k]))
+        truncated = sum(n["truncated"] for n in cut_stats["stack_need"].values())
+        print(f"copy {copy} B: {changed} stacks changed, {truncated} past it; measured to read past it: {past}")
+        assert truncated == whole.truncated + past
+        assert past <= changed <= past + whole.truncated

@@ -25,7 +25,7 @@ from qprof.attribution.profile import PROBE_SHARE_LIMIT, Breakdown, ProcessProfi
 from qprof.attribution.symbols import naming
 from qprof.attribution.threads import ThreadView
 from qprof.attribution.waits import CLOSURE, ON_CPU, STATES, WAIT_KINDS, WallClock, WallSplit
-from qprof.archive.model import ObjectSymbols
+from qprof.archive.model import ObjectSymbols, Target
 from qprof.attribution.tcp import ProcessTcp
 from qprof.viewer.report import Report
 
@@ -395,6 +395,18 @@ def _cpu_line(p: ProcessProfile, profile: Profile, say: "Callable[..., None]") -
     say(line)
 
 
+def _cut_stacks(targets: list[Target], copy: dict[int, int]) -> str:
+    """How many DWARF stacks went past the stack copy: their callers are [unknown] (the native folder
+    counts them; an endpoint with a large buffer on its stack loses most of its callers)."""
+    unwound = sum(t.stacks_unwound or 0 for t in targets)
+    cut = sum(t.stacks_cut or 0 for t in targets)
+    if not unwound or not cut:
+        return ""
+    size = max((copy.get(t.pid, 0) for t in targets), default=0)
+    return (f"; {cut:,} of {unwound:,} stacks ({cut / unwound:.0%}) went past the "
+            f"{f'{size:,} B ' if size else ''}stack copy: their outer callers are [unknown]")
+
+
 def render(report: Report, console: Console, top: int = 5, verbose: bool = False) -> None:
     """The report; `verbose` adds the method notes and the mapping files each process was read with."""
     analysis = report.analysis
@@ -410,14 +422,15 @@ def render(report: Report, console: Console, top: int = 5, verbose: bool = False
         say(f"  archive is {info.status}: {info.incomplete_reason or 'collection did not finish'}; "
             "shown is what was collected", "yellow")
     # a service's workers share a program and its unwinding: one line for all of them
-    alike: dict[tuple[str, str | None, str | None], list[int]] = {}
+    alike: dict[tuple[str, str | None, str | None], list[Target]] = {}
     for t in info.targets:
-        alike.setdefault((t.comm, t.unwind, t.unwind_reason), []).append(t.pid)
+        alike.setdefault((t.comm, t.unwind, t.unwind_reason), []).append(t)
+    copy = {p: g.stack_bytes for g in s.groups if g.stack_bytes for p in g.pids}
     for t in info.targets:
-        pids = alike.pop((t.comm, t.unwind, t.unwind_reason), [])
-        if pids:
-            who = f"pid {pids[0]}" if len(pids) == 1 else f"pids {', '.join(map(str, pids))}"
-            say(f"  {who} {t.comm}: {t.unwind} unwinding ({t.unwind_reason})")
+        same = alike.pop((t.comm, t.unwind, t.unwind_reason), [])
+        if same:
+            who = f"pid {same[0].pid}" if len(same) == 1 else f"pids {', '.join(str(x.pid) for x in same)}"
+            say(f"  {who} {t.comm}: {t.unwind} unwinding ({t.unwind_reason}){_cut_stacks(same, copy)}")
         if len(t.images) > 1:
             say("    exec'd: " + " -> ".join(f"{i.comm} ({i.exe}, {i.unwind}, from {i.since_s:g} s)"
                                             for i in t.images), "dim")

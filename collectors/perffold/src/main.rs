@@ -79,10 +79,11 @@ struct Args {
     kallsyms: PathBuf,
     files: Vec<PathBuf>,
     each: bool,
+    copy_limit: Option<u64>, // unwind as if perf had copied at most this many bytes of each stack
 }
 
 fn usage() -> ! {
-    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] PERF_DATA...");
+    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] [--copy-limit BYTES] PERF_DATA...");
     std::process::exit(2)
 }
 
@@ -94,6 +95,7 @@ fn parse_args() -> Args {
         kallsyms: "/proc/kallsyms".into(),
         files: Vec::new(),
         each: false,
+        copy_limit: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -112,6 +114,8 @@ fn parse_args() -> Args {
                 a.window = (num(s), num(e));
             }
             "--each" => a.each = true, // one line per sample (time, tid, frames), not folded: for comparisons
+            // what a smaller DWARF copy would have given (the stack copy's sizing is checked by it)
+            "--copy-limit" => a.copy_limit = Some(it.next().and_then(|x| x.parse().ok()).unwrap_or_else(|| usage())),
             "-h" | "--help" => usage(),
             _ if !arg.starts_with("--") => a.files.push(PathBuf::from(arg)),
             _ => usage(),
@@ -197,7 +201,19 @@ struct Stats {
     errors: u64,
     records: u64,
     error_examples: Vec<String>,
+    stack_need: std::collections::BTreeMap<i32, StackNeed>,
 }
+
+/// How much of its DWARF stack copies a process's unwinding read: how often the copy fell short (the
+/// callers past it are lost), and what a smaller copy would have cut.
+#[derive(Default)]
+struct StackNeed {
+    copied: u64,         // the largest copy seen (the kernel copies less near the stack's top)
+    truncated: u64,      // unwinding went past the copy's end: the need is more than `copied`
+    buckets: Vec<u64>,   // finished stacks by bytes read, NEED_BUCKET each: [0] up to NEED_BUCKET
+}
+
+const NEED_BUCKET: u64 = 256;
 
 struct Slot {
     samples: u64,
@@ -584,16 +600,18 @@ impl Folder {
             return;
         };
         let bytes = stack.as_slice();
-        let size = (size as usize).min(bytes.len());
+        let size = (size as usize).min(bytes.len()).min(self.args.copy_limit.map_or(usize::MAX, |l| l as usize));
         let bytes = &bytes[..size];
         // perf's access_mem: a word is readable when it lies in [sp, sp + size) and is not the last one
         let missed = std::cell::Cell::new(false); // a read outside the stack copy since the last frame
+        let deepest = std::cell::Cell::new(0u64); // the copy size this stack's reads needed so far
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).ok_or(())?;
             if off.checked_add(8).ok_or(())? >= size as u64 {
                 missed.set(true);
                 return Err(());
             }
+            deepest.set(deepest.get().max(off + 16)); // readable when off + 8 < size: size >= off + 16
             let o = off as usize;
             Ok(u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap()))
         };
@@ -683,6 +701,17 @@ impl Folder {
         if truncated {
             self.stats.truncated += 1;
         }
+        let need = self.stats.stack_need.entry(pid).or_default();
+        need.copied = need.copied.max(size as u64);
+        if truncated {
+            need.truncated += 1;
+        } else {
+            let b = (deepest.get().saturating_sub(1) / NEED_BUCKET) as usize;
+            if need.buckets.len() <= b {
+                need.buckets.resize(b + 1, 0);
+            }
+            need.buckets[b] += 1;
+        }
         for a in addrs {
             let f = if a >= KERNEL_START { self.kernel_frame(a) } else { self.user_frame(pid, a) };
             frames.push(f);
@@ -747,7 +776,18 @@ impl Folder {
                 write!(out, ",{},{}]", info.symbols.as_ref().map_or(0, |t| t.len()), info.unwind.as_ref().is_some_and(|u| u.eh_frame_hdr.is_some() || u.debug_frame.is_some()))?;
             }
         }
-        out.write_all(b"],\"error_examples\":[")?;
+        out.write_all(b"],\"stack_need\":{")?;
+        for (i, (pid, n)) in s.stack_need.iter().enumerate() {
+            write!(out, "{}\"{pid}\":{{\"copied\":{},\"truncated\":{},\"needed\":[", if i > 0 { "," } else { "" },
+                n.copied, n.truncated)?;
+            let mut first = true;
+            for (b, c) in n.buckets.iter().enumerate().filter(|(_, c)| **c > 0) {
+                write!(out, "{}[{},{c}]", if first { "" } else { "," }, (b as u64 + 1) * NEED_BUCKET)?;
+                first = false;
+            }
+            out.write_all(b"]}")?;
+        }
+        out.write_all(b"},\"error_examples\":[")?;
         for (i, e) in s.error_examples.iter().enumerate() {
             if i > 0 {
                 out.write_all(b",")?;
