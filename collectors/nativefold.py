@@ -174,9 +174,7 @@ class Running:
                     s = obj[STATS_KEY]
                     stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
                     stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
-                    stats.stack_need = {int(pid): StackNeed(int(n["copied"]), int(n["truncated"]),
-                                                            {int(b): int(c) for b, c in n["needed"]})
-                                        for pid, n in s.get("stack_need", {}).items()}
+                    stats.stack_need = {int(pid): StackNeed.parse(n) for pid, n in s.get("stack_need", {}).items()}
                 else:
                     recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
         except BaseException:  # a bad line, or an interrupt (a second Ctrl-C): it is not waited for

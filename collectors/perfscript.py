@@ -92,6 +92,11 @@ class StackNeed:
     def deepest(self) -> int:
         return max((b for b, n in self.needed.items() if n), default=0)
 
+    @classmethod
+    def parse(cls, obj: dict[str, Any]) -> StackNeed:
+        """One process's entry of the folder's `stack_need` statistics."""
+        return cls(int(obj["copied"]), int(obj["truncated"]), {int(b): int(c) for b, c in obj["needed"]})
+
     def absorb(self, other: StackNeed) -> None:
         self.copied = max(self.copied, other.copied)
         self.truncated += other.truncated

@@ -372,8 +372,8 @@ class AttachSession:
         self._perf = perf
         self.traffic = TrafficRecorder(out, opts.pids, self.status)
         self.traffic.start(time.monotonic())
-        for g in meta.sampling.groups:
-            self._start_recorder(out, g)
+        for mode, pids in groups.items():
+            self._start_recorder(out, mode, pids)
         self._pressure_cgroups(out, [p for p in opts.pids if p not in self._service_of])
         self.folder = chunks.ChunkFolder(perf, out, meta.sampling.groups, keep_raw=opts.keep_raw,
                                          raw_budget=opts.raw_budget, status=self.status, kallsyms=self._kallsyms)
@@ -444,8 +444,8 @@ class AttachSession:
             if need is not None and need.stacks:
                 t.stacks_unwound, t.stacks_cut = need.stacks, need.truncated
 
-    def _start_recorder(self, out: Path, group: SampleGroup, pids: list[int] | None = None) -> PerfRecorder:
-        opts, mode, pids = self.opts, group.unwind, group.pids if pids is None else pids
+    def _start_recorder(self, out: Path, mode: str, pids: list[int]) -> PerfRecorder:
+        opts = self.opts
         rec = PerfRecorder(self._perf, pids, mode, opts.frequency, opts.event,
                            out / runfiles.perf_data(mode), out / runfiles.perf_log(mode),
                            self._sampling_cgroups(pids), switch_output=opts.chunk_bytes, kallsyms=self._kallsyms)
@@ -513,7 +513,7 @@ class AttachSession:
         target = next((g for g in groups if g.unwind == new), None)
         if target is None:
             target = SampleGroup(new, [], runfiles.perf_data(new), {}, _stack_bytes(new))
-            self._start_recorder(out, target, [pid])  # the pid joins the group below, with its window
+            self._start_recorder(out, new, [pid])
             groups.append(target)  # after its recorder runs: the folding thread may pick it up at once
         elif self.cgroups is not None:
             return False  # that recorder samples fixed cgroups, not this pid's

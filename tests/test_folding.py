@@ -305,8 +305,7 @@ def test_stack_need_says_which_stacks_a_copy_cuts(capture: Path) -> None:
     (group,) = Run.open(capture).meta.sampling.groups
     (data,) = chunk_files(capture, group.perf_data, include_current=True)
     full, stats = _each(folder, data, group.pids, None)
-    needs = {int(p): StackNeed(n["copied"], n["truncated"], {int(b): c for b, c in n["needed"]})
-             for p, n in stats["stack_need"].items()}
+    needs = {int(p): StackNeed.parse(n) for p, n in stats["stack_need"].items()}
     whole = StackNeed()
     for n in needs.values():
         whole.absorb(n)
