@@ -340,7 +340,7 @@ class ChunkFolder:
         try:  # merged only once the chunks are read: a failure counts nothing
             chunk, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
                                       1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
-                                      self.kallsyms)
+                                      self.kallsyms, self._before(paths[0], group))
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             if len(paths) > 1:
                 for path in paths:
@@ -355,15 +355,27 @@ class ChunkFolder:
         st.folded += [p.name for p in paths]
         _return_free_memory()
 
+    def _before(self, first: Path, group: SampleGroup) -> Path | None:
+        """The group's newest chunk on disk before `first`: the mappings of a process that exited while
+        perf wrote `first`'s are there (collectors.folding.fold_files `context`)."""
+        chunks = runfiles.chunk_files(self.out, group.perf_data, include_current=False)
+        older = [p for p in chunks if p.name < first.name]
+        return older[-1] if older else None
+
     def _saved(self, chunks: list[Path], final: bool) -> None:
-        """Write the stacks file that holds these folded chunks, then delete their raw data (unless kept):
-        a chunk is gone only once the file that counts it is on disk, so a kill at any moment loses none
-        and counts none twice."""
-        if not chunks:
+        """Write the stacks file that holds these folded chunks, then delete the raw data of every folded
+        chunk (unless kept) but each group's newest, which names the next chunk's exited processes
+        (`_before`) until the last pass: a chunk is gone only once the file that counts it is on disk,
+        so a kill at any moment loses none and counts none twice."""
+        if chunks:
+            self._save(final)
+        if self.keep_raw or not (chunks or final):
             return
-        self._save(final)
-        if not self.keep_raw:
-            for path in chunks:
+        folded = set(self.state.folded)
+        for group in self.groups:
+            chunks = runfiles.chunk_files(self.out, group.perf_data, include_current=final)
+            done = [p for p in chunks if p.name in folded]
+            for path in done if final else done[:-1]:
                 path.unlink(missing_ok=True)
 
     def _save(self, final: bool) -> None:

@@ -150,12 +150,15 @@ def run_specs(out: Path, groups: list[SampleGroup], jobs: int) -> list[SliceSpec
 
 
 def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: int | None = None,
-               windows: PidWindows | None = None, nice: int = 0, kallsyms: Path | None = None
-               ) -> tuple[dict[StackKey, Slot], ParseStats]:
+               windows: PidWindows | None = None, nice: int = 0, kallsyms: Path | None = None,
+               context: Path | None = None) -> tuple[dict[StackKey, Slot], ParseStats]:
     """Fold consecutive perf data files of one recorder (a run's chunks, in order): with the native folder
     one process reads them all (kallsyms and the objects' tables read once); with `perf script`, each
     file in `jobs` time slices at once. `kallsyms`: the attach's snapshot (probes.kallsyms), for the
-    folder; None: the host's /proc/kallsyms."""
+    folder; None: the host's /proc/kallsyms. `context`: the recorder's file before `data[0]` (None: it
+    is the first, or gone); each folder process reads the mappings of the file before its own first, so
+    a process that exited at a switch keeps its names wherever the files are cut. `perf script` reads
+    each file alone: there, such a process's last samples stay `[unknown]`."""
     jobs = default_jobs() if jobs is None else jobs
     folder = nativefold.chosen()
     if folder is None:
@@ -171,10 +174,12 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
     root = debuginfo.cache_root()
     # all started, then read in order: a folder writes its records once it has read its files
     running: list[nativefold.Running] = []
+    parts = split_files(data, jobs)
+    before = [context] + [part[-1] for part in parts[:-1]]
     try:
         for ps, w in calls:
-            running += [nativefold.Running(folder, part, ps, root, log, w, nice, kallsyms)
-                        for part in split_files(data, jobs)]
+            running += [nativefold.Running(folder, part, ps, root, log, w, nice, kallsyms, ctx)
+                        for part, ctx in zip(parts, before)]
         return accumulate([r.collect() for r in running])
     finally:
         for r in running:
@@ -183,8 +188,9 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
 
 def split_files(data: list[Path], parts: int) -> list[list[Path]]:
     """Consecutive files in at most `parts` runs of about equal size, in order: one folder process each
-    (a chunk holds the mappings of its processes: perf writes them again at every switch), at the
-    price of reading kallsyms and the objects' tables once more per process (~60 ms)."""
+    (a chunk holds the mappings of its processes, perf writes them again at every switch, and the file
+    before each run gives those of a process that exited then), at the price of reading kallsyms and the
+    objects' tables once more per process (~60 ms)."""
     parts = max(1, min(parts, len(data)))
     sizes = [file_size(d) for d in data]
     out: list[list[Path]] = [[] for _ in range(parts)]

@@ -134,11 +134,15 @@ def chosen() -> Path | None:
 
 
 def command(folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, window: Window = (None, None),
-            kallsyms: Path | None = None) -> list[str]:
-    """`kallsyms`: the attach's snapshot (probes.kallsyms) instead of /proc/kallsyms."""
+            kallsyms: Path | None = None, context: Path | None = None) -> list[str]:
+    """`kallsyms`: the attach's snapshot (probes.kallsyms) instead of /proc/kallsyms. `context`: the
+    recorder's file before `files[0]`, whose mappings name the samples of a process that exited while
+    perf wrote the switch's (README's `--context`)."""
     cmd = [str(folder), "--pids", ",".join(map(str, pids)), "--buildid-dir", str(buildid_dir)]
     if kallsyms is not None:
         cmd += ["--kallsyms", str(kallsyms)]
+    if context is not None:
+        cmd += ["--context", str(context)]
     if window != (None, None):
         cmd += ["--time", ",".join("" if t is None else str(t) for t in window)]
     return cmd + [str(f) for f in files]
@@ -148,10 +152,11 @@ class Running:
     """A folder process over consecutive perf data files of one recorder (a run's chunks, in order)."""
 
     def __init__(self, folder: Path, files: list[Path], pids: list[int], buildid_dir: Path, log: Path,
-                 window: Window = (None, None), nice: int = 0, kallsyms: Path | None = None) -> None:
+                 window: Window = (None, None), nice: int = 0, kallsyms: Path | None = None,
+                 context: Path | None = None) -> None:
         self.files, self.log = files, log
         with open(log, "ab") as logf:  # its diagnostics, as perf script's
-            self.proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window, kallsyms),
+            self.proc = subprocess.Popen(command(folder, files, pids, buildid_dir, window, kallsyms, context),
                                          stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=logf,
                                          preexec_fn=die_with_parent(signal.SIGKILL, nice))

@@ -80,10 +80,11 @@ struct Args {
     files: Vec<PathBuf>,
     each: bool,
     copy_limit: Option<u64>, // unwind as if perf had copied at most this many bytes of each stack
+    context: Option<PathBuf>, // the recorder's file before the first: its mappings, not its samples
 }
 
 fn usage() -> ! {
-    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] [--copy-limit BYTES] PERF_DATA...");
+    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] [--copy-limit BYTES] [--context PERF_DATA] PERF_DATA...");
     std::process::exit(2)
 }
 
@@ -96,6 +97,7 @@ fn parse_args() -> Args {
         files: Vec::new(),
         each: false,
         copy_limit: None,
+        context: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -116,6 +118,8 @@ fn parse_args() -> Args {
             "--each" => a.each = true, // one line per sample (time, tid, frames), not folded: for comparisons
             // what a smaller DWARF copy would have given (the stack copy's sizing is checked by it)
             "--copy-limit" => a.copy_limit = Some(it.next().and_then(|x| x.parse().ok()).unwrap_or_else(|| usage())),
+            // a chunk's processes that exited while perf wrote the switch's mappings: the file before has them
+            "--context" => a.context = Some(it.next().unwrap_or_else(|| usage()).into()),
             "-h" | "--help" => usage(),
             _ if !arg.starts_with("--") => a.files.push(PathBuf::from(arg)),
             _ => usage(),
@@ -251,6 +255,7 @@ struct Folder {
     fde_cache: HashMap<(u32, u64), bool>,
     ends: HashSet<(u32, u64)>,
     pid_offset: Option<usize>, // where a sample record's pid is, when every event has one layout
+    context: bool,             // reading the --context file: its samples are not this fold's
     stats: Stats,
 }
 
@@ -275,6 +280,10 @@ fn clean_symbol(s: &str) -> String {
 
 impl Folder {
     fn error(&mut self, what: String) {
+        if self.context {
+            // the context file was (or will be) folded itself: its damage is counted there
+            return;
+        }
         self.stats.errors += 1;
         if self.stats.error_examples.len() < 5 {
             self.stats.error_examples.push(what);
@@ -924,7 +933,13 @@ fn jit_map(pid: i32) -> SymTab {
 
 /// One record's effect on the folder.
 fn handle(f: &mut Folder, record: &linux_perf_data::linux_perf_event_reader::RawEventRecord) {
-    f.stats.records += 1;
+    if f.context {
+        if record.record_type.0 == 9 {
+            return;
+        }
+    } else {
+        f.stats.records += 1;
+    }
     match record.parse() {
         Ok(EventRecord::Sample(s)) => f.sample(&s),
         Ok(EventRecord::Mmap2(m)) => {
@@ -992,6 +1007,9 @@ fn fold_mapped(f: &mut Folder, data: &[u8], perf_file: &linux_perf_data::PerfFil
     let emit = |f: &mut Folder, at: usize| {
         let rtype = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
         if rtype == 9 {
+            if f.context {
+                return;
+            }
             // another process's sample: not parsed
             if let Some(o) = f.pid_offset {
                 if let Some(b) = data.get(at + o..at + o + 4) {
@@ -1037,17 +1055,21 @@ fn fold_mapped(f: &mut Folder, data: &[u8], perf_file: &linux_perf_data::PerfFil
     Some(())
 }
 
+/// Fold one file's records in; a context file (`--context`) gives its mappings and names only, and
+/// one that cannot be read is left out (the fold is the same as without it).
 fn fold_file(f: &mut Folder, path: &Path) {
+    let fail = |f: &Folder, why: String| {
+        eprintln!("qprof-perffold: {}: {why}", path.display());
+        if !f.context {
+            std::process::exit(1)
+        }
+    };
     let Some(bytes) = symbols::map_file(path) else {
-        eprintln!("qprof-perffold: {}: cannot read", path.display());
-        std::process::exit(1)
+        return fail(f, "cannot read".into());
     };
     let perf_file = match PerfFileReader::parse_file(std::io::Cursor::new(&bytes[..])) {
         Ok(r) => r.perf_file,
-        Err(e) => {
-            eprintln!("qprof-perffold: {}: not a readable perf.data file ({e})", path.display());
-            std::process::exit(1)
-        }
+        Err(e) => return fail(f, format!("not a readable perf.data file ({e})")),
     };
     if let Ok(ids) = perf_file.build_ids() {
         for (_key, info) in ids {
@@ -1107,9 +1129,15 @@ fn main() {
         fde_cache: HashMap::default(),
         ends: HashSet::default(),
         pid_offset: None,
+        context: false,
         stats: Stats::default(),
     };
     f.unknown = f.frame_id(UNKNOWN, UNKNOWN);
+    if let Some(path) = f.args.context.clone() {
+        f.context = true;
+        fold_file(&mut f, &path);
+        f.context = false;
+    }
     for path in &files {
         fold_file(&mut f, path);
     }
