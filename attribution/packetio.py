@@ -8,7 +8,7 @@ with their kernel reason, socket buffer sizes against the system defaults, and
 network softirq time with the share that ran in the targets' own threads.
 
 Since the default probes count in sampling windows (probes/packetio/windows.py),
-counts are estimates with 95% intervals (attribution.sampling) unless the whole
+counts are estimates with 95% intervals (probes.packetio.estimate) unless the whole
 run was counted; every figure carries which it is.
 """
 
@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from qprof.attribution import probemaps
-from qprof.attribution.sampling import Estimate, GroupSample
+from qprof.probes.packetio.estimate import Estimate, GroupSample
 from qprof.archive import schema
 from qprof.archive.model import ProbeCost, ProbeRecord, UdpSocket, UnavailableProbe
 from qprof.jsonvalue import JsonObject
-from qprof.probes.packetio.maps import AUX_OF_DIRECTION, Windows, kernel_counters_for
-from qprof.probes.packetio.windows import AUX
+from qprof.probes.packetio.maps import Windows
 
 _MIB_KEYS = ("InDatagrams", "OutDatagrams", "RcvbufErrors", "SndbufErrors", "InErrors", "NoPorts",
              "MemErrors", "InCsumErrors")
@@ -291,18 +290,6 @@ def _headline(sample: GroupSample, tx: Direction, rx: Direction) -> dict[str, Es
     return out
 
 
-def _sample(w: Windows, key: str) -> GroupSample | None:
-    g = w.groups.get(key)
-    if g is None:
-        return None
-    aux_of = {n: AUX_OF_DIRECTION[n[:2]] for n in w.series if n[:2] in AUX_OF_DIRECTION}
-    totals = w.mib_totals.get(g.netns, {})
-    if g.since:  # first seen after the start: the kernel's counters of its own periods
-        totals = {name: total - g.since[AUX.index(name)] for name, total in totals.items() if name in AUX}
-    return GroupSample(w.series, g.sum, g.counted, g.seen, g.q, w.periods, w.full_periods, aux_of,
-                       totals, w.expansion, {n: kernel_counters_for(n) for n in aux_of})
-
-
 @dataclass(frozen=True)
 class SamplingSummary:
     """How the packet counts were taken: the sampler's windows against the run (probes/packetio/windows.py)."""
@@ -354,7 +341,7 @@ def analyse(probes: ProbeRecord, pids: list[int]) -> PacketIO | None:
         w = None  # a damaged probes.json (a series renamed or lost): its sums cannot be told apart
     for pid, proc in procs.items():
         proc.ports |= rec.ports.get(pid, set())
-        sample = _sample(w, str(pid)) if w is not None else None
+        sample = w.sample(str(pid)) if w is not None else None
         if w is not None and sample is not None:
             totals = sample.totals(list(sample.sum))
             _fill((proc.tx, proc.rx), totals)

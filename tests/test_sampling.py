@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from qprof.attribution.packetio import apportion
-from qprof.attribution.sampling import MIN_SEEN, Estimate, GroupSample, t975
+from qprof.probes.packetio.estimate import MIN_SEEN, Estimate, GroupSample, t975
 from qprof.probes.packetio import windows
 from qprof.probes.packetio.sampler import NetnsCounters
 from qprof.archive import schema
@@ -101,7 +101,7 @@ def test_periods_start_short_and_grow() -> None:
     assert windows.period_length(0) == windows.FIRST_PERIOD_S
     assert windows.period_length(3.5) == pytest.approx(0.35)
     assert windows.period_length(3600) == windows.PERIOD_S
-    # a 2 s transfer still gets the windows a variance estimate needs (attribution.sampling.MIN_SEEN)
+    # a 2 s transfer still gets the windows a variance estimate needs (probes.packetio.estimate.MIN_SEEN)
     t, n = 0.0, 0
     while t < 2.0:
         t += windows.period_length(t)

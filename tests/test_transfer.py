@@ -14,7 +14,7 @@ from conftest import examples
 from qprof.attribution.coverage import suggest
 from qprof.attribution.mapping import parse_mapping
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
-from qprof.attribution.sampling import Estimate
+from qprof.probes.packetio.estimate import Estimate
 from qprof.attribution.tcp import ProcessTcp, TcpIO
 from qprof.attribution.timeline import _rates, _within
 from qprof.attribution.transfer import SPAN_FROM_PROC, SPAN_FROM_SAMPLES, transfer

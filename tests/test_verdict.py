@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from qprof.attribution.packetio import PacketIO, ProcessPacketIO
-from qprof.attribution.sampling import Estimate
+from qprof.probes.packetio.estimate import Estimate
 from qprof.attribution.transfer import Transfer
 from qprof.attribution.causes import Cause, causes_of
 from qprof.attribution.verdict import CAUSES, CHECK_GROUPS, THRESHOLDS, judge, service_evidence, side_evidence

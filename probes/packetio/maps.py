@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qprof.probes.mapsout import RawMap
+from qprof.probes.packetio.estimate import GroupSample
 from qprof.probes.packetio.windows import AUX
 
 # Counters of struct counts in packetio.bpf.c by direction (a counter's name says it; the
@@ -116,6 +117,19 @@ class Windows:
     def mib_totals(self) -> dict[str, dict[str, float]]:
         """netns -> {kernel counter (windows.AUX): its total}."""
         return {ns: {k: v for k in AUX if (v := getattr(t, k)) is not None} for ns, t in self.netns.items()}
+
+    def sample(self, key: str) -> GroupSample | None:
+        """A group's sums as the estimator takes them, scaled to its namespace's kernel counters over the
+        same periods (a group first seen later: over its own)."""
+        g = self.groups.get(key)
+        if g is None:
+            return None
+        aux_of = {n: AUX_OF_DIRECTION[n[:2]] for n in self.series if n[:2] in AUX_OF_DIRECTION}
+        totals = self.mib_totals.get(g.netns, {})
+        if g.since:
+            totals = {name: total - g.since[AUX.index(name)] for name, total in totals.items() if name in AUX}
+        return GroupSample(self.series, g.sum, g.counted, g.seen, g.q, self.periods, self.full_periods, aux_of,
+                           totals, self.expansion, {n: kernel_counters_for(n) for n in aux_of})
 
     def usable(self) -> "Windows | None":
         """These windows with the groups whose sums fit the series (a damaged archive's others left out),

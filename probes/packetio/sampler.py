@@ -446,7 +446,7 @@ class Sampler:
         A sampled window's period then ends there: the window was drawn from that period alone, and
         stretching it to the stop weighed the window by time it could not have fallen in (a transfer
         ending before the stop read up to 1.5x too fast over its last period); the time after is left
-        to the namespace's counters (attribution.sampling's regression). A whole-period window counted
+        to the namespace's counters (probes.packetio.estimate's regression). A whole-period window counted
         only its own period of the extended one: the run is then sampled, never exact."""
         pending = self._pending
         if pending is not None:

@@ -9,7 +9,7 @@ the period: low-rate runs are counted exactly, high-rate ones sampled.
 Per window and per group (a process, or one thread of it) the counts y are
 kept as the window's expansion z = y / pi, pi = w / P (a stratified sample with
 one window per period: z estimates the period's total). What the estimator
-needs later (attribution.sampling) is accumulated here, not the windows:
+needs later (probes.packetio.estimate) is accumulated here, not the windows:
   sum  = sum of z           (Horvitz-Thompson total of each series)
   counted = sum of y        (what was actually counted: a hard lower bound)
   seen = windows with y > 0 (a series seen in few windows has no usable variance estimate)
