@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from datetime import datetime
@@ -12,16 +13,23 @@ import click
 
 from qprof.collectors.perf import DEFAULT_FREQUENCY
 from qprof.errors import QprofError
-from qprof.viewer.console import text_console
 
 if TYPE_CHECKING:
     from qprof.archive import Run
+    from rich.console import Console
+
     from qprof.archive.model import Service
     from qprof.attribution.mapping import MappingSet
     from qprof.collectors.session import AttachOptions
     from qprof.viewer.outputs import Output, Rendered, Request
 
-_stderr = text_console(stderr=True)
+@functools.lru_cache(maxsize=1)
+def _stderr() -> "Console":
+    """The rich console of stderr's messages, made at the first one: attach's status lines are plain
+    text, and importing rich was ~25 ms of CPU in every attach."""
+    from qprof.viewer.console import text_console
+
+    return text_console(stderr=True)
 
 
 def _fail(msg: str) -> None:
@@ -31,8 +39,6 @@ def _fail(msg: str) -> None:
 
 def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn QprofError into one line on stderr and exit 2: no tracebacks for bad input."""
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*a: Any, **kw: Any) -> Any:
         try:
@@ -167,11 +173,14 @@ def _attach_options(pids: list[int], out: Path, roles: dict[int, str], duration:
 def _watching(quiet: bool, run: Callable[[Callable[[str], None], Any], Any]) -> Any:
     """Run `run(status, on_tick)` with the live panel on a terminal, status lines on stderr otherwise."""
     if not quiet and sys.stdout.isatty():
+        from qprof.viewer.console import text_console
         from qprof.viewer.live import LiveView
 
         with LiveView(text_console()) as view:
             return run(view.status, view.tick)
-    return run((lambda m: None) if quiet else (lambda m: _stderr.print(f"[dim]qprof: {m}[/dim]")), None)
+    # styles go only to a terminal (click strips them elsewhere)
+    return run((lambda m: None) if quiet else (lambda m: click.echo(click.style(f"qprof: {m}", dim=True), err=True)),
+               None)
 
 
 @main.command()
@@ -228,7 +237,7 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     path = _watching(quiet, lambda status, tick: AttachSession(opts, status=status, on_tick=tick).run())
     click.echo(str(path))
     if not quiet:
-        _stderr.print(f"qprof: run archive written; read it with: qprof report {path}")
+        _stderr().print(f"qprof: run archive written; read it with: qprof report {path}")
     if otlp is not None:
         _export(path, otlp)
 
@@ -398,7 +407,7 @@ def _emit(name: str, rendered: "Rendered", out: Path | None, path_on_stdout: boo
         click.echo(str(out))
     size = len(data.encode()) if isinstance(data, str) else len(data)
     what = f" {rendered.what}" if rendered.what else ""
-    _stderr.print(f"qprof: {name}{what} written to {out} ({size:,} bytes)", markup=False, highlight=False)
+    _stderr().print(f"qprof: {name}{what} written to {out} ({size:,} bytes)", markup=False, highlight=False)
 
 
 def print_report(run_paths: list[Path], fmt: str | None, mappings: list[str], top: int, refold: bool = False,
@@ -515,7 +524,7 @@ def _refold(run: "Run") -> None:
     if not (run.path / runfiles.FUNCTIONS).exists():  # a run cut before its end recorded them
         # from the files this host holds, each used only if its build-id is the one the run mapped
         functions.write(run.path, functions.stack_frames(run.path / runfiles.STACKS), run.meta, lambda pid, path: None)
-    _stderr.print(f"qprof: refolded {stats.samples} samples")
+    _stderr().print(f"qprof: refolded {stats.samples} samples")
 
 
 @main.command()
@@ -593,7 +602,7 @@ def _write_table(runs: "list[Run]", mappings: "MappingSet", stack: str | None,
         for n in r.notices if path is not None else ():
             if n not in said:
                 said.add(n)
-                _stderr.print(f"qprof: {'warning' if n.warning else 'note'}: {n.text}", markup=False,
+                _stderr().print(f"qprof: {'warning' if n.warning else 'note'}: {n.text}", markup=False,
                               highlight=False, style="bold yellow" if n.warning else None)
 
 
@@ -634,7 +643,7 @@ def study(study_file: Path, out: Path, dry_run: bool, quiet: bool) -> None:
         return
     progress = _watching(quiet, lambda status, tick: S.run(st, out, status, tick))
     if progress.skipped:
-        _stderr.print(f"qprof: resumed {out}: {progress.skipped} finished run(s) kept"
+        _stderr().print(f"qprof: resumed {out}: {progress.skipped} finished run(s) kept"
                       + (f", {len(progress.moved_aside)} unfinished moved to {out / S.PARTIAL}"
                          if progress.moved_aside else ""), markup=False, highlight=False)
     if progress.stopped is not None:
@@ -674,7 +683,7 @@ def _export(run: Path, url: str, mappings: tuple[str, ...] = (), stack: str | No
     assert isinstance(rendered.data, bytes)
     sent = send(url, rendered.data)
     refused = f"; the collector rejected {sent.rejected} profiles: {sent.message}" if sent.rejected else ""
-    _stderr.print(f"qprof: sent {rendered.what} of {run} ({sent.bytes:,} bytes) to {sent.url}: HTTP {sent.status}"
+    _stderr().print(f"qprof: sent {rendered.what} of {run} ({sent.bytes:,} bytes) to {sent.url}: HTTP {sent.status}"
                   + (f" after {sent.tries} tries" if sent.tries > 1 else "") + refused, markup=False, highlight=False)
 
 
@@ -690,6 +699,7 @@ def doctor(pid: int | None) -> None:
     from rich.text import Text
 
     from qprof.doctor import NONE, OK, run_checks, verdict
+    from qprof.viewer.console import text_console
 
     out = text_console()
     checks = run_checks(pid)
@@ -717,6 +727,7 @@ def mappings(ctx: click.Context, extra: tuple[str, ...]) -> None:
     from rich.table import Table
 
     from qprof.attribution.mapping import MappingSet, user_dir
+    from qprof.viewer.console import text_console
 
     t = Table(show_edge=False, pad_edge=False)
     for col in ("name", "kind", "version", "verified", "rules", "detected by", "path"):
@@ -776,7 +787,7 @@ def demo(size: str, out: Path | None, fmt: str, loopback: bool) -> None:
     joined by a veth pair (made and removed by the demo), both attached; report and verdict."""
     from qprof.demo import run_demo
 
-    path = run_demo(size, out or _default_out(), status=lambda m: _stderr.print(f"qprof demo: {m}", markup=False),
+    path = run_demo(size, out or _default_out(), status=lambda m: _stderr().print(f"qprof demo: {m}", markup=False),
                     loopback=loopback)
     print_report([path], fmt, [], 5)
 
