@@ -64,7 +64,7 @@ _KIND_ORDER = {"user": 0, "stack": 1, "library": 2, "common": 3}
 _RULE_KEYS = {"symbol", "dso", "kernel", "within", "leaf", "category", "subcategory", "transparent", "note"}
 _HEADER_KEYS = {"name", "version", "kind", "description", "verified", "detect", "uses"}
 _DETECT_KEYS = {"dso", "symbol", "go"}
-_POOL_KEYS = {"name", "symbol", "note"}
+_POOL_KEYS = {"name", "symbol", "note", "works"}
 MAX_PATTERN = 2000
 MAX_FILE_BYTES = 4 << 20  # the shipped files are tens of KiB
 
@@ -96,6 +96,9 @@ class Pool:
     name: str
     symbol: BoundedPattern
     note: str = ""  # what the pool's threads do, shown with it
+    # false: a runtime's monitor (Go's sysmon), whose threads run none of the program's work: the verdict
+    # never counts them among a side's working threads, whose waits for CPUs and one another may bind it
+    works: bool = True
 
 
 @dataclass
@@ -317,7 +320,8 @@ def _parse_pool(p: _Table) -> Pool:
     if not p.has("symbol"):
         raise MappingError(f"{where}: pool {name!r} needs `symbol`, a frame its threads' stacks run through")
     note = p.value("note", str, "", "`note` must be a string")
-    return Pool(where, name, _regex(p.fields["symbol"], p.at("symbol"), "symbol"), note)
+    works = p.value("works", bool, True, "`works` must be true or false")
+    return Pool(where, name, _regex(p.fields["symbol"], p.at("symbol"), "symbol"), note, works)
 
 
 def _parse_rule(r: _Table, mapping: str) -> Rule:

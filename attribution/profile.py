@@ -116,6 +116,7 @@ class ProcessProfile:
     application: str | None = None  # what names the process's own code (attribution.application)
     handoffs: Counter[str] = field(default_factory=Counter)  # period per handoff kind (attribution.handoff)
     pool_notes: dict[str, str] = field(default_factory=dict)  # pool name -> its mapping's note
+    monitor_pools: frozenset[str] = frozenset()  # pools whose threads run none of its work (mapping.Pool.works)
     leaf_objects: Counter[str] = field(default_factory=Counter)  # period per object its samples were taken in
     unnamed: Counter[str] = field(default_factory=Counter)  # ... of which in no named function (attribution.symbols)
     sample_span_ns: tuple[int, int] | None = None  # its first and last sample (archives with sample times)
@@ -265,7 +266,8 @@ def attribute(run: Run, mappings: MappingSet, stack: str | None = None,
                                     mappings=[f.use(why) for f, why in chosen],
                                     mmsg_seen={name for name, entry in _MMSG_ENTRIES.items() if entry & syms[pid]},
                                     application=app.source if app else None,
-                                    pool_notes={pool.name: pool.note for pool in pools})
+                                    pool_notes={pool.name: pool.note for pool in pools},
+                                    monitor_pools=frozenset(pool.name for pool in pools if not pool.works))
     # Pass 2: classify and aggregate; interrupt skid waits for every sample of what interrupts ran.
     skid = SkidSplitter()
 

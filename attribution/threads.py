@@ -119,6 +119,7 @@ class Pool:
     note: str
     threads: list[ThreadRow]
     breakdown: Breakdown = field(default_factory=Breakdown)
+    works: bool = True  # false: a runtime's monitor, which runs none of the program's work (mapping.Pool.works)
 
     def _sum(self, attr: str) -> float | None:
         return _sum_known(getattr(t.stat, attr) for t in self.threads)
@@ -233,9 +234,10 @@ def thread_view(readings: list[ProcReading], pid: int, proc: ProcessProfile | No
     rows.sort(key=lambda t: (-(t.stat.on_cpu_s if t.stat.on_cpu_s is not None else -1.0),
                              -t.breakdown.period, t.stat.tid))
     notes = proc.pool_notes if proc is not None else {}
+    monitors = proc.monitor_pools if proc is not None else frozenset()
     pools: dict[str, Pool] = {}
     for row in rows:
-        p = pools.setdefault(row.pool, Pool(row.pool, notes.get(row.pool, ""), []))
+        p = pools.setdefault(row.pool, Pool(row.pool, notes.get(row.pool, ""), [], works=row.pool not in monitors))
         p.threads.append(row)
         p.breakdown.merge(row.breakdown)
     b = proc.breakdown if proc is not None else Breakdown()

@@ -337,7 +337,8 @@ def side_evidence(readings: list[ProcReading], pid: int, role: str, comm: str, h
     if threads is not None:
         _threads(ev, threads)
     if clock is not None:
-        _wall(ev, clock)
+        monitors = {r.stat.tid for p in threads.pools if not p.works for r in p.threads} if threads else set()
+        _wall(ev, clock, monitors)
     _judge(ev)
     if ev.cpu_limited:
         ev.binds = _binds(ev, threads)
@@ -354,9 +355,12 @@ def _threads(ev: SideEvidence, view: ThreadView) -> None:
     ev.wakeups_per_datagram = view.handoffs.wakeups_per_datagram
 
 
-def _wall(ev: SideEvidence, wall: WallClock) -> None:
+def _wall(ev: SideEvidence, wall: WallClock, monitors: set[int] | None = None) -> None:
     """What its threads did off the CPU: the busiest thread's split (the one schedstat names, as
-    everywhere), and its working threads' together."""
+    everywhere), and its working threads' together. `monitors`: threads of a runtime's monitor (Go's
+    sysmon), never working threads: they run none of the program's work, and their sleeps are their own
+    polling (a paced quic-go server's sysmon was its busiest thread, 13% on a CPU; counted as working
+    beside an M at 10%, the two read as threads waiting for one another: `handoffs`, CI 2026-11-29)."""
     th = wall.thread(ev.busiest_tid) if ev.busiest_tid is not None else None
     th = th or (wall.threads[0] if wall.threads else None)
     if th is None:
@@ -366,7 +370,8 @@ def _wall(ev: SideEvidence, wall: WallClock) -> None:
     ev.waited_for = (pool.split if pool is not None and len(pool.threads) > 1 else th.split).waited_for
     if ev.busiest_pool is None and pool is not None:
         ev.busiest_pool = pool.name
-    working = [t.split for t in wall.threads if t.split.share(ON_CPU) >= WORKING_ON_CPU]
+    working = [t.split for t in wall.threads
+               if t.split.share(ON_CPU) >= WORKING_ON_CPU and t.tid not in (monitors or set())]
     ev.working_threads = len(working)
     if working:
         w = WallSplit.total(working)

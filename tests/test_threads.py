@@ -55,11 +55,14 @@ def test_tokio_workers_started_by_the_blocking_pool_are_workers() -> None:
 def test_pool_tables_are_checked_with_file_and_line() -> None:
     head = '[mapping]\nname = "t"\n'
     f = parse_mapping(head + '[[pool]]\nname = "workers"\nsymbol = "^w::run$"\nnote = "n"\n', "t.toml")
-    assert [(p.name, p.note, p.source) for p in f.pools] == [("workers", "n", "t.toml:3")]
+    assert [(p.name, p.note, p.source, p.works) for p in f.pools] == [("workers", "n", "t.toml:3", True)]
+    monitor = parse_mapping(head + '[[pool]]\nname = "mon"\nsymbol = "^m$"\nworks = false\n', "t.toml")
+    assert [p.works for p in monitor.pools] == [False]
     for body, said in (('[[pool]]\nsymbol = "^w$"\n', "t.toml:3: a pool needs a `name`"),
                        ('[[pool]]\nname = "w"\n', "t.toml:3: pool 'w' needs `symbol`"),
                        ('[[pool]]\nname = "w"\nsymbol = "(a"\n', "t.toml:5: `symbol` is not a valid regular"),
                        ('[[pool]]\nname = "w"\nsymbol = "a"\ncolour = 1\n', "t.toml:6: unknown pool key `colour`"),
+                       ('[[pool]]\nname = "w"\nsymbol = "a"\nworks = "no"\n', "`works` must be true or false"),
                        ('', "")):
         with pytest.raises(MappingError) as e:
             parse_mapping(head + body if body else "pool = 3\n" + head, "t.toml")

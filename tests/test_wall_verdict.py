@@ -3,12 +3,15 @@ on synthetic probe maps and /proc readings: pure logic, fast."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qprof.attribution.profile import ProcessProfile, ThreadProfile
 from qprof.attribution.qlog import SenderRecord
+from qprof.attribution.threads import ThreadView, thread_view
 from qprof.attribution.transfer import Transfer
 from qprof.attribution.verdict import CAUSES, judge, side_evidence
 from qprof.attribution.waits import STATES, WAIT_KINDS, wall_clock
@@ -38,10 +41,11 @@ def moved(pid: int, direction: str) -> Transfer:
 
 def verdict(srv_wall: dict[tuple[int, int], dict[str, float]], cli_wall: dict[tuple[int, int], dict[str, float]],
             srv: list[dict[str, Any]] | None = None, cli: list[dict[str, Any]] | None = None,
-            record: SenderRecord | None = None, comm: str | None = None) -> Any:
+            record: SenderRecord | None = None, comm: str | None = None, srv_view: ThreadView | None = None) -> Any:
     rs = typed(merge(srv or readings(1, 10, 0.3, 0.01), cli or readings(2, 10, 0.2, 0.01)))
     waits = maps({**srv_wall, **cli_wall}, comm=comm)
-    sides = [side_evidence(rs, 1, "server", "srv", 2, None, None, {}, moved(1, "sent"), None, wall_clock(waits, 1, None)),
+    sides = [side_evidence(rs, 1, "server", "srv", 2, None, None, {}, moved(1, "sent"), srv_view,
+                           wall_clock(waits, 1, srv_view)),
              side_evidence(rs, 2, "client", "cli", 2, None, None, {}, moved(2, "received"), None,
                            wall_clock(waits, 2, None))]
     return judge([s for s in sides if s is not None], [record] if record else None)
@@ -104,6 +108,36 @@ def test_busy_cpus_say_scheduling_and_idle_ones_handoffs() -> None:
         assert v.sides[0].reasons[0].startswith("its 2 working threads runnable 20%")
         want = "expected to raise goodput" if cause == "scheduling" else "expected to lower goodput"
         assert any(n.startswith("server: ") and want in n for n in v.notes)
+
+
+def test_a_runtime_monitor_is_never_a_working_thread() -> None:
+    """A quic-go server pacing itself (CI 2026-11-29, the `application` scenario): its busiest thread was
+    sysmon, the runtime's monitor, on a CPU 13% of the time and asleep in its own polling; beside an M
+    on a CPU 12%, the two read as working threads waiting for one another (`handoffs`, server-limited).
+    Its pool is `works = false` (mappings/go-runtime.toml): sysmon runs no goroutine, and the M alone
+    is no pool of working threads."""
+    paced = {(1, 1): {"on_cpu": 0.13, "runnable": 0.24, "timer": 0.55, "thread": 0.08},
+             (1, 3): {"on_cpu": 0.12, "runnable": 0.11, "network": 0.06, "timer": 0.16, "thread": 0.55}}
+    srv = readings(1, 10, 0.25, 0.1, threads=2, cpu_idle=(0.5, 0.5))
+    assert verdict(paced, RECEIVER, srv=srv).cause == "handoffs", "counted as working, sysmon makes two"
+    go = load_go_mapping_pools()
+    prof = ProcessProfile(1, "srv", "server", pool_notes={p.name: p.note for p in go},
+                          monitor_pools=frozenset(p.name for p in go if not p.works))
+    prof.threads = {1: ThreadProfile(1, "p1", pools=Counter({"Go sysmon": 1})),
+                    3: ThreadProfile(3, "p1", pools=Counter({"Go Ms": 1}))}
+    view = thread_view(typed(srv), 1, prof, 1e-9)
+    assert {p.name: p.works for p in view.pools if p.name.startswith("Go")} == {"Go sysmon": False, "Go Ms": True}
+    v = verdict(paced, RECEIVER, srv=srv, srv_view=view)
+    assert v.limited_by == "neither" and v.sides[0].working_threads == 1
+    assert not any(f.threshold == "scheduling_wait" for f in v.sides[0].findings)
+
+
+def load_go_mapping_pools() -> list[Any]:
+    """The pools the shipped Go runtime mapping names."""
+    from qprof.attribution.mapping import MappingSet
+
+    (go,) = [f for f in MappingSet.load([]).files if f.name == "go-runtime"]
+    return go.pools
 
 
 def test_a_runtime_pool_waits_for_what_wakes_its_threads() -> None:
