@@ -119,7 +119,7 @@ def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None
         # the last 0.68 s. The running totals were the windows' plain sums, which follow the few windows of
         # each second: one run here read 1.64, 1.19, 1.86 Gbit/s while the namespace's exact counters read
         # 1.40, 1.56, 1.33 and the server's CPU was flat. They are the estimator's now, scaled to those
-        # counters (collectors/traffic.py udp_totals): 12 runs here after, at most 1.27x.)
+        # counters (collectors/traffic.py udp_totals): 6 captures here after, 12 targets, at most 1.27x.)
         assert len(spans) >= 2, spans
         (a, b, rate), before = spans[-1], spans[-2][2]
         assert rate <= max(1.5, (1 / (b - a)) ** 0.5) * before, spans
