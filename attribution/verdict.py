@@ -355,7 +355,7 @@ def _threads(ev: SideEvidence, view: ThreadView) -> None:
     ev.wakeups_per_datagram = view.handoffs.wakeups_per_datagram
 
 
-def _wall(ev: SideEvidence, wall: WallClock, monitors: set[int] | None = None) -> None:
+def _wall(ev: SideEvidence, wall: WallClock, monitors: set[int]) -> None:
     """What its threads did off the CPU: the busiest thread's split (the one schedstat names, as
     everywhere), and its working threads' together. `monitors`: threads of a runtime's monitor (Go's
     sysmon), never working threads: they run none of the program's work, and their sleeps are their own
@@ -371,7 +371,7 @@ def _wall(ev: SideEvidence, wall: WallClock, monitors: set[int] | None = None) -
     if ev.busiest_pool is None and pool is not None:
         ev.busiest_pool = pool.name
     working = [t.split for t in wall.threads
-               if t.split.share(ON_CPU) >= WORKING_ON_CPU and t.tid not in (monitors or set())]
+               if t.split.share(ON_CPU) >= WORKING_ON_CPU and t.tid not in monitors]
     ev.working_threads = len(working)
     if working:
         w = WallSplit.total(working)

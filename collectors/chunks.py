@@ -373,8 +373,8 @@ class ChunkFolder:
             return
         folded = set(self.state.folded)
         for group in self.groups:
-            chunks = runfiles.chunk_files(self.out, group.perf_data, include_current=final)
-            done = [p for p in chunks if p.name in folded]
+            on_disk = runfiles.chunk_files(self.out, group.perf_data, include_current=final)
+            done = [p for p in on_disk if p.name in folded]
             for path in done if final else done[:-1]:
                 path.unlink(missing_ok=True)
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from conftest import edited_meta, examples, qprof
 from qprof.archive import Run
 from qprof.archive.model import STATUS_COLLECTING, SampleGroup
-from qprof.collectors import nativefold
+from qprof.collectors import nativefold, perfdata
+from qprof.collectors.mapfiles import PERF_RECORD_MMAP2
 from qprof.collectors.chunks import ChunkFolder, FoldState
 from qprof.collectors.folding import fold_files
 from qprof.runfiles import chunk_files
@@ -226,17 +227,17 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
 def _gone_at_the_switch(chunk: Path, pid: int) -> int:
     """Rewrite `chunk` as perf writes it when `pid` exited while perf wrote the switch's mappings: its
     samples are there, its mappings and name are not (moved to pid 0, which no fold keeps)."""
-    head = struct.Struct("<8sQQQQQQQQ")
     moved = 0
     with open(chunk, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        _magic, _size, _attr_size, _ao, _as, off, size, _eo, _es = head.unpack_from(m, 0)
+        _magic, _size, _attr_size, _ao, _as, off, size, _eo, _es = perfdata._HEADER.unpack_from(m, 0)
         end = off + size
-        while off + 8 <= end:
-            rtype, _misc, rsize = struct.unpack_from("<IHH", m, off)
-            if rtype in (1, 3, 10) and struct.unpack_from("<I", m, off + 8)[0] == pid:  # MMAP, COMM, MMAP2
+        while off + perfdata._REC.size <= end:
+            rtype, _misc, rsize = perfdata._REC.unpack_from(m, off)
+            # MMAP, COMM and MMAP2 records begin with pid, tid
+            if rtype in (1, 3, PERF_RECORD_MMAP2) and struct.unpack_from("<I", m, off + 8)[0] == pid:
                 struct.pack_into("<II", m, off + 8, 0, 0)
                 moved += 1
-            off += max(rsize, 8)
+            off += max(rsize, perfdata._REC.size)
     return moved
 
 
