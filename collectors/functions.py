@@ -42,11 +42,17 @@ def sampled(frames: Iterable[Frame]) -> dict[str, set[str]]:
 
 def starts_of(path: str, build_id: str | None, names: set[str], candidates: list[str]) -> ObjectFunctions:
     """The starts of `names` in the object `path`: each from the first of `candidates` (files that may hold
-    its symbol table) whose build-id is `build_id` and whose table has it."""
-    checked = [c for c in dict.fromkeys(candidates) if elf.build_id(c) == (build_id, None)]
+    its symbol table) whose build-id is `build_id` and whose table has it. A later candidate is opened only
+    for names still missing (a name the tables lack, as `memcpy@plt`, still reads them all)."""
     got: dict[str, int] = {}
     source = None
-    for c in checked:
+    checked = False
+    for c in dict.fromkeys(candidates):
+        if len(got) == len(names):
+            break
+        if elf.build_id(c) != (build_id, None):
+            continue
+        checked = True
         more = {n: a for n, a in sorted(elf.starts_named(c, names - got.keys()).items()) if a}
         got.update(more)
         source = source or (c if more else None)

@@ -237,7 +237,7 @@ def attach(pids: tuple[int, ...], servers: tuple[int, ...], clients: tuple[int, 
     path = _watching(quiet, lambda status, tick: AttachSession(opts, status=status, on_tick=tick).run())
     click.echo(str(path))
     if not quiet:
-        _stderr().print(f"qprof: run archive written; read it with: qprof report {path}")
+        click.echo(f"qprof: run archive written; read it with: qprof report {path}", err=True)  # rich: ~25 ms
     if otlp is not None:
         _export(path, otlp)
 
