@@ -5,8 +5,8 @@ perf data on two busy CPUs at the default 499 Hz (24 GB an hour). So perf record
 `--switch-output=SIZE`: when its file reaches SIZE, perf finishes it (header
 written) and renames it perf-<mode>.data.<timestamp>, then starts a new one; a
 timestamped file is therefore complete. A background thread folds each finished
-chunk with the same path as a whole run (collectors.folding: the native folder, or `perf script`
-in time slices) into one table of distinct stacks, rewrites stacks.jsonl.gz
+chunk with the same path as a whole run (collectors.folding: the native folder, kept running for the
+recorder's next chunks, or `perf script` in time slices) into one table of distinct stacks, rewrites stacks.jsonl.gz
 with a header naming the chunks it holds (one atomic rename: a chunk is never
 counted twice), then deletes the chunk unless raw data is kept (--keep-raw). The
 last pass (after perf stopped; `report --refold`) folds every chunk left and
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from qprof import archive
-from qprof.collectors.folding import file_size, fold_files
+from qprof.collectors import debuginfo, nativefold
+from qprof.collectors.folding import file_size, fold_files, serve_files
 from qprof.collectors.perfscript import ParseStats
 from qprof.archive.model import ChunkSummary, ParseSummary, SampleGroup, Scalar
 from qprof.archive.stacks import (NO_RAW, DamagedStacks, Frame, Slot, StackKey, StackRecord, StacksHeader, add_counts,
@@ -241,6 +242,9 @@ class ChunkFolder:
         self.keep_written = False
         self.written: list[StackRecord] | None = None
         self.error: BaseException | None = None
+        # a native folder kept for each recorder (by its perf data name) once its first chunk is folded
+        # while sampling goes on: the next chunks are folded by it, not each by a new process
+        self._servers: dict[str, nativefold.Server] = {}
 
     # -- the background pass
     def start(self) -> None:
@@ -263,6 +267,9 @@ class ChunkFolder:
     def abort(self) -> None:
         """Stop folding after the chunk in progress; what was saved stays, the rest stays raw."""
         self._halt()
+        for server in self._servers.values():
+            server.kill()
+        self._servers.clear()
 
     def finish(self) -> ParseStats:
         """After perf stopped: fold every chunk left, in this thread; the parse statistics."""
@@ -294,13 +301,15 @@ class ChunkFolder:
                 if paths:
                     self._fold_chunks(paths, group, True)
                     done += paths
+            for name in list(self._servers):
+                self._end_server(name)
             self._saved(done, final=True)
             return
         waiting.sort(key=lambda pg: pg[0].name)
         self._enforce_budget(waiting)
         for i, (path, group) in enumerate(waiting):
             if path.exists():
-                self._fold_chunks([path], group, self._behind(waiting[i:]))
+                self._fold_chunks([path], group, self._behind(waiting[i:]), keep_folder=True)
                 self._saved([path], final=False)
 
     def _pids_known(self, chunk: Path) -> bool:
@@ -331,20 +340,18 @@ class ChunkFolder:
         the oldest are dropped)."""
         return sum(file_size(p) for p, _ in waiting) > self.raw_budget // 2
 
-    def _fold_chunks(self, paths: list[Path], group: SampleGroup, urgent: bool) -> None:
+    def _fold_chunks(self, paths: list[Path], group: SampleGroup, urgent: bool, keep_folder: bool = False) -> None:
         """`urgent`: at the targets' priority, on every CPU once sampling is over. Otherwise, while
         sampling goes on, at the lowest priority on one CPU: it takes the CPU the targets leave, not
         theirs (at the same priority it is scheduled against them). Chunks folded together that fail
-        are folded again one by one, so that a damaged one is named and the others count."""
-        background = threading.current_thread() is not threading.main_thread()
+        are folded again one by one, so that a damaged one is named and the others count. `keep_folder`: a
+        pass while sampling goes on, which starts the recorder's kept folder (_fold) if it has none."""
         try:  # merged only once the chunks are read: a failure counts nothing
-            chunk, stats = fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
-                                      1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
-                                      self.kallsyms, self._before(paths[0], group))
+            chunk, stats = self._fold(paths, group, urgent, keep_folder)
         except QprofError as e:  # a damaged chunk (perf crashed while writing it): named, not counted
             if len(paths) > 1:
                 for path in paths:
-                    self._fold_chunks([path], group, urgent)
+                    self._fold_chunks([path], group, urgent, keep_folder)
                 return
             self.state.unreadable.append({"chunk": paths[0].name, "reason": str(e)})
             self.status(f"warning: {paths[0].name}: {e}")
@@ -354,6 +361,44 @@ class ChunkFolder:
         st.stats.absorb(stats)
         st.folded += [p.name for p in paths]
         _return_free_memory()
+
+    def _fold(self, paths: list[Path], group: SampleGroup, urgent: bool, keep_folder: bool
+              ) -> tuple[dict[StackKey, Slot], ParseStats]:
+        """The chunks' sums: by the recorder's kept folder where it has one (`keep_folder`: started if not),
+        else by fold_files. A kept folder that is gone is replaced by fold_files."""
+        background = threading.current_thread() is not threading.main_thread()
+        server = self._server(group, paths[0], start=keep_folder)
+        if server is not None:
+            server.renice(0 if urgent else BACKGROUND_NICE)
+            try:
+                return serve_files(server, paths)
+            except nativefold.FolderGone as e:
+                self._end_server(group.perf_data)
+                self.status(f"warning: {e}; its chunks are folded one process each from now on")
+        return fold_files(self.perf, paths, self.out / runfiles.perf_log(group.unwind), list(group.pids),
+                          1 if background else None, group.windows, 0 if urgent else BACKGROUND_NICE,
+                          self.kallsyms, self._before(paths[0], group))
+
+    def _server(self, group: SampleGroup, first: Path, start: bool) -> nativefold.Server | None:
+        """The recorder's kept folder (`start`: made if it has none), for its pids now; None where it
+        cannot have one: `perf script` folds, a target has exec windows (folded per window), or it has
+        none and none is to be made."""
+        folder = nativefold.chosen()
+        server = self._servers.get(group.perf_data)
+        if server is not None and (folder is None or group.windows or server.pids != list(group.pids)):
+            self._end_server(group.perf_data)  # a followed service's new member: a folder for the new pids
+            server = None
+        if server is None and start and folder is not None and not group.windows:
+            server = self._servers[group.perf_data] = nativefold.Server(
+                folder, list(group.pids), debuginfo.cache_root(), self.out / runfiles.perf_log(group.unwind),
+                BACKGROUND_NICE, self.kallsyms, self._before(first, group))
+        return server
+
+    def _end_server(self, name: str) -> None:
+        """Close a kept folder; its CPU no file's statistics gave is counted."""
+        server = self._servers.pop(name, None)
+        if server is not None:
+            self.state.stats.script_cpu_s += server.close()
 
     def _before(self, first: Path, group: SampleGroup) -> Path | None:
         """The group's newest chunk on disk before `first`: the mappings of a process that exited while

@@ -163,10 +163,7 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
     folder = nativefold.chosen()
     if folder is None:
         return accumulate([merge(run_slices(perf, file_specs(d, log, pids, jobs, windows), jobs, nice)) for d in data])
-    for d in data:  # the folder reads KSYMBOL records; build-ids a target's mapping needs are stamped
-        stamps = mapfiles.stamps(d.parent)
-        if stamps:
-            prepare(d, 1, pids, stamps)
+    _stamp(data, pids)
     windows = windows or {}
     free = [p for p in pids if p not in windows]
     calls: list[tuple[list[int], Window]] = [(free, (None, None))] if free else []
@@ -191,6 +188,21 @@ def fold_files(perf: str, data: list[Path], log: Path, pids: list[int], jobs: in
 # objects' tables again. An attach's last pass over its two chunks (69 + 21 MB, ngtcp2): one process
 # 0.11-0.12 CPU s in 0.08-0.09 s, two 0.17-0.20 CPU s in 0.10-0.12 s.
 SPLIT_BYTES = 512 << 20
+
+
+def _stamp(data: list[Path], pids: list[int]) -> None:
+    """The folder reads KSYMBOL records; build-ids a target's mapping needs are stamped into its files."""
+    for d in data:
+        stamps = mapfiles.stamps(d.parent)
+        if stamps:
+            prepare(d, 1, pids, stamps)
+
+
+def serve_files(server: nativefold.Server, data: list[Path]) -> tuple[dict[StackKey, Slot], ParseStats]:
+    """fold_files through a folder kept for the recorder (collectors.chunks): its files given in order.
+    QprofError for a file it cannot read, nativefold.FolderGone when it is gone."""
+    _stamp(data, server.pids)
+    return accumulate([server.fold(d) for d in data])
 
 
 def split_files(data: list[Path], parts: int) -> list[list[Path]]:

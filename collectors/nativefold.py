@@ -23,18 +23,20 @@ import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import IO, Iterable
 
 from qprof.archive.stacks import StackRecord, parse_record
 from qprof.cachefiles import CACHE_HOME
 from qprof.collectors.perfscript import ParseStats, StackNeed
 from qprof.errors import QprofError
-from qprof.probes.children import die_with_parent
+from qprof.probes.children import cpu_seconds, die_with_parent, own_group
 from qprof.probes.features import version_output
 
 SOURCE = Path(__file__).resolve().parent / "perffold"
 CACHE = CACHE_HOME / "perffold"
 NAME = "qprof-perffold"
 STATS_KEY = "qprof_perffold"
+FAILED_KEY = "qprof_perffold_failed"  # --serve: a file it could not read at all
 Window = tuple[int | None, int | None]
 
 
@@ -167,21 +169,8 @@ class Running:
         assert proc.stdout is not None
         recs: list[StackRecord] = []
         stats = ParseStats(folder=NAME)
-        seen = False
         try:
-            for lineno, line in enumerate(proc.stdout, 1):
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {files[0].name}: {e}") from None
-                if isinstance(obj, dict) and STATS_KEY in obj:
-                    seen = True
-                    s = obj[STATS_KEY]
-                    stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
-                    stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
-                    stats.stack_need = {int(pid): StackNeed.parse(n) for pid, n in s.get("stack_need", {}).items()}
-                else:
-                    recs.append(parse_record(obj, Path(files[0].name + " (folder output)"), lineno))
+            end = read_output(proc.stdout, files[0].name, recs, stats)
         except BaseException:  # a bad line, or an interrupt (a second Ctrl-C): it is not waited for
             proc.kill()
             raise
@@ -190,7 +179,7 @@ class Running:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = rc = os.waitstatus_to_exitcode(status)
         stats.script_cpu_s = usage.ru_utime + usage.ru_stime
-        if rc != 0 or not seen:
+        if rc != 0 or end != "":
             tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {tail[0]}")
         return recs, stats
@@ -202,6 +191,106 @@ class Running:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self.proc.wait()
+
+
+def read_output(lines: Iterable[bytes], name: str, recs: list[StackRecord], stats: ParseStats) -> str | None:
+    """The folder's lines up to its statistics line (`name`: the file they fold, for errors): records into
+    `recs`, statistics into `stats`. "" once the statistics are read; a served file's reason when it could
+    not be read; None when the lines end before either (the folder is gone)."""
+    for lineno, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {name}: {e}") from None
+        if isinstance(obj, dict) and STATS_KEY in obj:
+            s = obj[STATS_KEY]
+            stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
+            stats.bad_examples = [str(e)[:200] for e in s.get("error_examples", [])][:5]
+            stats.stack_need = {int(pid): StackNeed.parse(n) for pid, n in s.get("stack_need", {}).items()}
+            return ""
+        if isinstance(obj, dict) and FAILED_KEY in obj:
+            return str(obj[FAILED_KEY])
+        recs.append(parse_record(obj, Path(name + " (folder output)"), lineno))
+    return None
+
+
+class FolderGone(QprofError):
+    """A serving folder exited (or stopped answering); the file it was given is not folded."""
+
+
+class Server:
+    """One folder process kept for a recorder's chunks (`--serve`), each folded as it is given: kallsyms,
+    the objects' tables and the processes' mappings are read once for all of them, where a process per
+    chunk read them again each time (~50 ms of CPU a chunk here, more than folding a 64 MiB chunk's
+    samples), and a process that exited as perf switched files keeps its names without a context file."""
+
+    def __init__(self, folder: Path, pids: list[int], buildid_dir: Path, log: Path, nice: int = 0,
+                 kallsyms: Path | None = None, context: Path | None = None) -> None:
+        self.pids, self.log, self.nice = list(pids), log, nice
+        self._reported = 0.0  # CPU seconds given out with the files' statistics
+        with open(log, "ab") as logf:
+            self.proc = subprocess.Popen([*command(folder, [], pids, buildid_dir, kallsyms=kallsyms, context=context),
+                                          "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
+                                         preexec_fn=own_group(nice))  # ends when its stdin closes
+
+    def fold(self, path: Path) -> tuple[list[StackRecord], ParseStats]:
+        """One file's records and what the folder met in it, with the CPU it used since the last file;
+        QprofError when it cannot read the file, FolderGone when the folder is gone."""
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(os.fsencode(path) + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            raise FolderGone(f"{NAME} (serving) is gone: {self._tail()}") from None
+        recs: list[StackRecord] = []
+        stats = ParseStats(folder=NAME)
+        stdout: IO[bytes] = proc.stdout
+        end = read_output(iter(stdout.readline, b""), path.name, recs, stats)
+        if end is None:
+            raise FolderGone(f"{NAME} (serving) is gone: {self._tail()}")
+        cpu = cpu_seconds(proc.pid)
+        if cpu is not None:
+            stats.script_cpu_s, self._reported = max(0.0, cpu - self._reported), max(cpu, self._reported)
+        if end:
+            raise QprofError(f"{NAME} failed on {path.name}: {end}")
+        return recs, stats
+
+    def renice(self, nice: int) -> None:
+        """Its priority from now on (the last pass folds at the targets' own); left as it is where the
+        system refuses."""
+        if nice != self.nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, self.proc.pid, nice)
+                self.nice = nice
+            except OSError:
+                pass
+
+    def close(self) -> float:
+        """End it; the CPU seconds it used that no file's statistics gave (its exit, the ticks' rounding)."""
+        proc = self.proc
+        if proc.returncode is not None:
+            return 0.0
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except OSError:
+            pass
+        if proc.stdout is not None:
+            proc.stdout.close()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return max(0.0, usage.ru_utime + usage.ru_stime - self._reported)
+
+    def kill(self) -> None:
+        """Gone, whatever happened (a no-op once closed)."""
+        if self.proc.returncode is None:
+            self.proc.kill()
+            self.close()
+
+    def _tail(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.is_file() else []
+        return lines[0] if lines else "no output"
 
 
 def main() -> int:

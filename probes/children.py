@@ -77,6 +77,20 @@ def die_with_parent(sig: int, nice: int = 0) -> Callable[[], None]:
     return preexec
 
 
+def own_group(nice: int = 0) -> Callable[[], None]:
+    """die_with_parent for a helper that ends when qprof closes its stdin (a kept folder,
+    collectors.nativefold.Server): no death signal, which the kernel sends when the thread that
+    started the child ends, not its process (one started by the folding thread died at the last
+    pass); qprof's death closes the pipe all the same."""
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        if nice:
+            os.nice(nice)
+
+    return preexec
+
+
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -274,8 +274,38 @@ def test_a_process_gone_at_a_switch_keeps_its_names(capture: Path, tmp_path: Pat
     folder = ChunkFolder(require_perf(), run, [group])
     folder.fold_pass(final=False)  # each finished chunk folded alone, as an attach's background passes do
     assert folder.state.folded == [c.name for c in chunks]
+    assert group.perf_data in folder._servers, "the passes while sampling keep one folder for the recorder"
     folder.finish()
+    assert not folder._servers
     assert list(read_stacks(run / "stacks.jsonl.gz")) == list(read_stacks(whole / "stacks.jsonl.gz"))
+
+
+def test_a_damaged_chunk_is_named_and_the_kept_folder_folds_the_rest(capture: Path, tmp_path: Path) -> None:
+    """A chunk the kept folder cannot read (perf died writing it) is recorded as unreadable; the same
+    folder process folds the chunks after it, and every other chunk counts what one fold of them gives."""
+    if nativefold.chosen() is None:
+        pytest.skip("qprof's native folder is not built (`make setup`): chunks are folded one process each")
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    (group,) = groups(run)
+    chunks = chunk_files(run, group.perf_data, include_current=False)
+    bad = chunks[1]
+    bad.write_bytes(b"PERFILE2" + b"\xff" * 64)  # a header that points nowhere
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    for c in chunk_files(run, group.perf_data, include_current=True):
+        if c != bad:
+            shutil.copy(c, whole / c.name)
+    ChunkFolder(require_perf(), whole, [group], keep_raw=True).finish()
+    folder = ChunkFolder(require_perf(), run, [group], keep_raw=True)
+    folder.fold_pass(final=False)
+    server = folder._servers[group.perf_data]
+    assert [u["chunk"] for u in folder.state.unreadable] == [bad.name]
+    assert folder.state.folded == [c.name for c in chunks]  # the damaged one too: never tried again
+    folder.finish()
+    assert server.proc.returncode == 0, "one folder served every chunk and ended cleanly"
+    assert totals(run) == totals(whole)
 
 
 def _perf_script_niceness(stop: threading.Event, seen: set[int]) -> None:

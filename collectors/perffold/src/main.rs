@@ -81,10 +81,11 @@ struct Args {
     each: bool,
     copy_limit: Option<u64>, // unwind as if perf had copied at most this many bytes of each stack
     context: Option<PathBuf>, // the recorder's file before the first: its mappings, not its samples
+    serve: bool,              // files named on stdin, one a line, each folded and written as it comes
 }
 
 fn usage() -> ! {
-    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] [--copy-limit BYTES] [--context PERF_DATA] PERF_DATA...");
+    eprintln!("usage: qprof-perffold --pids PID[,PID...] [--buildid-dir ROOT] [--time START_NS,END_NS] [--kallsyms FILE] [--each] [--copy-limit BYTES] [--context PERF_DATA] (PERF_DATA... | --serve)");
     std::process::exit(2)
 }
 
@@ -98,6 +99,7 @@ fn parse_args() -> Args {
         each: false,
         copy_limit: None,
         context: None,
+        serve: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -120,12 +122,15 @@ fn parse_args() -> Args {
             "--copy-limit" => a.copy_limit = Some(it.next().and_then(|x| x.parse().ok()).unwrap_or_else(|| usage())),
             // a chunk's processes that exited while perf wrote the switch's mappings: the file before has them
             "--context" => a.context = Some(it.next().unwrap_or_else(|| usage()).into()),
+            // a recorder's chunks as they finish: kallsyms, the objects' tables and the processes'
+            // mappings are read once for all of them
+            "--serve" => a.serve = true,
             "-h" | "--help" => usage(),
             _ if !arg.starts_with("--") => a.files.push(PathBuf::from(arg)),
             _ => usage(),
         }
     }
-    if a.pids.is_empty() || a.files.is_empty() {
+    if a.pids.is_empty() || a.files.is_empty() != a.serve || (a.serve && a.each) {
         usage();
     }
     a
@@ -257,6 +262,7 @@ struct Folder {
     pid_offset: Option<usize>, // where a sample record's pid is, when every event has one layout
     context: bool,             // reading the --context file: its samples are not this fold's
     stats: Stats,
+    seen: HashSet<i32>, // processes with records in the file being read (--serve: the others are gone)
 }
 
 fn clean_symbol(s: &str) -> String {
@@ -404,7 +410,8 @@ impl Folder {
         if let Some(&id) = self.kaddr_cache.get(&addr) {
             return id;
         }
-        let id = if self.args.each {
+        let id = if self.args.each || self.kallsyms.is_none() {
+            // kallsyms is in (a file served after the first): named now
             let (sym, dso) = self.kernel_name(addr);
             self.frame_id(&sym, &dso)
         } else {
@@ -441,6 +448,12 @@ impl Folder {
             let (sym, dso) = self.kernel_name(addr);
             remap[id as usize] = self.frame_id(&sym, &dso);
         }
+        for id in self.kaddr_cache.values_mut() {
+            // a provisional frame's address is named from now on (--serve: the next files)
+            if let Some(&to) = remap.get(*id as usize) {
+                *id = to;
+            }
+        }
         let slots = std::mem::take(&mut self.slots);
         let keys = std::mem::take(&mut self.keys);
         self.stacks.clear();
@@ -470,6 +483,19 @@ impl Folder {
                 }
             }
         }
+    }
+
+    /// After a served file is written: its counts go, and so do the processes it had no record of
+    /// (perf writes every live process's mappings into each new file), targets but for: one that
+    /// exited as perf switched files still has samples in the file after.
+    fn next_file(&mut self) {
+        self.slots.clear();
+        self.keys.clear();
+        self.stacks.clear();
+        self.stats = Stats::default();
+        let seen = std::mem::take(&mut self.seen);
+        let pids = &self.args.pids;
+        self.procs.retain(|pid, _| seen.contains(pid) || pids.contains(pid));
     }
 
     /// Give the process's unwinder the module of the mapping at `addr`, when it does not have it:
@@ -736,11 +762,22 @@ impl Folder {
             if !path.starts_with("[kernel.kallsyms]") && !path.starts_with("[guest.kernel") {
                 let name = Path::new(&path).file_stem().map(|s| s.to_string_lossy().replace('-', "_")).unwrap_or(path.clone());
                 let name = name.split('.').next().unwrap_or(&name).to_string();
-                self.kernel_maps.push((start, start + len, name));
+                let map = (start, start + len, name);
+                if !self.kernel_maps.contains(&map) {
+                    self.kernel_maps.push(map);
+                }
             }
             return;
         }
+        self.seen.insert(pid);
         let dso = self.dso_for(&path, build_id, pid, exec);
+        if let Some(m) = self.procs.get(&pid).and_then(|p| p.find(start)) {
+            if m.start == start && m.end == start + len && m.pgoff == pgoff && m.dso == dso && m.exec == exec {
+                // perf writes every live process's mappings again at each switch: the same mapping keeps
+                // its id, and the addresses named in it stay named (--serve)
+                return;
+            }
+        }
         let id = self.next_map_id;
         self.next_map_id += 1;
         self.procs.entry(pid).or_default().insert(Mapping { start, end: start + len, pgoff, dso, exec, id });
@@ -959,6 +996,7 @@ fn handle(f: &mut Folder, record: &linux_perf_data::linux_perf_event_reader::Raw
             f.comms.insert(c.tid, String::from_utf8_lossy(&c.name.as_slice()).into_owned());
         }
         Ok(EventRecord::Fork(e)) => {
+            f.seen.insert(e.pid);
             if let Some(c) = f.comms.get(&e.ptid).cloned() {
                 f.comms.entry(e.tid).or_insert(c);
             }
@@ -1057,19 +1095,14 @@ fn fold_mapped(f: &mut Folder, data: &[u8], perf_file: &linux_perf_data::PerfFil
 
 /// Fold one file's records in; a context file (`--context`) gives its mappings and names only, and
 /// one that cannot be read is left out (the fold is the same as without it).
-fn fold_file(f: &mut Folder, path: &Path) {
-    let fail = |f: &Folder, why: String| {
-        eprintln!("qprof-perffold: {}: {why}", path.display());
-        if !f.context {
-            std::process::exit(1)
-        }
-    };
+/// Why a file could not be read at all: nothing of it was folded.
+fn fold_file(f: &mut Folder, path: &Path) -> Result<(), String> {
     let Some(bytes) = symbols::map_file(path) else {
-        return fail(f, "cannot read".into());
+        return Err("cannot read".into());
     };
     let perf_file = match PerfFileReader::parse_file(std::io::Cursor::new(&bytes[..])) {
         Ok(r) => r.perf_file,
-        Err(e) => return fail(f, format!("not a readable perf.data file ({e})")),
+        Err(e) => return Err(format!("not a readable perf.data file ({e})")),
     };
     if let Ok(ids) = perf_file.build_ids() {
         for (_key, info) in ids {
@@ -1077,12 +1110,12 @@ fn fold_file(f: &mut Folder, path: &Path) {
         }
     }
     if fold_mapped(f, &bytes, &perf_file).is_some() {
-        return;
+        return Ok(());
     }
     // events of different layouts (or a big-endian file): linux-perf-data's own reader
     let PerfFileReader { mut perf_file, mut record_iter } = match PerfFileReader::parse_file(std::io::Cursor::new(&bytes[..])) {
         Ok(r) => r,
-        Err(_) => return,
+        Err(_) => return Ok(()),
     };
     loop {
         match record_iter.next_record(&mut perf_file) {
@@ -1095,6 +1128,35 @@ fn fold_file(f: &mut Folder, path: &Path) {
             }
         }
     }
+    Ok(())
+}
+
+/// `--serve`: each file named on stdin folded and written (its records, then its statistics line) as it
+/// comes, or one line {"qprof_perffold_failed": why} when it cannot be read at all; until stdin closes.
+/// What one file counted is not carried into the next; what names them (kallsyms, the objects' tables,
+/// the processes' mappings and names) is, so a process that exited as perf switched files keeps its names.
+fn serve(f: &mut Folder, out: &mut impl Write) -> std::io::Result<()> {
+    use std::io::BufRead;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if line.is_empty() {
+            continue;
+        }
+        match fold_file(f, Path::new(&line)) {
+            Ok(()) => {
+                f.resolve_kernel();
+                f.write(out)?;
+            }
+            Err(why) => {
+                out.write_all(b"{\"qprof_perffold_failed\":")?;
+                json_str(out, &why)?;
+                out.write_all(b"}\n")?;
+            }
+        }
+        out.flush()?;
+        f.next_file();
+    }
+    Ok(())
 }
 
 fn main() {
@@ -1131,19 +1193,32 @@ fn main() {
         pid_offset: None,
         context: false,
         stats: Stats::default(),
+        seen: HashSet::default(),
     };
     f.unknown = f.frame_id(UNKNOWN, UNKNOWN);
     if let Some(path) = f.args.context.clone() {
         f.context = true;
-        fold_file(&mut f, &path);
+        if let Err(why) = fold_file(&mut f, &path) {
+            eprintln!("qprof-perffold: {}: {why} (context: left out)", path.display());
+        }
         f.context = false;
     }
-    for path in &files {
-        fold_file(&mut f, path);
-    }
-    f.resolve_kernel();
     let stdout = std::io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    if f.args.serve {
+        if let Err(e) = serve(&mut f, &mut out) {
+            eprintln!("qprof-perffold: serving: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    for path in &files {
+        if let Err(why) = fold_file(&mut f, path) {
+            eprintln!("qprof-perffold: {}: {why}", path.display());
+            std::process::exit(1);
+        }
+    }
+    f.resolve_kernel();
     if let Err(e) = f.write(&mut out).and_then(|_| out.flush()) {
         eprintln!("qprof-perffold: writing: {e}");
         std::process::exit(1);
