@@ -14,10 +14,14 @@ writes the file once, then deletes those chunks: each write is the whole table,
 so writing it after each chunk made a long run's refold cost grow with the
 square of its chunks.
 
-What stays on disk: the chunk perf is writing (<= SIZE), chunks waiting to be
-folded (<= the raw budget: past it the oldest waiting chunk is dropped and
-recorded as lost, never silently), and the folded stacks, which grow with
-distinct stacks, not with time. Memory: the table of distinct stacks.
+The file is written again once SAVE_S has passed or the chunks folded since its
+last write fill half the raw budget with those waiting: each write is the whole
+table. What stays on disk: the chunk perf is writing (<= SIZE), chunks waiting to be
+folded and chunks folded since the last write (together <= the raw budget: past it
+those folded are written first, then the oldest waiting chunk is dropped and
+recorded as lost, never silently), the newest folded chunk (the next one's
+context), and the folded stacks, which grow with distinct stacks, not with time.
+Memory: the table of distinct stacks.
 
 If qprof dies, perf (SIGINT on qprof's death) still finishes its last chunk;
 stacks.jsonl.gz holds every chunk folded so far, `report` reads it and names
@@ -29,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -48,6 +53,11 @@ from qprof.probes.children import BACKGROUND_NICE
 CHUNK_BYTES = 64 * 1024 * 1024  # perf --switch-output size: ~10 s of DWARF samples on two busy CPUs at 499 Hz
 DEFAULT_RAW_BUDGET = 256 * 1024 * 1024  # finished chunks waiting to be folded, at most
 POLL_S = 0.5  # how often the folding thread looks for finished chunks
+# the stacks file is written again after a chunk is folded while sampling goes on once this long has passed
+# since the last write, or once the chunks folded since then and those waiting fill half the raw budget
+# (a chunk is deleted only after the file that counts it is written, so they stay on disk meanwhile): each
+# write is the whole table, ~30 ms of qprof's CPU per 64 MiB chunk on an ngtcp2 transfer
+SAVE_S = 30.0
 # (stack, time bin) pairs kept for the timeline: a hot stack has one in every 100 ms bin, so a long run's
 # count grows with time; past this many, bins double in length (the header's bin_grain), which bounds
 # the memory (~100 bytes a pair) and the stacks file whatever the run's length
@@ -245,6 +255,8 @@ class ChunkFolder:
         # a native folder kept for each recorder (by its perf data name) once its first chunk is folded
         # while sampling goes on: the next chunks are folded by it, not each by a new process
         self._servers: dict[str, nativefold.Server] = {}
+        self._unsaved: list[Path] = []  # chunks folded since the stacks file was last written (SAVE_S)
+        self._saved_at = time.monotonic()
 
     # -- the background pass
     def start(self) -> None:
@@ -303,14 +315,23 @@ class ChunkFolder:
                     done += paths
             for name in list(self._servers):
                 self._end_server(name)
-            self._saved(done, final=True)
+            self._saved(self._unsaved + done, final=True)
+            self._unsaved = []
             return
         waiting.sort(key=lambda pg: pg[0].name)
         self._enforce_budget(waiting)
         for i, (path, group) in enumerate(waiting):
             if path.exists():
                 self._fold_chunks([path], group, self._behind(waiting[i:]), keep_folder=True)
-                self._saved([path], final=False)
+                self._unsaved.append(path)
+                if self._save_due(waiting[i + 1:]):
+                    self._saved(self._unsaved, final=False)
+                    self._unsaved = []
+
+    def _save_due(self, waiting: list[tuple[Path, SampleGroup]]) -> bool:
+        """Whether the stacks file is to be written now (SAVE_S)."""
+        on_disk = sum(map(file_size, self._unsaved)) + sum(file_size(p) for p, _ in waiting)
+        return on_disk > self.raw_budget // 2 or time.monotonic() - self._saved_at >= SAVE_S
 
     def _pids_known(self, chunk: Path) -> bool:
         """Whether every target in the chunk is in its group's pids (folding keeps only those): the
@@ -325,6 +346,9 @@ class ChunkFolder:
     def _enforce_budget(self, waiting: list[tuple[Path, SampleGroup]]) -> None:
         sizes = {p: file_size(p) for p, _ in waiting}
         total = sum(sizes.values())
+        if self._unsaved and total + sum(map(file_size, self._unsaved)) > self.raw_budget:
+            self._saved(self._unsaved, final=False)  # folded chunks go before any waiting one is lost
+            self._unsaved = []
         while total > self.raw_budget and len(waiting) > 1:
             path, _ = waiting.pop(0)
             total -= sizes[path]
@@ -426,6 +450,7 @@ class ChunkFolder:
     def _save(self, final: bool) -> None:
         # the last write seals nothing: no write follows it to spare
         self.state.save(self.out / runfiles.STACKS, seal=not final)
+        self._saved_at = time.monotonic()
         self.written = self.state.records() if self.keep_written else None
 
 

@@ -206,6 +206,37 @@ def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path
     assert json.loads((run / "functions.json").read_text()) == json.loads((capture / "functions.json").read_text())
 
 
+def test_folded_chunks_stay_on_disk_until_a_write_counts_them(capture: Path, tmp_path: Path) -> None:
+    """The stacks file is written again only every SAVE_S or once folded and waiting chunks fill half the
+    raw budget (each write is the whole table); until then the folded chunks stay on disk, so a kill
+    loses none, and the last pass writes and deletes them all."""
+    run = tmp_path / "run"
+    shutil.copytree(capture, run)
+    (run / "stacks.jsonl.gz").unlink()
+    chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
+    size = max(c.stat().st_size for c in chunks)
+    folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=size * 10 * len(chunks))
+    folder.fold_pass(final=False)
+    assert folder.state.folded == [c.name for c in chunks]
+    assert not (run / "stacks.jsonl.gz").exists() and all(c.exists() for c in chunks), "nothing written yet"
+    folder.finish()
+    assert totals(run) == totals(capture) and not any(c.exists() for c in chunks)
+    # half the budget filled: written (and deleted but the newest) as the pass goes
+    run2 = tmp_path / "run2"
+    shutil.copytree(capture, run2)
+    (run2 / "stacks.jsonl.gz").unlink()
+    chunks = chunk_files(run2, "perf-dwarf.data", include_current=False)
+    budget = sum(c.stat().st_size for c in chunks) + 1  # all of them wait at first: none dropped
+    folder = ChunkFolder(require_perf(), run2, groups(run2), raw_budget=budget)
+    folder.fold_pass(final=False)
+    head = stacks_header(run2 / "stacks.jsonl.gz") or StacksHeader()
+    assert head.folded and not head.dropped and set(head.folded) <= {c.name for c in chunks}
+    kept = [c for c in chunks if c.exists()]
+    assert sum(c.stat().st_size for c in kept[1:]) <= budget // 2, "folded chunks kept: half the budget"
+    folder.finish()
+    assert totals(run2) == totals(capture)
+
+
 def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(capture, run)
@@ -347,8 +378,7 @@ def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, 
     finally:
         stop.set()
         watcher.join()
-    head = stacks_header(run / "stacks.jsonl.gz") or StacksHeader()
-    assert head.folded == [c.name for c in chunks] and not head.dropped
+    assert folder.state.folded == [c.name for c in chunks] and not folder.state.dropped
     # the first chunk folds at the backlog's priority; later ones may catch up below half
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert seen and (own in seen if behind else seen == {min(19, own + BACKGROUND_NICE)})
