@@ -165,9 +165,7 @@ def test_a_chunk_finished_after_the_last_look_for_new_members_waits(capture: Pat
     """A followed service (attach --cgroup): a chunk perf finished after the session last looked for
     new processes may hold one not yet in its group's pids, which folding would drop; it waits for
     the next look, and the final pass folds everything."""
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     done = chunk_files(run, "perf-dwarf.data", include_current=False)
     assert len(done) >= 3
     folder = ChunkFolder(require_perf(), run, groups(run), keep_raw=True)
@@ -186,9 +184,7 @@ def test_report_folds_a_run_killed_before_its_first_fold(capture: Path, tmp_path
     """Killed before any chunk was folded: the raw data is all there, so `report` on the boot that
     recorded the run folds it itself and says so; another user's archive is not put through perf
     unasked (one line says why and how)."""
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     (run / "functions.json").unlink()  # written at a run's end: a killed run has none
     with edited_meta(run) as meta:
         meta.status = STATUS_COLLECTING  # its collector is long gone
@@ -210,9 +206,7 @@ def test_folded_chunks_stay_on_disk_until_a_write_counts_them(capture: Path, tmp
     """The stacks file is written again only every SAVE_S or once folded and waiting chunks fill half the
     raw budget (each write is the whole table); until then the folded chunks stay on disk, so a kill
     loses none, and the last pass writes and deletes them all."""
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
     size = max(c.stat().st_size for c in chunks)
     folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=size * 10 * len(chunks))
@@ -222,9 +216,7 @@ def test_folded_chunks_stay_on_disk_until_a_write_counts_them(capture: Path, tmp
     folder.finish()
     assert totals(run) == totals(capture) and not any(c.exists() for c in chunks)
     # half the budget filled: written (and deleted but the newest) as the pass goes
-    run2 = tmp_path / "run2"
-    shutil.copytree(capture, run2)
-    (run2 / "stacks.jsonl.gz").unlink()
+    run2 = _unfolded(capture, tmp_path / "run2")
     chunks = chunk_files(run2, "perf-dwarf.data", include_current=False)
     budget = sum(c.stat().st_size for c in chunks) + 1  # all of them wait at first: none dropped
     folder = ChunkFolder(require_perf(), run2, groups(run2), raw_budget=budget)
@@ -238,9 +230,7 @@ def test_folded_chunks_stay_on_disk_until_a_write_counts_them(capture: Path, tmp
 
 
 def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
     said: list[str] = []
     folder = ChunkFolder(require_perf(), run, groups(run), raw_budget=chunks[-1].stat().st_size + 1,
@@ -253,6 +243,24 @@ def test_raw_budget_drops_the_oldest_and_says_so(capture: Path, tmp_path: Path) 
     assert any("folding is slower than sampling" in s for s in said)
     folder.finish()
     assert not chunks[-1].exists(), "the last pass deletes every folded chunk"
+
+
+def _unfolded(capture: Path, dest: Path) -> Path:
+    """A copy of the capture with its raw chunks and no stacks file: what an attach had to fold."""
+    shutil.copytree(capture, dest)
+    (dest / "stacks.jsonl.gz").unlink()
+    return dest
+
+
+def _folded_in_one_pass(run: Path, group: SampleGroup, dest: Path, leave_out: Path | None = None) -> Path:
+    """A run of copies of `run`'s chunks (but `leave_out`) folded by one last pass: what the attach's passes
+    chunk by chunk must give."""
+    dest.mkdir()
+    for c in chunk_files(run, group.perf_data, include_current=True):
+        if c != leave_out:
+            shutil.copy(c, dest / c.name)
+    ChunkFolder(require_perf(), dest, [group], keep_raw=True).finish()
+    return dest
 
 
 def _gone_at_the_switch(chunk: Path, pid: int) -> int:
@@ -276,13 +284,11 @@ def test_a_process_gone_at_a_switch_keeps_its_names(capture: Path, tmp_path: Pat
     """perf writes every live process's mappings at each switch; one that exits while it does gets none in
     the new chunk, though its last samples land there (CI 2026-11-29: a Python target's finalisation was
     named by the report's refold and not by the attach, which had folded that chunk alone). Folded after
-    the chunk before, wherever a fold starts (a background pass, a folder process of a split), they keep
+    the chunk before, wherever a fold starts (a new folder process, or the one kept for the recorder), they keep
     their names: the attach's passes give what one fold of every chunk gives."""
     if nativefold.chosen() is None:
         pytest.skip("qprof's native folder is not built (`make setup`): perf script reads each chunk alone")
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     (group,) = groups(run)
     chunks = chunk_files(run, group.perf_data, include_current=False)
     gone = chunks[2]
@@ -297,11 +303,7 @@ def test_a_process_gone_at_a_switch_keeps_its_names(capture: Path, tmp_path: Pat
 
     assert named_share(gone, None) < 0.05, "alone, the chunk names none of the process's own frames"
     assert named_share(gone, chunks[1]) > 0.95
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    for c in chunk_files(run, group.perf_data, include_current=True):
-        shutil.copy(c, whole / c.name)
-    ChunkFolder(require_perf(), whole, [group], keep_raw=True).finish()  # one pass (split per CPU)
+    whole = _folded_in_one_pass(run, group, tmp_path / "whole")
     folder = ChunkFolder(require_perf(), run, [group])
     folder.fold_pass(final=False)  # each finished chunk folded alone, as an attach's background passes do
     assert folder.state.folded == [c.name for c in chunks]
@@ -316,19 +318,12 @@ def test_a_damaged_chunk_is_named_and_the_kept_folder_folds_the_rest(capture: Pa
     folder process folds the chunks after it, and every other chunk counts what one fold of them gives."""
     if nativefold.chosen() is None:
         pytest.skip("qprof's native folder is not built (`make setup`): chunks are folded one process each")
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     (group,) = groups(run)
     chunks = chunk_files(run, group.perf_data, include_current=False)
     bad = chunks[1]
     bad.write_bytes(b"PERFILE2" + b"\xff" * 64)  # a header that points nowhere
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    for c in chunk_files(run, group.perf_data, include_current=True):
-        if c != bad:
-            shutil.copy(c, whole / c.name)
-    ChunkFolder(require_perf(), whole, [group], keep_raw=True).finish()
+    whole = _folded_in_one_pass(run, group, tmp_path / "whole", leave_out=bad)
     folder = ChunkFolder(require_perf(), run, [group], keep_raw=True)
     folder.fold_pass(final=False)
     server = folder._servers[group.perf_data]
@@ -360,9 +355,7 @@ def test_folding_while_sampling_takes_only_cpu_the_targets_leave(capture: Path, 
                                                                  behind: bool) -> None:
     """While sampling goes on, the folder runs at the lowest priority; with half the raw budget
     waiting it runs at the targets' priority to catch up (past the whole budget chunks are lost)."""
-    run = tmp_path / "run"
-    shutil.copytree(capture, run)
-    (run / "stacks.jsonl.gz").unlink()
+    run = _unfolded(capture, tmp_path / "run")
     chunks = chunk_files(run, "perf-dwarf.data", include_current=False)
     for c in chunks[4:]:  # four chunks show both priorities
         c.unlink()
