@@ -133,7 +133,9 @@ def test_cli_one_line_for_each_damage(capture: Path, tmp_path: Path) -> None:
     (r / "meta.json").write_bytes((capture / "meta.json").read_bytes()[:200])
     one_line(qprof("report", str(r), check=False), "meta.json", "unreadable metadata")
     r = fresh("meta-nan")
-    (r / "meta.json").write_text((capture / "meta.json").read_text().replace('"duration_s": ', '"duration_s": NaN, "x": '))
+    doc = json.loads((capture / "meta.json").read_text())
+    doc["duration_s"] = float("nan")  # json writes it as NaN, which JSON has not
+    (r / "meta.json").write_text(json.dumps(doc))
     one_line(qprof("report", str(r), check=False), "NaN is not valid JSON")
     r = fresh("meta-type")
     meta = json.loads((capture / "meta.json").read_text())
