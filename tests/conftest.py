@@ -74,6 +74,14 @@ def past_the_clock(sampled_s: float, clock_s: float, stolen: float) -> float:
     return min(max(0.0, sampled_s - clock_s), stolen) / sampled_s if sampled_s > 0 else 0.0
 
 
+def own_samples(p: dict[str, Any], binary: Path) -> dict[tuple[str, str], int]:
+    """A report's samples per (category, function) whose leaf is in `binary` itself (its JSON made with a
+    large --top): the kernel's share (where a sample that waited for the host or for interrupts to be
+    enabled lands) varies from run to run, the binary's work does not."""
+    return {(c, s["symbol"]): s["samples"] for c, syms in p["top_symbols"].items() for s in syms
+            if s["dso"] == str(binary)}
+
+
 def shell_mode() -> int:
     """The mode a new file of the user's shell gets (0666 less the umask): what qprof's outputs take."""
     umask = os.umask(0)

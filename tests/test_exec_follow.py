@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attach_held, build_c, build_go, qprof
+from conftest import ROOT, attach_held, build_c, build_go, own_samples, qprof
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -57,7 +57,7 @@ GCM_ROUNDS = "3000000"  # ~1.5 s of AES-GCM seal/open: ~700 samples
 def _recorded(run: Path, argv: list[str], *options: str) -> tuple[dict, dict]:
     qprof("record", "-o", str(run), *options, "--", *argv)
     meta = json.loads((run / "meta.json").read_text())
-    (p,) = json.loads(qprof("report", str(run), "--format", "json").stdout)["processes"]
+    (p,) = json.loads(qprof("report", str(run), "--format", "json", "--top", "100000").stdout)["processes"]
     return meta, p
 
 
@@ -80,9 +80,13 @@ def test_a_program_started_through_wrappers_is_attributed_as_started_directly(ke
     assert names(wrapped[1]) == names(direct[1]) and "go-runtime" in names(direct[1])
     assert "go-runtime" in names(dwarf[1])
     assert next(m for m in dwarf[1]["mappings"] if m["name"] == "go-runtime")["detected_by"].startswith("Go binary")
-    crypto = {k: (p["categories"]["Crypto"], p["samples"]) for k, (_, p) in
-              (("direct", direct), ("wrapped", wrapped), ("dwarf", dwarf))}
-    print("\nCrypto share, samples:", crypto)
+    # Crypto's share of the binary's own samples: CI once read 91.7% against 98.8% of all samples, the
+    # direct run with ~110 more outside Crypto (1,487 samples against 1,304: more CPU, not other names)
+    crypto = {}
+    for k, (_, p) in (("direct", direct), ("wrapped", wrapped), ("dwarf", dwarf)):
+        own = own_samples(p, binary)
+        crypto[k] = (sum(v for (c, _), v in own.items() if c == "Crypto") / sum(own.values()), sum(own.values()))
+    print("\nCrypto share of the binary's samples, samples:", crypto)
     base, n0 = crypto["direct"]
     assert base > 0.5, "the workload is mostly AES-GCM"
     for k in ("wrapped", "dwarf"):

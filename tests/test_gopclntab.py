@@ -38,7 +38,7 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, attach_held, examples, qprof
+from conftest import ROOT, attach_held, examples, own_samples, qprof
 from qprof.archive.model import GOPCLNTAB, NONE
 from qprof.collectors.debuginfo import Debuginfod, check_debug_file, symbols_for, write_symbols
 from qprof.probes import gopclntab
@@ -347,13 +347,6 @@ def _recorded(run: Path, *argv: str) -> dict[str, Any]:
     return json.loads(qprof("report", str(run), "--format", "json", "--top", "100000").stdout)
 
 
-def _own(p: dict[str, Any], binary: Path) -> dict[tuple[str, str], int]:
-    """Samples per (category, function) whose leaf is in the binary itself: the kernel's share (where a sample
-    that waited for the host or for interrupts to be enabled lands) varies from run to run, the work does not."""
-    return {(c, s["symbol"]): s["samples"] for c, syms in p["top_symbols"].items() for s in syms
-            if s["dso"] == str(binary)}
-
-
 def _naming(p: dict[str, Any], binary: Path) -> dict[str, Any]:
     return next(o for o in p["symbols"] if o["object"] == str(binary))
 
@@ -378,7 +371,7 @@ def test_a_stripped_go_binary_is_profiled_as_its_build_with_symbols(kernel_facin
     # Both builds' own code, named two ways, is placed alike: each function in the category the other named it
     # in, and Crypto's share of the binary's samples within two binomial shares' spread. (CI once read Crypto
     # 97.9% against 91.3% of all samples: the stripped run had 100 more outside the binary, in the kernel.)
-    own, own0 = _own(p, stripped), _own(base, full)
+    own, own0 = own_samples(p, stripped), own_samples(base, full)
     placed: dict[str, set[str]] = {}
     placed0: dict[str, set[str]] = {}
     for into, keys in ((placed, own), (placed0, own0)):
