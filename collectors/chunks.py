@@ -315,8 +315,7 @@ class ChunkFolder:
                     done += paths
             for name in list(self._servers):
                 self._end_server(name)
-            self._saved(self._unsaved + done, final=True)
-            self._unsaved = []
+            self._write_folded(final=True, more=done)
             return
         waiting.sort(key=lambda pg: pg[0].name)
         self._enforce_budget(waiting)
@@ -325,8 +324,12 @@ class ChunkFolder:
                 self._fold_chunks([path], group, self._behind(waiting[i:]), keep_folder=True)
                 self._unsaved.append(path)
                 if self._save_due(waiting[i + 1:]):
-                    self._saved(self._unsaved, final=False)
-                    self._unsaved = []
+                    self._write_folded(final=False)
+
+    def _write_folded(self, final: bool, more: list[Path] | None = None) -> None:
+        """_saved for every chunk folded since the last write (and `more`, the last pass's)."""
+        self._saved(self._unsaved + (more or []), final)
+        self._unsaved = []
 
     def _save_due(self, waiting: list[tuple[Path, SampleGroup]]) -> bool:
         """Whether the stacks file is to be written now (SAVE_S)."""
@@ -347,8 +350,7 @@ class ChunkFolder:
         sizes = {p: file_size(p) for p, _ in waiting}
         total = sum(sizes.values())
         if self._unsaved and total + sum(map(file_size, self._unsaved)) > self.raw_budget:
-            self._saved(self._unsaved, final=False)  # folded chunks go before any waiting one is lost
-            self._unsaved = []
+            self._write_folded(final=False)  # folded chunks go before any waiting one is lost
         while total > self.raw_budget and len(waiting) > 1:
             path, _ = waiting.pop(0)
             total -= sizes[path]

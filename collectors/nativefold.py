@@ -180,8 +180,7 @@ class Running:
             proc.returncode = rc = os.waitstatus_to_exitcode(status)
         stats.script_cpu_s = usage.ru_utime + usage.ru_stime
         if rc != 0 or end != "":
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {tail[0]}")
+            raise QprofError(f"{NAME} failed on {', '.join(f.name for f in files)} (exit {rc}): {_last_line(self.log)}")
         return recs, stats
 
     def kill(self) -> None:
@@ -191,6 +190,15 @@ class Running:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self.proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    """The folder's last word in its log (its diagnostics go to the recorder's log, as perf script's)."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "no output"
 
 
 def read_output(lines: Iterable[bytes], name: str, recs: list[StackRecord], stats: ParseStats) -> str | None:
@@ -242,13 +250,13 @@ class Server:
             proc.stdin.write(os.fsencode(path) + b"\n")
             proc.stdin.flush()
         except OSError:
-            raise FolderGone(f"{NAME} (serving) is gone: {self._tail()}") from None
+            raise FolderGone(f"{NAME} (serving) is gone: {_last_line(self.log)}") from None
         recs: list[StackRecord] = []
         stats = ParseStats(folder=NAME)
         stdout: IO[bytes] = proc.stdout
         end = read_output(iter(stdout.readline, b""), path.name, recs, stats)
         if end is None:
-            raise FolderGone(f"{NAME} (serving) is gone: {self._tail()}")
+            raise FolderGone(f"{NAME} (serving) is gone: {_last_line(self.log)}")
         cpu = cpu_seconds(proc.pid)
         if cpu is not None:
             stats.script_cpu_s, self._reported = max(0.0, cpu - self._reported), max(cpu, self._reported)
@@ -287,10 +295,6 @@ class Server:
         if self.proc.returncode is None:
             self.proc.kill()
             self.close()
-
-    def _tail(self) -> str:
-        lines = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.is_file() else []
-        return lines[0] if lines else "no output"
 
 
 def main() -> int:

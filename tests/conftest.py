@@ -82,6 +82,12 @@ def own_samples(p: dict[str, Any], binary: Path) -> dict[tuple[str, str], int]:
             if s["dso"] == str(binary)}
 
 
+def share_of(own: dict[tuple[str, str], int], category: str) -> tuple[float, int]:
+    """`category`'s share of own_samples' samples, and their count."""
+    n = sum(own.values())
+    return sum(v for (c, _), v in own.items() if c == category) / n, n
+
+
 def shell_mode() -> int:
     """The mode a new file of the user's shell gets (0666 less the umask): what qprof's outputs take."""
     umask = os.umask(0)

@@ -252,6 +252,16 @@ def _unfolded(capture: Path, dest: Path) -> Path:
     return dest
 
 
+def _native(capture: Path, dest: Path, otherwise: str) -> tuple[Path, SampleGroup, list[Path]]:
+    """_unfolded for a test of qprof's native folder (skipped where it is not built: `otherwise` says what
+    folds then), with its recorder and finished chunks."""
+    if nativefold.chosen() is None:
+        pytest.skip(f"qprof's native folder is not built (`make setup`): {otherwise}")
+    run = _unfolded(capture, dest)
+    (group,) = groups(run)
+    return run, group, chunk_files(run, group.perf_data, include_current=False)
+
+
 def _folded_in_one_pass(run: Path, group: SampleGroup, dest: Path, leave_out: Path | None = None) -> Path:
     """A run of copies of `run`'s chunks (but `leave_out`) folded by one last pass: what the attach's passes
     chunk by chunk must give."""
@@ -286,11 +296,7 @@ def test_a_process_gone_at_a_switch_keeps_its_names(capture: Path, tmp_path: Pat
     named by the report's refold and not by the attach, which had folded that chunk alone). Folded after
     the chunk before, wherever a fold starts (a new folder process, or the one kept for the recorder), they keep
     their names: the attach's passes give what one fold of every chunk gives."""
-    if nativefold.chosen() is None:
-        pytest.skip("qprof's native folder is not built (`make setup`): perf script reads each chunk alone")
-    run = _unfolded(capture, tmp_path / "run")
-    (group,) = groups(run)
-    chunks = chunk_files(run, group.perf_data, include_current=False)
+    run, group, chunks = _native(capture, tmp_path / "run", "perf script reads each chunk alone")
     gone = chunks[2]
     assert _gone_at_the_switch(gone, group.pids[0]) > 0
 
@@ -316,11 +322,7 @@ def test_a_process_gone_at_a_switch_keeps_its_names(capture: Path, tmp_path: Pat
 def test_a_damaged_chunk_is_named_and_the_kept_folder_folds_the_rest(capture: Path, tmp_path: Path) -> None:
     """A chunk the kept folder cannot read (perf died writing it) is recorded as unreadable; the same
     folder process folds the chunks after it, and every other chunk counts what one fold of them gives."""
-    if nativefold.chosen() is None:
-        pytest.skip("qprof's native folder is not built (`make setup`): chunks are folded one process each")
-    run = _unfolded(capture, tmp_path / "run")
-    (group,) = groups(run)
-    chunks = chunk_files(run, group.perf_data, include_current=False)
+    run, group, chunks = _native(capture, tmp_path / "run", "chunks are folded one process each")
     bad = chunks[1]
     bad.write_bytes(b"PERFILE2" + b"\xff" * 64)  # a header that points nowhere
     whole = _folded_in_one_pass(run, group, tmp_path / "whole", leave_out=bad)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attach_held, build_c, build_go, own_samples, qprof
+from conftest import ROOT, attach_held, build_c, build_go, own_samples, qprof, share_of
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -82,10 +82,8 @@ def test_a_program_started_through_wrappers_is_attributed_as_started_directly(ke
     assert next(m for m in dwarf[1]["mappings"] if m["name"] == "go-runtime")["detected_by"].startswith("Go binary")
     # Crypto's share of the binary's own samples: CI once read 91.7% against 98.8% of all samples, the
     # direct run with ~110 more outside Crypto (1,487 samples against 1,304: more CPU, not other names)
-    crypto = {}
-    for k, (_, p) in (("direct", direct), ("wrapped", wrapped), ("dwarf", dwarf)):
-        own = own_samples(p, binary)
-        crypto[k] = (sum(v for (c, _), v in own.items() if c == "Crypto") / sum(own.values()), sum(own.values()))
+    crypto = {k: share_of(own_samples(p, binary), "Crypto")
+              for k, (_, p) in (("direct", direct), ("wrapped", wrapped), ("dwarf", dwarf))}
     print("\nCrypto share of the binary's samples, samples:", crypto)
     base, n0 = crypto["direct"]
     assert base > 0.5, "the workload is mostly AES-GCM"

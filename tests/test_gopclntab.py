@@ -38,7 +38,7 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, attach_held, examples, own_samples, qprof
+from conftest import ROOT, attach_held, examples, own_samples, qprof, share_of
 from qprof.archive.model import GOPCLNTAB, NONE
 from qprof.collectors.debuginfo import Debuginfod, check_debug_file, symbols_for, write_symbols
 from qprof.probes import gopclntab
@@ -378,9 +378,7 @@ def test_a_stripped_go_binary_is_profiled_as_its_build_with_symbols(kernel_facin
         for c, f in keys:
             into.setdefault(f, set()).add(c)  # a rule on the callers may place one function in two
     assert {f: (c, placed0[f]) for f, c in placed.items() if f in placed0 and not c & placed0[f]} == {}
-    n, n0 = sum(own.values()), sum(own0.values())
-    share = sum(v for (c, _), v in own.items() if c == "Crypto") / n
-    share0 = sum(v for (c, _), v in own0.items() if c == "Crypto") / n0
+    (share, n), (share0, n0) = share_of(own, "Crypto"), share_of(own0, "Crypto")
     print(f"in the binary: stripped {n} samples ({n / p['samples']:.1%}), Crypto {share:.1%}; "
           f"symbols {n0} ({n0 / base['samples']:.1%}), Crypto {share0:.1%}")
     assert share0 > 0.5, "the workload is mostly AES-GCM"

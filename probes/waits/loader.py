@@ -275,17 +275,16 @@ class Waits:
                 maps = self.user[pid] = UserMaps(pid)
             frames = [maps.find(a) for a in addrs]
             outside = {a for a, f in zip(addrs, frames) if f is None}
-            if not outside <= maps.outside:
+            if not outside <= maps.outside and maps.generation != self._generation:
                 # mapped since the last reading (dlopen): read again once a print at most, and not for an
                 # address outside a reading made after it was sampled (a stack with one read the maps at
                 # every print: ~1 ms each, 30 of the loader's ~150 ms on a transfer)
-                if maps.generation != self._generation:
-                    maps.read()
-                    maps.generation = self._generation
-                    frames = [maps.find(a) for a in addrs]
-                    outside = {a for a, f in zip(addrs, frames) if f is None}
-                if maps.generation == self._generation:
-                    maps.outside |= outside
+                maps.read()
+                maps.generation = self._generation
+                frames = [maps.find(a) for a in addrs]
+                outside = {a for a, f in zip(addrs, frames) if f is None}
+            if maps.generation == self._generation:  # read this print, after these were sampled
+                maps.outside |= outside
             got = [f or UNKNOWN_FRAME for f in reversed(frames)]
             if None not in frames or not os.path.exists(f"/proc/{pid}"):
                 self._ustacks[(pid, stack_id)] = got  # else named again at the next print

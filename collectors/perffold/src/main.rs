@@ -1094,8 +1094,8 @@ fn fold_mapped(f: &mut Folder, data: &[u8], perf_file: &linux_perf_data::PerfFil
 }
 
 /// Fold one file's records in; a context file (`--context`) gives its mappings and names only, and
-/// one that cannot be read is left out (the fold is the same as without it).
-/// Why a file could not be read at all: nothing of it was folded.
+/// one that cannot be read is left out (the fold is the same as without it). Err: why the file could
+/// not be read at all (nothing of it was folded).
 fn fold_file(f: &mut Folder, path: &Path) -> Result<(), String> {
     let Some(bytes) = symbols::map_file(path) else {
         return Err("cannot read".into());
