@@ -14,6 +14,7 @@ import os
 from qprof.archive.model import ProcessIdentity
 
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
+READ_SIZE = 65536
 
 
 def read_proc(path: str) -> str | None:
@@ -26,8 +27,12 @@ def read_proc(path: str) -> str | None:
         return None
     parts = []
     try:
-        while chunk := os.read(fd, 65536):
+        # a short read is the end: procfs and sysfs give a whole file, or as much of it as fits, per
+        # read (a second read(2) only to be told so was a third of the reads' cost)
+        while chunk := os.read(fd, READ_SIZE):
             parts.append(chunk)
+            if len(chunk) < READ_SIZE:
+                break
     except OSError:
         return None
     finally:

@@ -243,7 +243,7 @@ class ProbeCollector:
             self._next_compact = now + COMPACT_S
             for p in self.procs:
                 if p.running() and p.started_at is not None:
-                    p.compact()
+                    self._tail(p).compact()
         if self._stats_fd is not None and now - self._stats_since >= STATS_WINDOW_S:
             os.close(self._stats_fd)
             self._stats_fd = None
@@ -288,9 +288,14 @@ class ProbeCollector:
         each reader checks the maps it reads (traffic.udp_totals, the live view)."""
         maps: dict[str, Json] = {}
         for p in self.procs:
-            tail = self._tails.setdefault(p.name, MapTail(p.output))
-            maps.update(tail.read())
+            maps.update(self._tail(p).read())
         return maps
+
+    def _tail(self, p: ProbeProcess) -> MapTail:
+        tail = self._tails.get(p.name)
+        if tail is None:
+            tail = self._tails[p.name] = MapTail(p.output)
+        return tail
 
     def _unavailable(self, probe: str, reason: str) -> None:
         self.record.unavailable.append(UnavailableProbe(probe, reason))

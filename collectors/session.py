@@ -51,6 +51,7 @@ from qprof.probes.features import (find_hierarchy, kernel_features, pressure_hie
                                    require_sampling_privileges, tool_version)
 
 POLL_TICK = 0.05  # s between checks of the stop conditions
+MAPS_REREAD_S = 2.0  # s: the longest a target's maps go unread while its size stands still (_new_objects)
 SOCKET_INTERVAL = 1.0  # s between socket-table readings (sock_diag dumps, ~0.2 ms each)
 DEFAULT_EVENT = "cpu-clock"  # period is in ns: sums are CPU time on every host, VM or not
 # A signal repeated within this is one stop delivered twice: `timeout` sends its two copies
@@ -160,6 +161,7 @@ class AttachSession:
         self.symbols = debuginfo.Finder(self.status)  # where each object's function names come from
         self.mapped: mapfiles.MappedFiles | None = None  # the targets' files as they see them (made with the run directory)
         self._mapped_later: dict[int, list[str]] = {}  # per target: objects mapped after it was described
+        self._vm_seen: dict[int, tuple[int, float]] = {}  # per target: its size and the time its maps were read
         self.folder: chunks.ChunkFolder | None = None
         self.meta: Meta | None = None  # None until the run directory holds a meta.json
         self._stop_reason: str | None = None
@@ -461,6 +463,14 @@ class AttachSession:
         when a short transfer's sockets open and close."""
         assert self.meta is not None
         for t in self.meta.targets:
+            # a mapping made or dropped changes the size: its maps (formatted whole by the kernel, ~0.2 ms
+            # a read) are read again then, and every MAPS_REREAD_S (ld.so maps a library's code over
+            # its own reservation: a reading between the two sees a size that will not change again)
+            size, now = procfs.vm_size(t.pid), time.monotonic()
+            seen = self._vm_seen.get(t.pid)
+            if size is None or seen is not None and seen[0] == size and now - seen[1] < MAPS_REREAD_S:
+                continue
+            self._vm_seen[t.pid] = size, now
             later = self._mapped_later.setdefault(t.pid, [])
             known = {o.path for o in t.objects}.union(later)
             new = [p for p in procfs.mapped_objects(t.pid) if p not in known]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import io
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from qprof.errors import QprofError
-from qprof.probes.mapsout import last_path, read_maps
 
 PR_SET_PDEATHSIG = 1
 # Helpers whose work can wait for CPU the targets leave (folding finished perf chunks while the
@@ -246,7 +244,7 @@ class ProbeProcess:
                run: Callable[[], int] | None = None) -> None:
         """The child, its stdout the output and its stderr the log: `run` forked from this process where it
         can be (fork_child), else `cmd` executed."""
-        # O_APPEND: compact() may empty the output under the child, whose next print then lands at 0
+        # O_APPEND: MapTail.compact may empty the output under the child, whose next print then lands at 0
         with open(self.output, "ab") as out, open(self.log, "wb") as log:
             out.truncate(0)
             forked = fork_child(run, out.fileno(), log.fileno(), preexec) if run is not None else None
@@ -292,19 +290,6 @@ class ProbeProcess:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def compact(self) -> None:
-        """Keep the streamed output small on long runs (the maps are printed in full every second):
-        the last value of every map goes to last_path(output) atomically, then the stream starts
-        again empty; a print cut by the truncation is superseded a second later."""
-        maps = read_maps(self.output)
-        if not maps:
-            return
-        last = last_path(self.output)
-        tmp = last.with_name(last.name + ".tmp")
-        tmp.write_text(json.dumps({"type": "map", "data": maps}) + "\n", encoding="utf-8")
-        tmp.replace(last)
-        os.truncate(self.output, 0)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT: the child prints its maps a last time and detaches."""
