@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT
 from qprof.attribution import packetio as packetio_analysis
@@ -44,6 +46,26 @@ def packetio_object(kernel_facing: None) -> Path:
     return libbpf.build("qprof.probes.packetio", "packetio")
 
 
+def _field_by_field(s: layout.Struct, buf: bytes, base: int) -> dict[str, int | list[int]]:
+    return {n: f.decode(buf, base) for n, f in s.fields.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(1, 3), st.booleans(), st.integers(0, 5)),
+                min_size=1, max_size=6), st.binary(min_size=256, max_size=256), st.integers(0, 16))
+def test_a_struct_decoded_in_one_unpack_is_decoded_field_by_field(
+        spec: list[tuple[int, int, bool, int]], buf: bytes, base: int) -> None:
+    """Any layout, gaps and arrays included; fields that overlap (a union's) are read one at a time."""
+    fields, at = {}, 0
+    for i, (size, count, signed, gap) in enumerate(spec):
+        fields[f"f{i}"] = layout.Field(f"f{i}", at + gap, size, count, signed)
+        at += gap + size * count
+    s = layout.Struct("s", at, dict(reversed(list(fields.items()))))  # the dict's order is not the offsets'
+    assert s.decode(buf, base) == _field_by_field(s, buf, base) and list(s.decode(buf, base)) == list(s.fields)
+    union = layout.Struct("u", 8, {"a": layout.Field("a", 0, 8, 1, False), "b": layout.Field("b", 4, 4, 1, True)})
+    assert union.decode(buf, base) == _field_by_field(union, buf, base)
+
+
 def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     """Python decodes what the C defines: every counter of struct counts is one the analysis knows,
     and the configuration, control block and histograms have the fields the sampler writes."""
@@ -68,6 +90,10 @@ def test_packetio_layouts_come_from_the_object(packetio_object: Path) -> None:
     # the targets' bits, where the sampler sets them
     assert lay.variable("watch").section == ".bss" and lay.struct("watch").field("tgids").count * 64 == 1 << 22
     assert lay.initial("steps", "hist_steps") == steps, "setting the config keeps the other read-only data"
+    for name in ("counts", "hists", "config", "control"):
+        st_ = lay.struct(name)
+        raw = bytes(range(256)) * (st_.size // 256 + 2)
+        assert st_.decode(raw, 3) == _field_by_field(st_, raw, 3), name
     # where the globals sit: as pyelftools reads the object's symbol table
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import SymbolTableSection
