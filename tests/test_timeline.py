@@ -18,7 +18,9 @@ from qprof import runfiles
 from qprof.attribution.categories import CATEGORIES, CRYPTO, PACKET_IO
 from qprof import archive
 from qprof.archive.model import STATUS_COMPLETE, Meta, Sampling, Target
+from qprof.archive import schema
 from qprof.collectors.traffic import udp_totals
+from qprof.probes.packetio.maps import Windows
 from qprof.archive.stacks import Sample, fold, write_stacks
 
 K = "[kernel.kallsyms]"
@@ -99,7 +101,16 @@ def test_last_reading_holds_the_probes_final_totals(ngtcp2_capture: Any) -> None
     the timeline's last goodput interval reads like the others: its bytes are those counted through
     the transfer's end, not a second's squeezed into the part of an interval before it."""
     run = ngtcp2_capture("gso")
-    final, through = udp_totals(json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"])
+    maps = json.loads((run / runfiles.PROBES).read_text())["programs"]["packetio"]["maps"]
+    final, through = udp_totals(maps)
+    # the totals read from the processes' groups alone are the whole map's, threads' groups included
+    whole = schema.probe_maps(maps)["@windows"]
+    assert isinstance(whole, Windows) and any("," in k for k in whole.groups)
+    for pid, (sent, received) in final.items():
+        sample = whole.sample(str(pid))
+        assert sample is not None
+        totals = sample.totals(list(sample.sum))
+        assert (sent, received) == (round(max(0.0, totals["tx_bytes"])), round(max(0.0, totals["rx_bytes"])))
     last = json.loads((run / runfiles.PROC).read_text().splitlines()[-1])
     assert final and {int(p): tuple(v) for p, v in last["udp"].items()} == final
     assert through is not None and last["udp_through"] == through <= last["mono"]
