@@ -194,12 +194,16 @@ def target_info(pid: int) -> Target:
                   threads={t.tid: t.comm for t in thread_times(pid)}, cgroup=[str(c) for c in cgroups_of(pid)])
 
 
-def thread_times(pid: int) -> list[ThreadReading]:
-    """Cumulative CPU and run-queue time per thread, read now; empty once the process is gone."""
+def thread_times(pid: int, before: list[ThreadReading] | None = None) -> list[ThreadReading]:
+    """Cumulative CPU and run-queue time per thread, read now; empty once the process is gone. `before`:
+    the last reading's; a thread in the same state that has not run since (its schedstat stands still)
+    switched no context and is in the same system call: those two files are not read again (most of a
+    runtime's threads sleep between two readings)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
+    last = {r.tid: r for r in before or ()}
     out: list[ThreadReading] = []
     for t in tids:
         stat = read_proc(f"/proc/{pid}/task/{t}/stat")
@@ -207,15 +211,20 @@ def thread_times(pid: int) -> list[ThreadReading]:
             continue
         comm, f = stat_fields(stat)
         sched = (read_proc(f"/proc/{pid}/task/{t}/schedstat") or "").split()
-        # a running task's syscall file says "running" (task_current_syscall cannot stop it): not read
-        sc = ["running"] if f[0] == "R" else (read_proc(f"/proc/{pid}/task/{t}/syscall") or "").split()
-        voluntary, involuntary = _switches(read_proc(f"/proc/{pid}/task/{t}/status"))
+        on_cpu = int(sched[0]) / 1e9 if len(sched) >= 2 else None  # ns on a CPU
+        run_delay = int(sched[1]) / 1e9 if len(sched) >= 2 else None  # ns runnable but waiting for one
+        prev = last.get(int(t))
+        if prev is not None and on_cpu is not None and (prev.on_cpu_s, prev.run_delay_s, prev.state) == \
+                (on_cpu, run_delay, f[0]):
+            syscall, voluntary, involuntary = prev.syscall, prev.voluntary, prev.involuntary
+        else:
+            # a running task's syscall file says "running" (task_current_syscall cannot stop it): not read
+            sc = ["running"] if f[0] == "R" else (read_proc(f"/proc/{pid}/task/{t}/syscall") or "").split()
+            syscall = sc[0] if sc else None
+            voluntary, involuntary = _switches(read_proc(f"/proc/{pid}/task/{t}/status"))
         out.append(ThreadReading(
             int(t), comm, utime_s=int(f[11]) / CLK_TCK, stime_s=int(f[12]) / CLK_TCK, state=f[0],
-            # schedstat: ns on a CPU, ns runnable but waiting for one
-            on_cpu_s=int(sched[0]) / 1e9 if len(sched) >= 2 else None,
-            run_delay_s=int(sched[1]) / 1e9 if len(sched) >= 2 else None,
-            syscall=sc[0] if sc else None, cpu=int(f[36]) if len(f) > 36 else -1,
+            on_cpu_s=on_cpu, run_delay_s=run_delay, syscall=syscall, cpu=int(f[36]) if len(f) > 36 else -1,
             voluntary=voluntary, involuntary=involuntary))
     return out
 
@@ -349,17 +358,18 @@ def cpu_limits(pid: int, cgroups: list[CgroupLine]) -> Limits:
     return Limits(cpus_allowed, cpuset, pressure, procs)
 
 
-def reading(pids: list[int]) -> ProcReading:
+def reading(pids: list[int], before: ProcReading | None = None) -> ProcReading:
     """One timestamped /proc reading for all targets (a line of proc.jsonl, without the byte totals
     the session adds), with the host's CPU pressure (PSI, absent on kernels without it) and each
     CPU's idle time: whether the CPUs a stalled target may use were saturated, or idle while it
-    waited (attribution.verdict). A target gone has no threads, no cgroup and no limits."""
+    waited (attribution.verdict). A target gone has no threads, no cgroup and no limits. `before`: the
+    last reading, whose threads that have not run since are read in part (thread_times)."""
     t, mono = time.time(), time.monotonic()
     threads: dict[int, list[ThreadReading]] = {}
     cgroups: dict[int, CgroupReading] = {}
     limits: dict[int, Limits] = {}
     for p in pids:
-        threads[p] = thread_times(p)
+        threads[p] = thread_times(p, before.threads.get(p) if before is not None else None)
         lines = cgroups_of(p)
         cg = cgroup_cpu(lines)
         if cg is not None:

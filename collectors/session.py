@@ -637,7 +637,7 @@ class AttachSession:
                     self.follow_exec(out, now - start)
                     self._new_objects()
                     mapfiles.keep_jit_maps(out, [p for p in opts.pids if running.alive(p)])  # a private /tmp goes with its process
-                    reading = procfs.reading(opts.pids)
+                    reading = procfs.reading(opts.pids, reading)
                     if self.probes is not None:  # new output lines only: the probes print once a second
                         self._probe_maps = self.probes.live_maps()
                     if self.traffic is not None:

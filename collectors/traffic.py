@@ -80,10 +80,10 @@ def udp_totals(maps: dict[str, Json]) -> tuple[dict[int, tuple[float, float]], f
     report's totals are: the windows' plain sums followed the few windows of each second, and a timeline
     interval's rate read 0.8x to 1.3x the namespace's exact one while the transfer ran steadily."""
     raw = maps.get("@windows")
-    if isinstance(raw, dict) and isinstance(raw.get("groups"), dict):
+    if isinstance(raw, dict) and isinstance(groups := raw.get("groups"), dict):
         # the processes' groups only: a thread's is not read here, and checking each one's shape (its
         # variance terms among them) every second was a tenth of the collector's CPU beside quic-go
-        raw = {**raw, "groups": {k: g for k, g in raw["groups"].items() if k.isdigit()}}
+        raw = {**raw, "groups": {k: g for k, g in groups.items() if k.isdigit()}}
     found = schema.probe_maps({"@windows": raw}).get("@windows")
     w = found.usable() if isinstance(found, Windows) else None
     if w is None or "tx_bytes" not in w.series or "rx_bytes" not in w.series:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -115,3 +117,28 @@ def test_a_compacted_stream_keeps_every_maps_last_value(tmp_path: Path) -> None:
         tail.compact()
         _print(f, {"@count": {"1": 4}})
         assert MapTail(out).read() == tail.read() == read_maps(out) == {"@once": {"1": 5}, "@count": {"1": 4}}
+
+
+def test_a_thread_that_has_not_run_keeps_its_switches_and_system_call_without_reading_them() -> None:
+    """thread_times given the last reading: a sleeping thread's two files are not read again, and what
+    it gives equals a full read; a thread that ran is read whole."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while (full := procfs.thread_times(child.pid))[0].syscall in (None, "running") and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it sleeps in its nanosleep
+        (t,) = full
+        assert t.state == "S" and t.syscall is not None and t.voluntary is not None
+        # a reading whose syscall and switches differ: kept, so these files were not read again
+        marked = [replace(t, syscall="marked", voluntary=-1, involuntary=-2)]
+        (again,) = procfs.thread_times(child.pid, marked)
+        assert (again.syscall, again.voluntary, again.involuntary) == ("marked", -1, -2)
+        assert replace(again, syscall=t.syscall, voluntary=t.voluntary, involuntary=t.involuntary) == t
+        # another schedstat (it ran) or another state: read whole
+        ran = [replace(t, on_cpu_s=(t.on_cpu_s or 0) - 1e-3, syscall="marked")]
+        assert procfs.thread_times(child.pid, ran) == full
+        woke = [replace(t, state="R", syscall="marked")]
+        assert procfs.thread_times(child.pid, woke) == full
+    finally:
+        child.kill()
+        child.wait()
