@@ -17,21 +17,24 @@ PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 READ_SIZE = 65536
 
 
-def read_proc(path: str) -> str | None:
+def read_proc(path: str, one_record: bool = False) -> str | None:
     """A /proc (or /sys) file's text; None when it cannot be read (the process is gone, no such file).
     Read with bare read(2)s: the collector reads ~4 files per target thread 4 times a second, and a
-    text-mode open() (its buffer and decoder objects) cost more than the kernel's formatting."""
+    text-mode open() (its buffer and decoder objects) cost more than the kernel's formatting.
+
+    `one_record`: the file is a single seq_file record (a task's stat, schedstat, status, syscall), which
+    one read(2) returns whole: the second read, only to be told the end, was a third of the reads' cost.
+    A file of many records (maps, kallsyms, /proc/stat) comes a page of records per read, so any other
+    file is read to the end."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     parts = []
     try:
-        # a short read is the end: procfs and sysfs give a whole file, or as much of it as fits, per
-        # read (a second read(2) only to be told so was a third of the reads' cost)
         while chunk := os.read(fd, READ_SIZE):
             parts.append(chunk)
-            if len(chunk) < READ_SIZE:
+            if one_record and len(chunk) < READ_SIZE:
                 break
     except OSError:
         return None

@@ -161,7 +161,7 @@ def mapped_files(pid: int) -> list[MappedFile]:
 
 def vm_size(pid: int) -> int | None:
     """The process's virtual memory size in bytes (/proc/PID/stat's vsize), None once it is gone."""
-    stat = read_proc(f"/proc/{pid}/stat")
+    stat = read_proc(f"/proc/{pid}/stat", one_record=True)
     fields = stat_fields(stat)[1] if stat else []
     return int(fields[20]) if len(fields) > 20 and fields[20].isdigit() else None
 
@@ -206,11 +206,11 @@ def thread_times(pid: int, before: list[ThreadReading] | None = None) -> list[Th
     last = {r.tid: r for r in before or ()}
     out: list[ThreadReading] = []
     for t in tids:
-        stat = read_proc(f"/proc/{pid}/task/{t}/stat")
+        stat = read_proc(f"/proc/{pid}/task/{t}/stat", one_record=True)
         if stat is None:
             continue
         comm, f = stat_fields(stat)
-        sched = (read_proc(f"/proc/{pid}/task/{t}/schedstat") or "").split()
+        sched = (read_proc(f"/proc/{pid}/task/{t}/schedstat", one_record=True) or "").split()
         on_cpu = int(sched[0]) / 1e9 if len(sched) >= 2 else None  # ns on a CPU
         run_delay = int(sched[1]) / 1e9 if len(sched) >= 2 else None  # ns runnable but waiting for one
         prev = last.get(int(t))
@@ -219,9 +219,10 @@ def thread_times(pid: int, before: list[ThreadReading] | None = None) -> list[Th
             syscall, voluntary, involuntary = prev.syscall, prev.voluntary, prev.involuntary
         else:
             # a running task's syscall file says "running" (task_current_syscall cannot stop it): not read
-            sc = ["running"] if f[0] == "R" else (read_proc(f"/proc/{pid}/task/{t}/syscall") or "").split()
+            sc = ["running"] if f[0] == "R" else \
+                (read_proc(f"/proc/{pid}/task/{t}/syscall", one_record=True) or "").split()
             syscall = sc[0] if sc else None
-            voluntary, involuntary = _switches(read_proc(f"/proc/{pid}/task/{t}/status"))
+            voluntary, involuntary = _switches(read_proc(f"/proc/{pid}/task/{t}/status", one_record=True))
         out.append(ThreadReading(
             int(t), comm, utime_s=int(f[11]) / CLK_TCK, stime_s=int(f[12]) / CLK_TCK, state=f[0],
             on_cpu_s=on_cpu, run_delay_s=run_delay, syscall=syscall, cpu=int(f[36]) if len(f) > 36 else -1,
