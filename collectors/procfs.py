@@ -233,14 +233,15 @@ def thread_times(pid: int, before: list[ThreadReading] | None = None) -> list[Th
 def _switches(status: str | None) -> tuple[int | None, int | None]:
     """(voluntary, nonvoluntary) context switches from a task's /proc status, None when absent. The two
     lines end the file: found by search, not by splitting its ~60 lines (4 times a second per thread)."""
+    if not status:
+        return None, None
     return _status_count(status, "\nvoluntary_ctxt_switches:"), _status_count(status, "\nnonvoluntary_ctxt_switches:")
 
 
-def _status_count(status: str | None, key: str) -> int | None:
-    at = status.rfind(key) if status else -1
+def _status_count(status: str, key: str) -> int | None:
+    at = status.rfind(key)
     if at < 0:
         return None
-    assert status is not None
     end = status.find("\n", at + len(key))
     value = status[at + len(key):end if end >= 0 else len(status)].strip()
     return int(value) if value.isdigit() else None

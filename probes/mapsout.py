@@ -64,13 +64,18 @@ def read_maps(output: Path) -> dict[str, Json]:
     a kill does not parse and is ignored)."""
     maps: dict[str, Json] = {}
     for path in (last_path(output), output):
-        try:
-            f = open_regular(path)
-        except (OSError, QprofError):
-            continue
-        with f:
-            _read_lines(lines(f, path), maps)
+        _read_file(path, maps)
     return maps
+
+
+def _read_file(path: Path, maps: dict[str, Json]) -> None:
+    """A file's prints into `maps`; one that is absent or not a regular file adds none."""
+    try:
+        f = open_regular(path)
+    except (OSError, QprofError):
+        return
+    with f:
+        _read_lines(lines(f, path), maps)
 
 
 class MapTail:
@@ -82,11 +87,7 @@ class MapTail:
         self.output = output
         self.maps: dict[str, Json] = {}
         self._offset = 0
-        try:  # what a compaction kept before this tail was made
-            with open_regular(last_path(output)) as f:
-                _read_lines(lines(f, last_path(output)), self.maps)
-        except (OSError, QprofError):
-            pass
+        _read_file(last_path(output), self.maps)  # what a compaction kept before this tail was made
 
     def compact(self) -> None:
         """Keep the streamed output small on long runs (the maps are printed in full every second):
