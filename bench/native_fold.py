@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qprof import archive, runfiles
-from qprof.archive.stacks import StackKey, StackRecord, add_counts, parse_record, records, stacks_header, write_stacks
+from qprof.archive.stacks import StackKey, StackRecord, add_counts, records, stacks_header, write_stacks
 from qprof.collectors import nativefold
+from qprof.collectors.perfscript import ParseStats
 
 HERE = Path(__file__).resolve()
 PP_LIMIT = 0.5  # the issue's limit on a category share's difference, percentage points
@@ -54,15 +55,11 @@ def folder_command(folder: Path, data: Path | list[Path], pids: list[int], root:
 
 
 def read_folder(text: str) -> tuple[list[StackRecord], dict[str, Any]]:
-    """The folder's output: its records (archive.stacks' line format) and its statistics line."""
-    recs, stats = [], {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        obj = json.loads(line)
-        if nativefold.STATS_KEY in obj:
-            stats = obj[nativefold.STATS_KEY]
-        else:
-            recs.append(parse_record(obj, Path("folder output"), lineno))
-    return recs, stats
+    """The folder's output: its records (collectors.nativefold.read_output) and its statistics line."""
+    recs: list[StackRecord] = []
+    lines = text.encode().splitlines()
+    nativefold.read_output(lines, "folder output", recs, ParseStats())
+    return recs, json.loads(lines[-1])[nativefold.STATS_KEY] if lines else {}
 
 
 def merged(parts: Iterable[list[StackRecord]]) -> list[StackRecord]:

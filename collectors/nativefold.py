@@ -2,8 +2,9 @@
 
 Why: `perf script` spends most of a fold formatting text that qprof then parses again; the folder reads
 perf.data itself, unwinds DWARF copies with a caching unwinder (framehop) and names frames where perf
-would, several times faster (bench/native_fold.py measures speed and agreement). Its records are those
-of the stacks file (archive.stacks), so one reader takes them.
+would, several times faster (bench/native_fold.py measures speed and agreement). It writes the stacks file's
+records (archive.stacks) with each frame named once and then given by number: its output is
+read by read_output alone.
 
 It is built from the source shipped beside this module with the machine's cargo, once per source and
 toolchain (`make setup` does it: `python -m qprof.collectors.nativefold`), cached under
@@ -22,10 +23,11 @@ import signal
 import subprocess
 import sys
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO, Iterable, cast
 
-from qprof.archive.stacks import StackRecord, parse_record
+from qprof.archive.stacks import Frame, StackRecord
 from qprof.cachefiles import CACHE_HOME
 from qprof.collectors.perfscript import ParseStats, StackNeed
 from qprof.errors import QprofError
@@ -201,15 +203,27 @@ def _last_line(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def read_output(lines: Iterable[bytes], name: str, recs: list[StackRecord], stats: ParseStats) -> str | None:
+FrameTable = dict[int, Frame]  # the folder's frame ids -> (symbol, object), as its "f" lines named them
+
+
+def read_output(lines: Iterable[bytes], name: str, recs: list[StackRecord], stats: ParseStats,
+                frames: FrameTable | None = None) -> str | None:
     """The folder's lines up to its statistics line (`name`: the file they fold, for errors): records into
-    `recs`, statistics into `stats`. "" once the statistics are read; a served file's reason when it could
-    not be read; None when the lines end before either (the folder is gone)."""
+    `recs`, statistics into `stats`, frame names into `frames` (a served folder names each frame once in
+    its life: the table is the Server's). "" once the statistics are read; a served file's reason when it
+    could not be read; None when the lines end before either (the folder is gone)."""
+    table: FrameTable = {} if frames is None else frames
     for lineno, line in enumerate(lines, 1):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise QprofError(f"{NAME} wrote an unreadable line {lineno} on {name}: {e}") from None
+        if type(obj) is list:
+            if obj and obj[0] == "f":
+                _name_frame(obj, table, name, lineno)
+            else:
+                recs.append(_record(obj, table, name, lineno))
+            continue
         if isinstance(obj, dict) and STATS_KEY in obj:
             s = obj[STATS_KEY]
             stats.samples, stats.bad_lines = int(s["samples"]), int(s["errors"])
@@ -218,8 +232,34 @@ def read_output(lines: Iterable[bytes], name: str, recs: list[StackRecord], stat
             return ""
         if isinstance(obj, dict) and FAILED_KEY in obj:
             return str(obj[FAILED_KEY])
-        recs.append(parse_record(obj, Path(name + " (folder output)"), lineno))
+        raise QprofError(f"{NAME} wrote line {lineno} on {name} in no form qprof reads (a folder built from "
+                         "another source? run `make setup`)")
     return None
+
+
+def _name_frame(obj: list[object], table: FrameTable, name: str, lineno: int) -> None:
+    if len(obj) != 4 or type(obj[1]) is not int or type(obj[2]) is not str or type(obj[3]) is not str:
+        raise QprofError(f"{NAME} wrote a frame name that is not [\"f\", id, symbol, object] on {name}, line {lineno}")
+    table[obj[1]] = (obj[2], obj[3])
+
+
+def _record(obj: list[object], table: FrameTable, name: str, lineno: int) -> StackRecord:
+    """A record line: [pid, tid, comm, samples, period, [frame ids], [bin, period, ...], first ns, last ns]. Its
+    frames are the table's own tuples (shared by every stack that has them); its numbers checked by C-level maps."""
+    try:
+        pid, tid, comm, samples, period, ids, flat, first, last = obj
+        assert type(comm) is str and type(ids) is list and type(flat) is list and len(flat) % 2 == 0
+        numbers = cast("list[int]", [pid, tid, samples, period, first, last])
+        assert set(map(type, chain(numbers, flat))) <= {int}
+        frames = tuple(map(table.__getitem__, ids))  # an id no line named: KeyError
+    except (AssertionError, KeyError, TypeError, ValueError):
+        raise QprofError(f"{NAME} wrote line {lineno} on {name}, which is not a stack record of named frames") from None
+    periods = cast("list[int]", flat[1::2])
+    pid, tid, samples, period, first, last = numbers
+    if min(samples, period, *periods) < 0 or first > last:
+        raise QprofError(f"{NAME} wrote line {lineno} on {name} with a negative count or a first sample after its last")
+    return StackRecord(pid, tid, comm, samples, period, frames, tuple(zip(cast("list[int]", flat[::2]), periods)),
+                       (first, last))
 
 
 class FolderGone(QprofError):
@@ -236,6 +276,7 @@ class Server:
                  kallsyms: Path | None = None, context: Path | None = None) -> None:
         self.pids, self.log, self.nice = list(pids), log, nice
         self._reported = 0.0  # CPU seconds given out with the files' statistics
+        self._frames: FrameTable = {}  # every frame it named so far: it names each once in its life
         with open(log, "ab") as logf:
             self.proc = subprocess.Popen([*command(folder, [], pids, buildid_dir, kallsyms=kallsyms, context=context),
                                           "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
@@ -254,7 +295,7 @@ class Server:
         recs: list[StackRecord] = []
         stats = ParseStats(folder=NAME)
         stdout: IO[bytes] = proc.stdout
-        end = read_output(iter(stdout.readline, b""), path.name, recs, stats)
+        end = read_output(iter(stdout.readline, b""), path.name, recs, stats, self._frames)
         if end is None:
             raise FolderGone(f"{NAME} (serving) is gone: {_last_line(self.log)}")
         cpu = cpu_seconds(proc.pid)

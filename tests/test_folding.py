@@ -161,6 +161,65 @@ def test_split_files_keeps_every_file_once_in_order(sizes: list[int], parts: int
             assert max(sum(f.stat().st_size for f in r) for r in runs) <= sum(sizes) / parts + max(sizes)
 
 
+def _folder_lines(*objs: object) -> list[bytes]:
+    return [json.dumps(o).encode() for o in objs]
+
+
+STATS_LINE = {nativefold.STATS_KEY: {"samples": 3, "errors": 0}}
+
+
+def test_folder_output_names_each_frame_once_for_a_served_folder() -> None:
+    """The folder names a frame once in its life: a served folder's next file gives records by the ids the
+    file before named, and every stack holds the table's own frame objects."""
+    table: nativefold.FrameTable = {}
+    first: list[StackRecord] = []
+    lines = _folder_lines(["f", 7, "recvmsg", "[kernel.kallsyms]"], ["f", 2, "main", "/usr/bin/x"],
+                          [10, 11, "x", 2, 4000, [7, 2], [5, 1000, 6, 3000], 500, 690], STATS_LINE)
+    assert nativefold.read_output(lines, "a", first, ParseStats(), table) == ""
+    assert first == [StackRecord(10, 11, "x", 2, 4000, (("recvmsg", "[kernel.kallsyms]"), ("main", "/usr/bin/x")),
+                                 ((5, 1000), (6, 3000)), (500, 690))]
+    second: list[StackRecord] = []
+    assert nativefold.read_output(_folder_lines([10, 12, "x", 1, 2000, [2], [], 700, 700], STATS_LINE),
+                                  "b", second, ParseStats(), table) == ""
+    assert second[0].frames[0] is first[0].frames[1] and second[0].bins == ()
+    fresh: list[StackRecord] = []
+    with pytest.raises(QprofError, match="not a stack record of named frames"):  # a new table knows no id
+        nativefold.read_output(_folder_lines([10, 12, "x", 1, 2000, [2], [], 700, 700]), "c", fresh, ParseStats())
+
+
+@pytest.mark.parametrize("line, why", [
+    ([10, 11, "x", 1, 10, [0], [5], 1, 1], "not a stack record"),  # a bin without its period
+    ([10, 11, "x", 1, 10, [0], [], 1], "not a stack record"),  # a field short
+    ([10, 11, 3, 1, 10, [0], [], 1, 1], "not a stack record"),  # comm not text
+    ([10, 11, "x", True, 10, [0], [], 1, 1], "not a stack record"),  # a count that is not a number
+    ([10, 11, "x", -1, 10, [0], [], 1, 1], "negative count"),
+    ([10, 11, "x", 1, 10, [0], [5, -3], 1, 1], "negative count"),
+    ([10, 11, "x", 1, 10, [0], [], 9, 1], "first sample after its last"),
+    (["f", "0", "a", "b"], "frame name"),
+    ({"pid": 1}, "no form qprof reads"),
+])
+def test_folder_output_refuses_what_it_cannot_read(line: object, why: str) -> None:
+    with pytest.raises(QprofError, match=why):
+        nativefold.read_output(_folder_lines(["f", 0, "s", "o"], line), "chunk", [], ParseStats())
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=9), max_leaves=20)
+
+
+@settings(max_examples=examples(300))
+@given(st.lists(_JSON, max_size=6))
+def test_folder_output_of_any_shape_reads_or_is_refused(objs: list[object]) -> None:
+    """Whatever a damaged or mismatched folder writes, reading it gives records or a QprofError, nothing else."""
+    recs: list[StackRecord] = []
+    try:
+        nativefold.read_output(_folder_lines(["f", 0, "s", "o"], *objs), "chunk", recs, ParseStats())
+    except QprofError:
+        return
+    assert all(isinstance(r, StackRecord) and all(set(map(type, f)) == {str} and len(f) == 2 for f in r.frames)
+               for r in recs)
+
+
 # ---------------------------------------------------------------- real captures
 
 

@@ -8,9 +8,10 @@
 //! callchain itself; caller frames looked up at their return address - 1; symbols from the file
 //! perf would read (symbols.rs); a stack perf could not finish ends in `[unknown]`.
 //!
-//! Output: one JSON object a line per folded stack, in first-occurrence order, with the fields of
-//! archive.stacks' lines (pid, tid, comm, samples, period, frames leaf first, bins, t), then one
-//! line {"qprof_perffold": {statistics}}. Several files (a run's chunks, in order) fold into one
+//! Output: one JSON array a line per folded stack, in first-occurrence order: [pid, tid, comm,
+//! samples, period, [frame ids leaf first], [bin, period, bin, period...], first ns, last ns], each
+//! frame named by a line ["f", id, symbol, object] before its first use, then one line
+//! {"qprof_perffold": {statistics}}. Several files (a run's chunks, in order) fold into one
 //! output: kallsyms and the objects' tables are read once. See README.md.
 
 mod symbols;
@@ -246,6 +247,7 @@ struct Folder {
     kernel_maps: Vec<(u64, u64, String)>, // module mappings: start, end, module name
     vdso: Option<Bytes>,
     frames: Vec<(String, String)>,
+    frames_sent: Vec<bool>, // frames whose names were written (write)
     frame_ids: HashMap<(String, String), u32>,
     addr_cache: HashMap<(u32, u64), u32>,
     kaddr_cache: HashMap<u64, u32>,
@@ -783,27 +785,38 @@ impl Folder {
         self.procs.entry(pid).or_default().insert(Mapping { start, end: start + len, pgoff, dso, exec, id });
     }
 
-    fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
+    fn write(&mut self, out: &mut impl Write) -> std::io::Result<()> {
         for slot in &self.slots {
             let (pid, tid, comm, frames) = &self.keys[slot.key];
-            write!(out, "{{\"pid\":{pid},\"tid\":{tid},\"comm\":")?;
+            for f in frames {
+                // each frame's name once in the folder's life (--serve: the next files' records use its id)
+                let i = *f as usize;
+                if self.frames_sent.len() <= i {
+                    self.frames_sent.resize(self.frames.len().max(i + 1), false);
+                }
+                if !self.frames_sent[i] {
+                    self.frames_sent[i] = true;
+                    let (s, d) = &self.frames[i];
+                    write!(out, "[\"f\",{f},")?;
+                    json_str(out, s)?;
+                    out.write_all(b",")?;
+                    json_str(out, d)?;
+                    out.write_all(b"]\n")?;
+                }
+            }
+            write!(out, "[{pid},{tid},")?;
             json_str(out, &self.comm_names[*comm as usize])?;
-            write!(out, ",\"samples\":{},\"period\":{},\"frames\":[", slot.samples, slot.period)?;
+            write!(out, ",{},{},[", slot.samples, slot.period)?;
             for (i, f) in frames.iter().enumerate() {
-                let (s, d) = &self.frames[*f as usize];
-                out.write_all(if i > 0 { b",[" } else { b"[" })?;
-                json_str(out, s)?;
-                out.write_all(b",")?;
-                json_str(out, d)?;
-                out.write_all(b"]")?;
+                write!(out, "{}{f}", if i > 0 { "," } else { "" })?;
             }
             let mut bins = slot.bins.clone();
             bins.sort();
-            out.write_all(b"],\"bins\":[")?;
+            out.write_all(b"],[")?;
             for (i, (b, p)) in bins.iter().enumerate() {
-                write!(out, "{}[{b},{p}]", if i > 0 { "," } else { "" })?;
+                write!(out, "{}{b},{p}", if i > 0 { "," } else { "" })?;
             }
-            writeln!(out, "],\"t\":[{},{}]}}", slot.first, slot.last)?;
+            writeln!(out, "],{},{}]", slot.first, slot.last)?;
         }
         let s = &self.stats;
         write!(out, "{{\"qprof_perffold\":{{\"samples\":{},\"user_stacks\":{},\"truncated\":{},\"no_user_stack\":{},\"discarded_chains\":{},\"errors\":{},\"records\":{},\"stacks\":{},\"objects\":[",
@@ -1177,6 +1190,7 @@ fn main() {
         kernel_maps: Vec::new(),
         vdso: symbols::own_vdso(),
         frames: Vec::new(),
+        frames_sent: Vec::new(),
         frame_ids: HashMap::default(),
         addr_cache: HashMap::default(),
         kaddr_cache: HashMap::default(),
