@@ -43,7 +43,7 @@ from qprof.archive.model import (Follow, FollowedPid, GroupCost, NamespaceQueues
 from qprof.collectors import procfs
 from qprof.collectors import netstat
 from qprof.errors import QprofError
-from qprof.probes import btf
+from qprof.probes import bpfsys, btf
 from qprof.probes.bpftrace import announce
 from qprof.probes.children import ProbeProcess
 from qprof.probes.follow import TargetsWriter, targets_file
@@ -60,9 +60,6 @@ QDISC_INTERVAL_S = 5.0
 # (host-wide drops) gain a key per client port, up to bpftrace's map size cap, so a print can
 # reach hundreds of KiB: the window bounds the stream to a few MiB.
 COMPACT_S = 10.0
-_NR_BPF = 321  # x86_64
-_BPF_ENABLE_STATS = 32
-_BPF_STATS_RUN_TIME = 0
 
 
 def parse_groups(text: str) -> tuple[str, ...]:
@@ -80,17 +77,12 @@ def parse_groups(text: str) -> tuple[str, ...]:
     return groups
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # once: each CDLL() makes new ctypes classes (soak: +1 MiB/h)
-
-
 def enable_bpf_stats() -> tuple[int | None, str | None]:
     """(fd, None) while run-time stats are on; (None, reason) when the kernel refuses."""
-    libc = _LIBC
-    attr = (ctypes.c_uint32 * 4)(_BPF_STATS_RUN_TIME, 0, 0, 0)
-    fd = libc.syscall(_NR_BPF, _BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
-    if fd < 0:
-        return None, f"BPF_ENABLE_STATS refused: {os.strerror(ctypes.get_errno())}"
-    return fd, None
+    try:
+        return bpfsys.bpf(bpfsys.ENABLE_STATS, (ctypes.c_uint32 * 4)(bpfsys.STATS_RUN_TIME, 0, 0, 0)), None
+    except OSError as e:
+        return None, f"BPF_ENABLE_STATS refused: {e.strerror}"
 
 
 def program_stats(owner_pids: set[int]) -> list[ProgramCost]:

@@ -7,7 +7,8 @@ now reads it once into a file in the run directory (`snapshot`), and each reader
 file: the waits loader and the folder by their options, `perf record` by a private mount namespace
 in which the file is bound over /proc/kallsyms (collectors.perf). The file is removed at the end of
 the attach: addresses are only valid on this boot (KASLR), and folding after it (`report --refold`)
-reads the host's own.
+reads the host's own. A copy is kept in qprof's cache under the symbols' `fingerprint`; the next
+attach links it while the fingerprint holds, and reads nothing from /proc/kallsyms.
 
 `KernelSymbols` names kernel addresses without parsing the whole table: the kernel's own text
 symbols come first in address order, so a name is found by bisecting the file's bytes; the lines
@@ -17,8 +18,15 @@ after them (modules, BPF programs, trampolines: not sorted) are parsed, and they
 from __future__ import annotations
 
 import bisect
+import hashlib
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
+
+from qprof.cachefiles import CACHE_HOME
+from qprof.probes import bpfsys
 
 PROC_KALLSYMS = "/proc/kallsyms"
 SNAPSHOT = ".kallsyms"  # in the run directory, while the attach runs
@@ -26,11 +34,20 @@ UNKNOWN_FRAME = "[unknown]"
 _ZERO = b"0" * 16  # an address hidden by kptr_restrict
 _TEXT_TYPES = (b"t", b"T", b"w", b"W")
 _BACKTRACK = 256  # lines looked back for a text symbol (data symbols sit among them rarely)
+CACHE = CACHE_HOME / "kallsyms"  # the last snapshot, under its fingerprint
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+_MODULES = "/proc/modules"
+_KPTR_RESTRICT = "/proc/sys/kernel/kptr_restrict"
 
 
-def snapshot(directory: Path) -> Path | None:
+def snapshot(directory: Path, cache: Path | None = CACHE) -> Path | None:
     """/proc/kallsyms copied once into `directory` (None when it cannot be read or written: readers
-    then use /proc/kallsyms itself, as before)."""
+    then use /proc/kallsyms itself, as before). `cache`: where a copy is kept for the next attach while
+    the kernel's symbols stay the same (fingerprint); None reads /proc/kallsyms in any case."""
+    key = fingerprint() if cache is not None else None
+    path = directory / SNAPSHOT  # in the owner-only run directory
+    if cache is not None and key is not None and _from_cache(cache / f"kallsyms-{key}", path):
+        return path
     try:
         with open(PROC_KALLSYMS, "rb") as f:
             data = f.read()
@@ -38,13 +55,67 @@ def snapshot(directory: Path) -> Path | None:
         return None
     if not data or data[:16] == _ZERO:
         return None  # hidden addresses (kptr_restrict): a copy helps no reader
-    path = directory / SNAPSHOT  # in the owner-only run directory
     try:
         path.write_bytes(data)
     except OSError:
         remove(path)  # a part written (a full disk) would misname frames
         return None
+    if cache is not None and key is not None and fingerprint() == key:  # nothing loaded while it was read
+        _keep(cache, f"kallsyms-{key}", data)
     return path
+
+
+def fingerprint() -> str | None:
+    """What the kernel's symbols depend on besides its build, taken without reading them: the boot (KASLR
+    places the kernel anew at each), the loaded modules and their addresses, the BPF programs loaded (each
+    has a JIT image of its own, named bpf_prog_<tag>_<name>; an id is never given twice in a boot) and
+    whether addresses are shown. None where any of it cannot be read (no BPF privilege): no cache then.
+    ftrace and kprobe trampolines are not in it: a frame in one made after the copy reads [unknown]."""
+    try:
+        parts = [Path(p).read_bytes() if p != _MODULES or os.path.exists(p) else b""  # a kernel without modules
+                 for p in (_BOOT_ID, _MODULES, _KPTR_RESTRICT)]
+    except OSError:
+        return None
+    try:
+        ids = bpfsys.program_ids()
+    except OSError:
+        return None
+    parts.append(",".join(map(str, ids)).encode())
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:24]
+
+
+def _from_cache(cached: Path, path: Path) -> bool:
+    """The run's snapshot made from the cached copy: a hard link where the two share a file system, else a
+    copy (the kernel's, no read into qprof)."""
+    try:
+        os.link(cached, path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        shutil.copyfile(cached, path)
+        return True
+    except OSError:
+        remove(path)
+        return False
+
+
+def _keep(cache: Path, name: str, data: bytes) -> None:
+    """The copy kept under its fingerprint, written whole and renamed; the older copies go (one boot's
+    kernel, one set of modules and programs at a time is what a host runs)."""
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=cache)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, cache / name)
+        for old in cache.glob("kallsyms-*"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a cache is only a shortcut (qprof.cachefiles)
 
 
 def remove(path: Path | None) -> None:

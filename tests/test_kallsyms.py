@@ -4,6 +4,7 @@ writes the kernel map it writes reading /proc/kallsyms itself."""
 from __future__ import annotations
 
 import bisect
+import ctypes
 import os
 import random
 import re
@@ -103,3 +104,49 @@ def test_perf_record_given_the_snapshot_writes_the_same_kernel_map(tmp_path: Pat
     seen = subprocess.run(with_kallsyms(["grep", "-c", "_text_fake", "/proc/kallsyms"], fake),
                           capture_output=True, text=True, timeout=30)
     assert seen.stdout.strip() == "1"
+
+
+class _ProgLoad(ctypes.Structure):
+    """bpf(2)'s attr for BPF_PROG_LOAD, as far as a socket filter needs it."""
+
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
+                ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
+                ("prog_name", ctypes.c_char * 16)]
+
+
+def _load_socket_filter(name: bytes) -> int:
+    """A real two-instruction program (r0 = 0; exit) loaded into the kernel: its fd."""
+    insns = ctypes.create_string_buffer(bytes.fromhex("b700000000000000" "9500000000000000"), 16)
+    lic = ctypes.create_string_buffer(b"GPL")
+    attr = _ProgLoad(prog_type=1, insn_cnt=2, insns=ctypes.addressof(insns), license=ctypes.addressof(lic),
+                     prog_name=name)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(321, 5, ctypes.byref(attr), ctypes.sizeof(attr))
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    return int(fd)
+
+
+def test_snapshot_comes_from_the_cache_while_the_kernels_symbols_stay(tmp_path: Path) -> None:
+    """The second attach's snapshot is the first one's file, as the kernel would write it; a BPF program
+    loaded in between (a new JIT image with a name of its own) makes it read /proc/kallsyms again."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: listing BPF programs and reading kallsyms' addresses")
+    cache = tmp_path / "cache"
+    first, second, third = (tmp_path / n for n in ("a", "b", "c"))
+    for d in (first, second, third):
+        d.mkdir()
+    a = kallsyms.snapshot(first, cache)
+    assert a is not None and kallsyms.fingerprint() is not None
+    assert [p.name for p in cache.iterdir()] == [f"kallsyms-{kallsyms.fingerprint()}"]
+    b = kallsyms.snapshot(second, cache)
+    assert b is not None and b.stat().st_ino == (cache / f"kallsyms-{kallsyms.fingerprint()}").stat().st_ino
+    assert b.read_bytes() == Path("/proc/kallsyms").read_bytes()
+    before = kallsyms.fingerprint()
+    fd = _load_socket_filter(b"qprof_fp_test")
+    try:
+        assert kallsyms.fingerprint() != before
+        c = kallsyms.snapshot(third, cache)
+        assert c is not None and b"_qprof_fp_test" in c.read_bytes() and b"_qprof_fp_test" not in b.read_bytes()
+    finally:
+        os.close(fd)
