@@ -310,12 +310,13 @@ class ProbeCollector:
                 """(run time ns, runs) of these programs."""
                 return (sum(int(p.run_time_ns or 0) for p in progs), sum(int(p.run_cnt or 0) for p in progs))
 
-            progs = program_stats(owners)
+            progs = program_stats(owners)  # one bpftool listing: each group's are picked from it
             # per-program figures scaled the same way (crypto's cost model reads them)
             by_group = {p.name: [replace(x, run_time_ns=round(int(x.run_time_ns or 0) * scale),
                                          run_cnt=round(int(x.run_cnt or 0) * scale))
-                                 for x in program_stats(set(procfs.descendants(p.proc.pid)))]
-                        for p in self.procs if p.proc is not None}
+                                 for x in progs if x.id in ids]
+                        for p in self.procs if p.proc is not None
+                        for ids in [owned_prog_ids(set(procfs.descendants(p.proc.pid)))]}
             t, n = total(progs)
             self.record.cost = ProbeCost(
                 bpf_run_cnt=round(n * scale), bpf_run_time_ns=round(t * scale),
