@@ -1,25 +1,20 @@
 """Network facts read without probes: UDP MIB counters, qdiscs, socket buffers, sysctls, softirq counts.
 
 Read at the start and the end of a run; differences are the run's. Counters
-are read in each target's own network namespace (/proc/PID/net, nsenter),
+are read in each target's own network namespace (/proc/PID/net, netlink sockets made there),
 so targets in other namespaces are measured where they live.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from qprof.archive import schema
 from qprof.archive.model import HostSnapshot, Qdisc, UdpMib
 from qprof.collectors import procfs
-from qprof.collectors.netns import by_netns, netns_id
+from qprof.collectors.netns import by_netns
+from qprof.collectors.qdiscs import qdiscs as read_qdiscs
 from qprof.collectors.sockdiag import INET_DIAG_SKMEMINFO, InetDiag
 from qprof.probes.sockets import snmp_table, socket_fds
 
@@ -140,25 +135,14 @@ def softirq_seconds() -> dict[int, float]:
     return {int(cpu): t[6] / procfs.CLK_TCK for cpu, t in procfs.cpu_ticks().items() if len(t) > 6}
 
 
-_QDISC = schema.shape_of(Qdisc)  # tc's JSON holds more: a qdisc's fields of ours are checked, then read
-
-
 def qdiscs(pid: int) -> tuple[Qdisc, ...]:
-    """Queueing disciplines of the target's network namespace with their counters (`tc -s qdisc`):
-    drops and overlimits there mean a queue or shaper on the way out was full or holding packets."""
-    tc = shutil.which("tc")
-    if tc is None:
-        return ()
-    cmd = [tc, "-s", "-j", "qdisc", "show"]
-    if netns_id(pid) != netns_id(os.getpid()):
-        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net", *cmd]
+    """Queueing disciplines of the target's network namespace with their counters (what `tc -s qdisc`
+    prints, from rtnetlink: collectors.qdiscs): drops and overlimits there mean a queue or shaper on the
+    way out was full or holding packets. () when they cannot be read (the namespace is gone)."""
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        found = json.loads(r.stdout or "[]")
-    except (OSError, subprocess.SubprocessError, ValueError):
+        return tuple(q for q in read_qdiscs(pid) if q.dev != "lo")
+    except OSError:
         return ()
-    read = (schema.decode(Qdisc, q) for q in found if schema.conforms(q, _QDISC)) if isinstance(found, list) else ()
-    return tuple(q for q in read if q.dev != "lo")
 
 
 @dataclass(frozen=True)

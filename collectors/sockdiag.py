@@ -11,28 +11,23 @@ either way compare.
 
 from __future__ import annotations
 
-import errno
-import os
 import socket
 import struct
 from dataclasses import dataclass, field
 
+from qprof.collectors import netlink
 from qprof.collectors.netns import in_netns_of
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 # inet_diag extensions (include/uapi/linux/inet_diag.h): requested as bit (n - 1), returned as attribute n
 INET_DIAG_INFO = 2
 INET_DIAG_SKMEMINFO = 7
 INET_DIAG_SKV6ONLY = 11
 ALL_STATES = 0xFFFFFFFF
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _REQ = struct.Struct("=BBBxI48s")  # inet_diag_req_v2: family, protocol, ext, pad, states, sockid
 _MSG = struct.Struct("=BBBB2s2s16s16sIQIIIII")  # inet_diag_msg
-_RTA = struct.Struct("=HH")
 
 
 @dataclass(frozen=True)
@@ -74,34 +69,17 @@ def format_addr(family: int, ip: bytes, port: int, v6only: bool | None = None, i
 def parse_messages(data: bytes) -> tuple[list[DiagSocket], bool, int]:
     """Netlink messages -> (sockets, done, error number); `done` at NLMSG_DONE. Damaged or truncated
     messages are skipped: a reader of the kernel's answer takes what it can."""
-    out: list[DiagSocket] = []
-    off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, mtype, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
-            break
-        body = data[off + _NLMSGHDR.size: off + length]
-        off += (length + 3) & ~3
-        if mtype == NLMSG_DONE:
-            return out, True, 0
-        if mtype == NLMSG_ERROR:
-            code = -struct.unpack_from("=i", body)[0] if len(body) >= 4 else errno.EIO
-            return out, True, code
-        if mtype != SOCK_DIAG_BY_FAMILY or len(body) < _MSG.size:
-            continue
-        fam, state, _t, _r, sport, dport, src, dst, ifindex, cookie, _e, _rq, _wq, _uid, inode = \
-            _MSG.unpack_from(body)
-        attrs: dict[int, bytes] = {}
-        a = _MSG.size
-        while a + _RTA.size <= len(body):
-            alen, atype = _RTA.unpack_from(body, a)
-            if alen < _RTA.size:
-                break
-            attrs[atype] = body[a + _RTA.size: a + alen]
-            a += (alen + 3) & ~3
-        out.append(DiagSocket(fam, state, src, struct.unpack(">H", sport)[0], dst, struct.unpack(">H", dport)[0],
-                              ifindex, cookie, inode, attrs))
-    return out, False, 0
+    found, done, err = netlink.messages(data)
+    return [d for mtype, body in found if (d := _socket(mtype, body)) is not None], done, err
+
+
+def _socket(mtype: int, body: bytes) -> DiagSocket | None:
+    """An inet_diag message's socket; None for another message or one too short to hold one."""
+    if mtype != SOCK_DIAG_BY_FAMILY or len(body) < _MSG.size:
+        return None
+    fam, state, _t, _r, sport, dport, src, dst, ifindex, cookie, _e, _rq, _wq, _uid, inode = _MSG.unpack_from(body)
+    return DiagSocket(fam, state, src, struct.unpack(">H", sport)[0], dst, struct.unpack(">H", dport)[0],
+                      ifindex, cookie, inode, netlink.attributes(body, _MSG.size))
 
 
 class InetDiag:
@@ -143,15 +121,11 @@ class InetDiag:
         for family in families:
             self._seq += 1
             req = _REQ.pack(family, protocol, ext, ALL_STATES, bytes(48))
-            self.sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(req), SOCK_DIAG_BY_FAMILY,
-                                          NLM_F_REQUEST | NLM_F_DUMP, self._seq, 0) + req)
-            while True:
-                socks, done, err = parse_messages(self.recv(self.sock))
-                found += socks
-                if err:
-                    raise OSError(err, f"sock_diag dump: {os.strerror(err)}")
-                if done:
-                    break
+            try:
+                found += [d for mtype, body in netlink.dump(self.sock, SOCK_DIAG_BY_FAMILY, req, self._seq, self.buf)
+                          if (d := _socket(mtype, body)) is not None]
+            except OSError as e:
+                raise OSError(e.errno, f"sock_diag dump: {e.strerror}") from None
         return found
 
     def recv(self, sock: socket.socket) -> bytes:
