@@ -429,6 +429,7 @@ def test_patterns_that_passed_are_remembered_and_bad_ones_refused_every_time(tmp
     first.save()
     second = patterns._Passed()
     assert r"^ngtcp2_conn_\w+$" in second.known and r"(a+)+$" not in second.known
+    assert second.known[r"^ngtcp2_conn_\w+$"] == "ngtcp2_conn_"  # its required literal, remembered
     calls: list[str] = []
     monkeypatch.setattr(patterns, "check_pattern", lambda p: calls.append(p) or patterns._check(patterns.sre.parse(p), p))
     second.check(r"^ngtcp2_conn_\w+$")
@@ -438,3 +439,36 @@ def test_patterns_that_passed_are_remembered_and_bad_ones_refused_every_time(tmp
     (tmp_path / "patterns.json").write_text('{"key": "another check or Python", "passed": ["(a+)+$"]}')
     with pytest.raises(patterns.PatternError):
         patterns._Passed().check(r"(a+)+$")
+
+
+@pytest.mark.parametrize("pattern, literal", [
+    (r"^ngtcp2_conn_\w+$", "ngtcp2_conn_"), (r"(?i)^ssl_read", None), (r"send|recv", None),
+    (r"^(SSL|tls)_write\.part", "_write.part"), (r"ab?c", None), (r"tx(_gso)?_seg", "_seg"),
+    (r"ossl_(?i:gcm)_init", "ossl_"), (r"[Ss]endmsg", "endmsg"),
+])
+def test_required_literal_of_a_pattern(pattern: str, literal: str | None) -> None:
+    from qprof.attribution import patterns
+    assert patterns.required_literal(patterns.sre.parse(pattern)) == literal
+
+
+_PIECES = ["a", "b", "ab", "ba", "\\.", "_", "(", ")", "|", "*", "+", "?", "[ab]", ".", "^", "$", "(?i)", "{2}",
+           "\\w", "(?:", "(?i:"]
+
+
+@settings(max_examples=examples(600), suppress_health_check=[HealthCheck.filter_too_much], deadline=None)
+@given(pattern=st.lists(st.sampled_from(_PIECES), max_size=9).map("".join), subjects=st.lists(
+    st.text(alphabet="abAB._x", max_size=10), min_size=1, max_size=8))
+def test_the_literal_prefilter_never_changes_a_search(pattern: str, subjects: list[str]) -> None:
+    """A mapping pattern searched with its required literal as a prefilter finds what the engine alone
+    finds, on any subject."""
+    import regex
+
+    from qprof.attribution import patterns
+    try:
+        bounded = patterns.BoundedPattern(pattern)
+        rx = regex.compile(pattern)
+    except (re.error, regex.error, patterns.PatternError, QprofError, OverflowError):
+        return  # not a pattern a mapping file could hold
+    for subject in subjects:
+        a, b = bounded.search(subject), rx.search(subject)
+        assert (a is None) == (b is None) and (a is None or a.span() == b.span()), (pattern, subject)
