@@ -148,7 +148,10 @@ class _Passed:
     def check(self, pattern: str) -> str | None:
         """check_pattern's answer, remembered."""
         if pattern not in self.known:
-            self.known[pattern] = check_pattern(pattern)
+            literal = check_pattern(pattern)
+            # kept only as the pattern's own text holds it (not one written with escapes): what the
+            # file gives back is checked against the pattern the same way
+            self.known[pattern] = literal if literal is not None and literal in pattern else None
             self.new = True
         return self.known[pattern]
 
