@@ -129,6 +129,20 @@ def required_literal(parsed: Any) -> str | None:
     return best if len(best) >= 2 else None
 
 
+def _held_part(literal: str | None, text: str) -> str | None:
+    """The longest part of `literal` (two or more characters) that `text` holds: every part of a
+    required run is required too."""
+    if literal is None:
+        return None
+    best, start = "", 0
+    for end in range(1, len(literal) + 1):
+        while literal[start:end] not in text:
+            start += 1
+        if end - start > len(best):
+            best = literal[start:end]
+    return best if len(best) >= 2 else None
+
+
 class _Passed:
     """Patterns that passed check_pattern before, with their required literals, kept in qprof's cache
     for this check and this Python's parser: the shipped mappings' ~450 patterns took ~70 ms to parse at
@@ -148,10 +162,9 @@ class _Passed:
     def check(self, pattern: str) -> str | None:
         """check_pattern's answer, remembered."""
         if pattern not in self.known:
-            literal = check_pattern(pattern)
-            # kept only as the pattern's own text holds it (not one written with escapes): what the
-            # file gives back is checked against the pattern the same way
-            self.known[pattern] = literal if literal is not None and literal in pattern else None
+            # the literal's longest part the pattern's own text holds (an escaped character is not
+            # there as itself): what the file gives back is checked against the pattern the same way
+            self.known[pattern] = _held_part(check_pattern(pattern), pattern)
             self.new = True
         return self.known[pattern]
 
