@@ -29,6 +29,7 @@ from pathlib import Path
 from qprof.collectors.probing import enable_bpf_stats, program_stats
 from qprof.collectors.procfs import descendants
 from qprof.probes.bpftrace import BpftraceProcess
+from qprof.probes.leftovers import owned_prog_ids
 
 LOOP_C = r"""
 #include <stdio.h>
@@ -94,7 +95,7 @@ def main() -> None:
             bp.start(bpftrace)
             try:
                 per_call = statistics.median(loop(binary, args.calls) for _ in range(args.trials))
-                progs = program_stats(set(descendants(bp.proc.pid))) if stats_fd is not None else []
+                progs = program_stats(owned_prog_ids(set(descendants(bp.proc.pid)))) if stats_fd is not None else []
             finally:
                 bp.stop()
             hits = sum(int(p.run_cnt or 0) for p in progs)

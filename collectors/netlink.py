@@ -54,15 +54,16 @@ def attributes(body: bytes, start: int = 0) -> dict[int, bytes]:
     return attrs
 
 
-def dump(sock: socket.socket, mtype: int, payload: bytes, seq: int, buf: bytearray) -> Iterator[tuple[int, bytes]]:
+def dump(sock: socket.socket, mtype: int, payload: bytes, seq: int, buf: bytearray,
+         what: str = "netlink dump") -> Iterator[tuple[int, bytes]]:
     """One dump request of `mtype` with `payload`, then every message of the answer (read through
-    `buf`); OSError when the kernel answers with an error."""
+    `buf`); OSError ("`what`: the error") when the kernel answers with an error."""
     sock.send(HEADER.pack(HEADER.size + len(payload), mtype, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + payload)
     while True:
         n = sock.recv_into(buf)
         found, done, err = messages(bytes(memoryview(buf)[:n]))
         yield from found
         if err:
-            raise OSError(err, f"netlink dump: {os.strerror(err)}")
+            raise OSError(err, f"{what}: {os.strerror(err)}")
         if done:
             return

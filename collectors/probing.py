@@ -85,10 +85,10 @@ def enable_bpf_stats() -> tuple[int | None, str | None]:
         return None, f"BPF_ENABLE_STATS refused: {e.strerror}"
 
 
-def program_stats(owner_pids: set[int]) -> list[ProgramCost]:
-    """run_time_ns/run_cnt of the BPF programs the given processes hold (bpftool prog show)."""
+def program_stats(ids: set[int]) -> list[ProgramCost]:
+    """run_time_ns/run_cnt of the BPF programs with these ids (bpftool prog show; probes.leftovers.owned_prog_ids
+    gives those a process holds)."""
     bpftool = shutil.which("bpftool")
-    ids = owned_prog_ids(owner_pids)
     if bpftool is None or not ids:
         return []
     try:
@@ -295,10 +295,6 @@ class ProbeCollector:
 
     def stop(self) -> None:
         """Read program costs while they are loaded, stop bpftrace, snapshot counters again."""
-        owners: set[int] = set()
-        for p in self.procs:
-            if p.proc is not None:
-                owners.update(procfs.descendants(p.proc.pid))
         by_group: dict[str, list[ProgramCost]] = {}
         if self._stats_on_s > 0 or self._stats_fd is not None:
             now = time.monotonic()
@@ -310,13 +306,15 @@ class ProbeCollector:
                 """(run time ns, runs) of these programs."""
                 return (sum(int(p.run_time_ns or 0) for p in progs), sum(int(p.run_cnt or 0) for p in progs))
 
-            progs = program_stats(owners)  # one bpftool listing: each group's are picked from it
+            # each group's programs, those its loader and the loader's children hold
+            held = {p.name: owned_prog_ids(set(procfs.descendants(p.proc.pid))) for p in self.procs
+                    if p.proc is not None}
+            progs = program_stats(set().union(*held.values()))  # one bpftool listing for all the groups
             # per-program figures scaled the same way (crypto's cost model reads them)
-            by_group = {p.name: [replace(x, run_time_ns=round(int(x.run_time_ns or 0) * scale),
-                                         run_cnt=round(int(x.run_cnt or 0) * scale))
-                                 for x in progs if x.id in ids]
-                        for p in self.procs if p.proc is not None
-                        for ids in [owned_prog_ids(set(procfs.descendants(p.proc.pid)))]}
+            by_group = {name: [replace(x, run_time_ns=round(int(x.run_time_ns or 0) * scale),
+                                       run_cnt=round(int(x.run_cnt or 0) * scale))
+                               for x in progs if x.id in ids]
+                        for name, ids in held.items()}
             t, n = total(progs)
             self.record.cost = ProbeCost(
                 bpf_run_cnt=round(n * scale), bpf_run_time_ns=round(t * scale),

@@ -56,8 +56,8 @@ def _dump() -> tuple[Qdisc, ...]:
     """Every qdisc of this thread's network namespace."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE) as sock:
         bodies = [body for mtype, body in netlink.dump(sock, RTM_GETQDISC, _TCMSG.pack(0, 0, 0, 0, 0, 0, 0), 1,
-                                                       bytearray(1 << 16)) if mtype == RTM_NEWQDISC]
-    names = {i: n for i, n in socket.if_nameindex()}
+                                                       bytearray(1 << 16), "qdisc dump") if mtype == RTM_NEWQDISC]
+    names = dict(socket.if_nameindex())
     return tuple(q for q in (parse(b, names) for b in bodies) if q is not None)
 
 

@@ -121,11 +121,9 @@ class InetDiag:
         for family in families:
             self._seq += 1
             req = _REQ.pack(family, protocol, ext, ALL_STATES, bytes(48))
-            try:
-                found += [d for mtype, body in netlink.dump(self.sock, SOCK_DIAG_BY_FAMILY, req, self._seq, self.buf)
-                          if (d := _socket(mtype, body)) is not None]
-            except OSError as e:
-                raise OSError(e.errno, f"sock_diag dump: {e.strerror}") from None
+            found += [d for mtype, body in netlink.dump(self.sock, SOCK_DIAG_BY_FAMILY, req, self._seq, self.buf,
+                                                         "sock_diag dump")
+                      if (d := _socket(mtype, body)) is not None]
         return found
 
     def recv(self, sock: socket.socket) -> bytes:

@@ -22,10 +22,9 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
-from qprof.cachefiles import CACHE_HOME
+from qprof.cachefiles import CACHE_HOME, write_bytes
 from qprof.probes import bpfsys
 
 PROC_KALLSYMS = "/proc/kallsyms"
@@ -45,8 +44,9 @@ def snapshot(directory: Path, cache: Path | None = CACHE) -> Path | None:
     then use /proc/kallsyms itself, as before). `cache`: where a copy is kept for the next attach while
     the kernel's symbols stay the same (fingerprint); None reads /proc/kallsyms in any case."""
     key = fingerprint() if cache is not None else None
+    kept = cache / f"kallsyms-{key}" if cache is not None and key is not None else None
     path = directory / SNAPSHOT  # in the owner-only run directory
-    if cache is not None and key is not None and _from_cache(cache / f"kallsyms-{key}", path):
+    if kept is not None and _from_cache(kept, path):
         return path
     try:
         with open(PROC_KALLSYMS, "rb") as f:
@@ -60,8 +60,8 @@ def snapshot(directory: Path, cache: Path | None = CACHE) -> Path | None:
     except OSError:
         remove(path)  # a part written (a full disk) would misname frames
         return None
-    if cache is not None and key is not None and fingerprint() == key:  # nothing loaded while it was read
-        _keep(cache, f"kallsyms-{key}", data)
+    if kept is not None and fingerprint() == key:  # nothing loaded while it was read
+        _keep(kept, data)
     return path
 
 
@@ -72,16 +72,12 @@ def fingerprint() -> str | None:
     whether addresses are shown. None where any of it cannot be read (no BPF privilege): no cache then.
     ftrace and kprobe trampolines are not in it: a frame in one made after the copy reads [unknown]."""
     try:
-        parts = [Path(p).read_bytes() if p != _MODULES or os.path.exists(p) else b""  # a kernel without modules
-                 for p in (_BOOT_ID, _MODULES, _KPTR_RESTRICT)]
-    except OSError:
-        return None
-    try:
+        boot, kptr = Path(_BOOT_ID).read_bytes(), Path(_KPTR_RESTRICT).read_bytes()
+        modules = Path(_MODULES).read_bytes() if os.path.exists(_MODULES) else b""  # a kernel without modules
         ids = bpfsys.program_ids()
     except OSError:
         return None
-    parts.append(",".join(map(str, ids)).encode())
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:24]
+    return hashlib.sha256(b"\0".join([boot, modules, kptr, ",".join(map(str, ids)).encode()])).hexdigest()[:24]
 
 
 def _from_cache(cached: Path, path: Path) -> bool:
@@ -102,20 +98,17 @@ def _from_cache(cached: Path, path: Path) -> bool:
         return False
 
 
-def _keep(cache: Path, name: str, data: bytes) -> None:
-    """The copy kept under its fingerprint, written whole and renamed; the older copies go (one boot's
-    kernel, one set of modules and programs at a time is what a host runs)."""
-    try:
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=cache)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, cache / name)
-        for old in cache.glob("kallsyms-*"):
-            if old.name != name:
+def _keep(kept: Path, data: bytes) -> None:
+    """The copy kept under its fingerprint (qprof.cachefiles: written whole and renamed); the older copies
+    go (one boot's kernel, one set of modules and programs at a time is what a host runs)."""
+    if not write_bytes(kept, data):
+        return
+    for old in kept.parent.glob("kallsyms-*"):
+        try:
+            if old != kept:
                 old.unlink(missing_ok=True)
-    except OSError:
-        pass  # a cache is only a shortcut (qprof.cachefiles)
+        except OSError:
+            pass  # a cache is only a shortcut
 
 
 def remove(path: Path | None) -> None:

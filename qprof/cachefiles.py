@@ -26,15 +26,22 @@ def read_json(path: Path) -> dict[str, object]:
 
 def write_json(path: Path, doc: dict[str, object]) -> None:
     """Written whole and renamed: a reader sees the old file or the new one; a failure leaves it be."""
+    write_bytes(path, json.dumps(doc).encode())
+
+
+def write_bytes(path: Path, data: bytes) -> bool:
+    """Written whole and renamed: a reader sees the old file or the new one; a failure leaves it be
+    (False)."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
             raise
     except OSError:
-        pass
+        return False
+    return True
