@@ -61,6 +61,7 @@ class _Counters:
 @dataclass
 class _PacketCounts:
     time_s: float  # the counts' own time: the sampling windows' span, or the reading's clock (counted whole)
+    windowed: bool  # which of the two clocks time_s is on
     by_pid: dict[int, Packets]
 
 
@@ -94,7 +95,9 @@ class LiveMonitor:
     def _update_packets(self, counts: _PacketCounts) -> None:
         """New packet rates when the counts' time moved on since the last ones; else keep them."""
         before = self._packets
-        if before is not None and counts.time_s <= before.time_s:
+        if before is not None and before.windowed != counts.windowed:
+            before = None  # another clock: the maps seen before the packetio loader's first print
+        elif before is not None and counts.time_s <= before.time_s:
             return
         self._packets = counts
         if before is None:
@@ -115,12 +118,14 @@ class LiveMonitor:
         maps = schema.probe_maps(d.maps)
         pio = analyse(ProbeRecord.of_maps({"packetio": maps}), pids) if maps else None
         if pio is not None:
-            if pio.sampling is not None and self._packets is None:
+            windowed = pio.sampling is not None
+            if windowed and (self._packets is None or not self._packets.windowed):
                 # the windows' counts and their span start at zero with the probes: the first print's
-                # rates are its averages since then (a second print can be 2 s later)
-                self._packets = _PacketCounts(0.0, {p: (0.0,) * 6 for p in pio.processes})
+                # rates are its averages since then (a second print can be 2 s later). Counts from
+                # before it (another group printed first: no windows yet) were on the readings' clock.
+                self._packets = _PacketCounts(0.0, True, {p: (0.0,) * 6 for p in pio.processes})
             self._update_packets(_PacketCounts(
-                pio.sampling.span_s if pio.sampling is not None else d.reading.mono,
+                pio.sampling.span_s if pio.sampling is not None else d.reading.mono, windowed,
                 {p: (v.tx.dgrams, v.tx.bytes, v.tx.skbs, v.rx.dgrams, v.rx.bytes, v.rx.msgs)
                  for p, v in pio.processes.items()}))
         now = _Counters(d.reading.mono, _on_cpu(d.reading), sum(d.softirq_seconds.values()),

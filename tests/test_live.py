@@ -101,6 +101,25 @@ def test_packet_rates_follow_the_loaders_prints_not_the_ticks() -> None:
     assert f.targets[0].tx_dgrams_s == pytest.approx(1000 / 1.0)
 
 
+def test_packet_rates_start_at_the_first_windows_print_after_another_groups_print() -> None:
+    """Every group's maps reach the view together: a tick that sees another loader's print before
+    packetio's first one has no windows yet, and the first windows print still gives rates."""
+    stats = windows.WindowStats(COUNTERS)
+    y = [0] * len(COUNTERS)
+    y[COUNTERS.index("tx_msgs")] = y[COUNTERS.index("tx_skbs")] = y[COUNTERS.index("tx_dgrams")] = 3000
+    m = LiveMonitor()
+    rates = []
+    for mono, printed in ((5000.0, False), (5001.0, False), (5002.0, True), (5003.0, True)):
+        d = _data(mono, {11: mono}, 0, 0, 0, 0, 0.0)
+        maps: dict = {"@offcpu_ns": {"10,11": 5}}  # another group's map
+        if printed:
+            stats.add_window(1.0, 1.0, {"10": ("ns", y)}, {"ns": (0.0, 3000.0, 3000 * 1228.0)})
+            maps |= _printed(stats)
+        f = m.update(LiveData(mono, 30.0, d.reading, maps, {}, d.targets))
+        rates.append(f.targets[0].tx_dgrams_s)
+    assert rates[2] == pytest.approx(3000) and rates[3] == pytest.approx(3000), rates
+
+
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
                      lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                      max_leaves=20)
