@@ -193,7 +193,8 @@ class Loaded:
         self._mapped: list[mmap.mmap] = []
         self.ncpus = max(1, lib.libbpf_num_possible_cpus())
         self._summed: dict[str, tuple[int, Any, Any, int, struct.Struct]] = {}
-        self._batch: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._batch: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}  # (map, chunk) -> its buffers
+        self._no_batch: set[str] = set()  # maps the kernel refused a batch lookup of (their kind has none)
 
     def attach(self, names: Iterable[str]) -> None:
         """Attach these programs (those attached already stay as they are)."""
@@ -273,26 +274,29 @@ class Loaded:
         return totals
 
     def batch(self, name: str, chunk: int = 1024) -> tuple[int, bytes, bytes] | None:
-        """Every entry of a hash map (not per-CPU) in a few BPF_MAP_LOOKUP_BATCH calls: (count, keys
-        packed at key_size, values packed at value_size), for a map read often (one system call per
-        `chunk` entries where `entries` makes two per entry). None where the kernel or libbpf lacks it
-        (the caller reads `entries`). Buffers are kept from the last call."""
+        """Every entry of a map in a few BPF_MAP_LOOKUP_BATCH calls: (count, keys packed at key_size,
+        values packed at value_size, or for a per-CPU map at each CPU's 8-byte-aligned slot times the
+        CPUs), for a map read often (one system call per `chunk` entries where a walk makes two per
+        entry). None where the kernel or libbpf lacks it (the caller walks the map). Buffers are kept
+        from the last call."""
         m = self.maps[name]
-        if m.percpu:
+        if name in self._no_batch:
             return None
-        fast = self._batch.get(name)
+        stride = (m.value_size + 7) // 8 * 8 * self.ncpus if m.percpu else m.value_size
+        fast = self._batch.get((name, chunk))
         if fast is None:
             try:
                 fn = self.lib.bpf_map_lookup_batch
             except AttributeError:
+                self._no_batch.add(name)
                 return None
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.POINTER(ctypes.c_uint32), ctypes.c_void_p]
-            fast = self._batch[name] = (ctypes.create_string_buffer(max(8, m.key_size)),
+            fast = self._batch[name, chunk] = (ctypes.create_string_buffer(max(8, m.key_size)),
                                         ctypes.create_string_buffer(max(8, m.key_size)),
                                         ctypes.create_string_buffer(m.key_size * chunk),
-                                        ctypes.create_string_buffer(m.value_size * chunk))
+                                        ctypes.create_string_buffer(stride * chunk))
         token_in, token_out, keys, values = fast
         fn = self.lib.bpf_map_lookup_batch
         got_keys, got_values, total = [], [], 0
@@ -302,11 +306,13 @@ class Loaded:
             rc = fn(m.fd, None if first else token_in, token_out, keys, values, ctypes.byref(count), None)
             err = ctypes.get_errno() if rc != 0 else 0
             if rc != 0 and err != errno.ENOENT:
-                return None  # unsupported here (EINVAL, ENOTSUPP), or a bucket larger than `chunk` (ENOSPC)
+                if err != errno.ENOSPC:  # unsupported here (EINVAL, ENOTSUPP): not asked again
+                    self._no_batch.add(name)
+                return None  # or a bucket larger than `chunk` (ENOSPC)
             n = count.value
             if n:
                 got_keys.append(keys.raw[:n * m.key_size])
-                got_values.append(values.raw[:n * m.value_size])
+                got_values.append(values.raw[:n * stride])
                 total += n
             if rc != 0:  # ENOENT: that was the last of them
                 return total, b"".join(got_keys), b"".join(got_values)
@@ -314,11 +320,19 @@ class Loaded:
             first = False
 
     def entries(self, name: str) -> list[tuple[bytes, list[bytes]]]:
-        """(key, [value per CPU]) of every entry (one value for a shared map)."""
+        """(key, [value per CPU]) of every entry (one value for a shared map): by batch where it works,
+        else by a walk of two system calls per entry."""
         m = self.maps[name]
-        lib = self.lib
         per = (m.value_size + 7) // 8 * 8 if m.percpu else m.value_size
         n = self.ncpus if m.percpu else 1
+        got = self.batch(name)
+        if got is not None:
+            count, keys, values = got
+            ks, stride = m.key_size, per * n
+            return [(keys[i * ks:(i + 1) * ks],
+                     [values[i * stride + c * per:i * stride + c * per + m.value_size] for c in range(n)])
+                    for i in range(count)]
+        lib = self.lib
         key, nxt = ctypes.create_string_buffer(m.key_size), ctypes.create_string_buffer(m.key_size)
         val = ctypes.create_string_buffer(per * n)
         out, prev = [], None
