@@ -95,9 +95,7 @@ class LiveMonitor:
     def _update_packets(self, counts: _PacketCounts) -> None:
         """New packet rates when the counts' time moved on since the last ones; else keep them."""
         before = self._packets
-        if before is not None and before.windowed != counts.windowed:
-            before = None  # another clock: the maps seen before the packetio loader's first print
-        elif before is not None and counts.time_s <= before.time_s:
+        if before is not None and counts.time_s <= before.time_s:
             return
         self._packets = counts
         if before is None:
@@ -119,10 +117,13 @@ class LiveMonitor:
         pio = analyse(ProbeRecord.of_maps({"packetio": maps}), pids) if maps else None
         if pio is not None:
             windowed = pio.sampling is not None
-            if windowed and (self._packets is None or not self._packets.windowed):
+            if self._packets is not None and self._packets.windowed != windowed:
+                # another clock: counts from before packetio's first print (another group printed first,
+                # no windows yet) were on the readings' clock, which the windows' span never passes
+                self._packets = None
+            if windowed and self._packets is None:
                 # the windows' counts and their span start at zero with the probes: the first print's
-                # rates are its averages since then (a second print can be 2 s later). Counts from
-                # before it (another group printed first: no windows yet) were on the readings' clock.
+                # rates are its averages since then (a second print can be 2 s later)
                 self._packets = _PacketCounts(0.0, True, {p: (0.0,) * 6 for p in pio.processes})
             self._update_packets(_PacketCounts(
                 pio.sampling.span_s if pio.sampling is not None else d.reading.mono, windowed,

@@ -148,6 +148,11 @@ class Map:
     value_size: int
     percpu: bool
 
+    @property
+    def slot(self) -> int:
+        """Bytes one CPU's value takes in a lookup's buffer (the kernel aligns a per-CPU map's to 8)."""
+        return (self.value_size + 7) // 8 * 8 if self.percpu else self.value_size
+
 
 class Loaded:
     """A loaded object: its programs attached and detached by name, its maps readable, its
@@ -259,7 +264,7 @@ class Loaded:
             m = self.maps[name]
             if not m.percpu or m.value_size % 8 or m.key_size != 4:
                 raise ValueError(f"{name} is not a per-CPU array of u64 fields")
-            per = (m.value_size + 7) // 8 * 8
+            per = m.slot
             fast = self._summed[name] = (m.fd, ctypes.create_string_buffer(struct.pack("<I", key), 4),
                                          ctypes.create_string_buffer(per * self.ncpus), per,
                                          struct.Struct(f"<{m.value_size // 8}Q"))
@@ -282,7 +287,7 @@ class Loaded:
         m = self.maps[name]
         if name in self._no_batch:
             return None
-        stride = (m.value_size + 7) // 8 * 8 * self.ncpus if m.percpu else m.value_size
+        stride = m.slot * (self.ncpus if m.percpu else 1)
         fast = self._batch.get((name, chunk))
         if fast is None:
             try:
@@ -323,8 +328,7 @@ class Loaded:
         """(key, [value per CPU]) of every entry (one value for a shared map): by batch where it works,
         else by a walk of two system calls per entry."""
         m = self.maps[name]
-        per = (m.value_size + 7) // 8 * 8 if m.percpu else m.value_size
-        n = self.ncpus if m.percpu else 1
+        per, n = m.slot, self.ncpus if m.percpu else 1
         got = self.batch(name)
         if got is not None:
             count, keys, values = got

@@ -4,6 +4,7 @@ probes read (hash and array, shared and per-CPU), in one chunk and in many, empt
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import struct
 import subprocess
@@ -39,8 +40,6 @@ char LICENSE[] SEC("license") = "GPL";
 
 @pytest.fixture(scope="module")
 def maps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
-    import os
-
     if os.geteuid() != 0:
         pytest.skip("loading BPF maps needs root")
     clang = shutil.which("clang")
