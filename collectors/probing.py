@@ -218,14 +218,12 @@ class ProbeCollector:
         self.record.follow.added += [FollowedPid(p, now) for p in new]
 
     def followed(self) -> dict[int, int]:
-        """The processes that became targets during the run, so far: pid -> the target that forked
-        it (0: given to add_targets), as packetio's last print tells (every second)."""
-        out = {e.pid: 0 for e in self.record.follow.added} if self.record.follow is not None else {}
+        """The processes that became targets during the run and are counted, so far: pid -> the target
+        that forked it (0: given to add_targets), as packetio's last print tells (every second). A pid
+        given to add_targets shows once the loader took it up, not before: its datagrams count from then."""
         found = self.live_maps().get("@followed")  # {"pid": parent}, printed by packetio's sampler
-        for key, parent in found.items() if isinstance(found, dict) else ():
-            if isinstance(parent, int):
-                out.setdefault(int(key), parent)
-        return out
+        return {int(key): parent for key, parent in found.items() if isinstance(parent, int)} \
+            if isinstance(found, dict) else {}
 
     def tick(self) -> None:
         """Periodic upkeep (every poll tick): duty-cycle the BPF run-time statistics (0.1 s windows),

@@ -1,8 +1,10 @@
 // A UDP stream over loopback with exact ground truth for the packet I/O probes.
 //
-//   udp_stream sink [gro]                 bind 127.0.0.1:0 (4 MiB SO_RCVBUF, UDP_GRO if asked), print
+//   udp_stream sink [gro] [SENDERS]       bind 127.0.0.1:0 (4 MiB SO_RCVBUF, UDP_GRO if asked), print
 //                                         the port, receive with one recvmsg per call until the
-//                                         1-byte end marker, print "datagrams bytes calls"
+//                                         1-byte end markers of SENDERS senders (default 1), print
+//                                         "datagrams bytes calls" (a sink gone early refuses the
+//                                         other senders' datagrams)
 //   udp_stream send PORT SECONDS SIZE SEGS [RATE]   send SIZE-byte datagrams for SECONDS, SEGS per
 //                                         sendmsg (UDP_SEGMENT when SEGS > 1), as fast as it can or
 //                                         RATE sends a second, then the end marker; print
@@ -33,7 +35,7 @@ static double now(void)
 	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-static int sink(int gro)
+static int sink(int gro, int senders)
 {
 	int s = socket(AF_INET, SOCK_DGRAM, 0), one = 1, rcvbuf = 4 << 20;
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -57,8 +59,11 @@ static int sink(int gro)
 				continue;
 			return perror("recvmsg"), 1;
 		}
-		if (n == 1)
+		if (n == 1) {
+			if (--senders > 0)
+				continue;
 			break;
+		}
 		int seg = 0;
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
 			if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO)
@@ -115,11 +120,20 @@ static int send_stream(int port, double seconds, int size, int segs, double rate
 
 int main(int argc, char **argv)
 {
-	if (argc >= 2 && !strcmp(argv[1], "sink"))
-		return sink(argc > 2 && !strcmp(argv[2], "gro"));
+	if (argc >= 2 && !strcmp(argv[1], "sink")) {
+		int gro = 0, senders = 1;
+		for (int i = 2; i < argc; i++) {
+			if (!strcmp(argv[i], "gro"))
+				gro = 1;
+			else if ((senders = atoi(argv[i])) < 1)
+				break;
+		}
+		if (senders >= 1)
+			return sink(gro, senders);
+	}
 	if ((argc == 6 || argc == 7) && !strcmp(argv[1], "send"))
 		return send_stream(atoi(argv[2]), atof(argv[3]), atoi(argv[4]), atoi(argv[5]),
 				   argc == 7 ? atof(argv[6]) : 0.0);
-	fprintf(stderr, "usage: udp_stream sink [gro] | udp_stream send PORT SECONDS SIZE SEGS [RATE]\n");
+	fprintf(stderr, "usage: udp_stream sink [gro] [SENDERS] | udp_stream send PORT SECONDS SIZE SEGS [RATE]\n");
 	return 2;
 }
