@@ -13,9 +13,13 @@ needs later (probes.packetio.estimate) is accumulated here, not the windows:
   sum  = sum of z           (Horvitz-Thompson total of each series)
   counted = sum of y        (what was actually counted: a hard lower bound)
   seen = windows with y > 0 (a series seen in few windows has no usable variance estimate)
-  q    = sum of h_k (z_k - z_{k-1})(z_k - z_{k-1})^T, h_k = 1 - (pi_k + pi_{k-1}) / 2
+  q    = sum of h_k (z_k - z_{k-1})(z_k - z_{k-1})^T, h_k = 1 - min(pi_k, pi_{k-1})
          (successive differences: the variance of a stratified sample with one unit per
-         stratum; h_k makes fully counted periods contribute no variance)
+         stratum; h_k makes fully counted periods contribute no variance. A sampled period
+         beside a whole one varies alone in their difference, so the pair weighs as two
+         sampled ones would: with the mean of the two, 1 - (pi_k + pi_{k-1}) / 2, periods
+         alternating whole and sampled got half their variance, and 84-85% of the 95%
+         intervals held the truth in simulation; tests/test_sampling.py)
 The series are the group's counters followed by the kernel's counters of its network
 namespace read around the same window (UDP InDatagrams and OutDatagrams, IP OutOctets):
 the relation of the two is what lets the estimator scale to the kernel's exact totals.
@@ -224,7 +228,7 @@ class WindowStats:
         before but silent in this window count zeros. `before`: each namespace's kernel counters
         counted before this period, where a group first seen now starts."""
         pi = min(1.0, window_s / period_s) if period_s > 0 else 1.0
-        h = 0.0 if self._prev_pi is None else 1.0 - (pi + self._prev_pi) / 2
+        h = 0.0 if self._prev_pi is None else 1.0 - min(pi, self._prev_pi)
         ncounters = len(self.series) - len(AUX)
         for key, (netns, y) in counts.items():
             if key not in self.groups:
