@@ -315,9 +315,9 @@ class Loaded:
                     self._no_batch.add(name)
                 return None  # or a bucket larger than `chunk` (ENOSPC)
             n = count.value
-            if n:
-                got_keys.append(keys.raw[:n * m.key_size])
-                got_values.append(values.raw[:n * stride])
+            if n:  # only what the call filled: `.raw` copies the whole buffer (~200 KiB, fresh pages each time)
+                got_keys.append(ctypes.string_at(keys, n * m.key_size))
+                got_values.append(ctypes.string_at(values, n * stride))
                 total += n
             if rc != 0:  # ENOENT: that was the last of them
                 return total, b"".join(got_keys), b"".join(got_values)

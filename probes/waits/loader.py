@@ -244,7 +244,7 @@ class Waits:
         k = ctypes.create_string_buffer(struct.pack("<I", stack_id), 4)
         if self.prog.lib.bpf_map_lookup_elem(m.fd, k, self._stack_buf) != 0:
             return []
-        addrs = struct.unpack_from(f"<{self._depth}Q", self._stack_buf.raw)
+        addrs = struct.unpack_from(f"<{self._depth}Q", self._stack_buf)  # in place: no copy of the buffer
         out = []
         for a in addrs:
             if not a:
