@@ -216,19 +216,26 @@ def _simulate(rng: np.random.Generator, other_share: float, periods: int = 40, b
     return int(target.sum()), _sample(stats, "1", {"mib_out": total}), total
 
 
+def _coverage(rng: np.random.Generator, other_share: float, whole: str = "", runs: int = 400
+              ) -> tuple[int, list[float]]:
+    """Of `runs` simulated runs (_simulate), how many tx_msgs intervals held the truth, and each
+    interval's relative half-width."""
+    held, widths = 0, []
+    for _ in range(runs):
+        truth, sample, _ = _simulate(rng, other_share, whole=whole)
+        est = sample.total("tx_msgs")
+        held += est.holds(truth)
+        widths.append(est.relative_half_width() or 0.0)
+    return held, widths
+
+
 @pytest.mark.parametrize("other_share", [0.2, 0.5, 0.9])
 def test_intervals_hold_the_truth_95_percent_of_the_time(other_share: float) -> None:
     """Coverage over 400 simulated runs: the 95% intervals hold the truth in 90-99.5% of them. A
     binomial 95% has sd 1.1 pp at n=400; bursty traffic and a variance estimated from 40 periods
     (fewer effective degrees of freedom than the t quantile assumes) hold it ~92-93% here, with the
     estimated sd matching the true one in rms. Seeded: the same runs every time."""
-    rng = np.random.default_rng(20261123)
-    held, widths = 0, []
-    for _ in range(400):
-        truth, sample, _ = _simulate(rng, other_share)
-        est = sample.total("tx_msgs")
-        held += est.holds(truth)
-        widths.append(est.relative_half_width() or 0.0)
+    held, widths = _coverage(np.random.default_rng(20261123), other_share)
     print(f"other traffic {other_share:.0%}: {held}/400 held, median half-width {np.median(widths):.2%}")
     assert 0.90 <= held / 400 <= 0.995
 
@@ -240,9 +247,7 @@ def test_intervals_hold_the_truth_when_whole_and_sampled_periods_alternate(whole
     their difference; weighing that pair by the mean of the two periods' unsampled shares gave each
     sampled period half its variance: 84% and 85% of the intervals held the truth (other traffic 90%),
     95.5% and 98% with the larger weight. Seeded: the same runs every time."""
-    rng = np.random.default_rng(20261129)
-    held = sum(est.holds(truth) for truth, est in
-               ((t, s.total("tx_msgs")) for t, s, _ in (_simulate(rng, 0.9, whole=whole) for _ in range(400))))
+    held, _ = _coverage(np.random.default_rng(20261129), 0.9, whole)
     print(f"periods {whole!r}: {held}/400 held")
     assert 0.90 <= held / 400 <= 0.995
 
