@@ -26,11 +26,12 @@ SERIES = ("tx_msgs", "tx_bytes")
 
 def test_window_is_the_whole_period_while_the_hooks_fit_the_budget() -> None:
     budget = windows.CPU_BUDGET / windows.EVENT_COST_S
-    assert windows.window_length(0, 0.2) == windows.PERIOD_S
-    assert windows.window_length(int(budget * 0.2), 0.2) == windows.PERIOD_S
+    last = windows.PERIOD_S / 2  # a window GROWTH would let grow past the period
+    assert windows.window_length(0, last) == windows.PERIOD_S
+    assert windows.window_length(int(budget * last), last) == windows.PERIOD_S
     # ten times the budget's rate: a tenth of the period
-    assert windows.window_length(int(budget * 2), 0.2) == pytest.approx(windows.PERIOD_S / 10, rel=1e-3)
-    assert windows.window_length(10**12, 0.2) == windows.MIN_WINDOW_S
+    assert windows.window_length(int(budget * 10 * last), last) == pytest.approx(windows.PERIOD_S / 10, rel=1e-3)
+    assert windows.window_length(10**12, last) == windows.MIN_WINDOW_S
 
 
 def test_window_grows_at_most_fourfold() -> None:

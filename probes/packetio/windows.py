@@ -30,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FIRST_PERIOD_S = 0.2  # periods while a run is young: a run of 2 s gets ~10 windows, enough for a variance
-PERIOD_S = 0.5  # ... growing to this from 2 s on (elapsed / 10): 2 windows a second in a long run
+PERIOD_S = 1.0  # ... growing to this from 2 s on (elapsed / 10): one window a second from 10 s on
+# (0.5 s, two a second, had the loader at ~8 ms of CPU a second on a long quic-go transfer: each
+# window's attach and detach, counter reads and sums; a long run's variance has periods enough)
 # Each window costs the loader an attach and a detach of the four hooks (~1.5 ms of CPU here, with IPIs
 # to every CPU as the kernel patches the tracepoints' static keys: they interrupt the targets too), so
 # windows come no more often than the estimates need. (0.1 s first periods, ~19 windows in a 2 s
