@@ -244,6 +244,15 @@ class ProbeCollector:
             self._stats_since = now
             self._stats_next = now + STATS_PERIOD_S
 
+    def next_tick(self) -> float:
+        """When `tick` has work next (CLOCK_MONOTONIC): a statistics window's edge or the compaction."""
+        due = self._next_compact
+        if self._stats_fd is not None:
+            due = min(due, self._stats_since + STATS_WINDOW_S)
+        elif self._stats_next is not None:
+            due = min(due, self._stats_next)
+        return due
+
     def wait_ready(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Wait for every launched group to attach; a group that fails is recorded and dropped.
         Returns early once `should_stop` says so (Ctrl-C while bpftrace compiles)."""

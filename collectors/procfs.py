@@ -15,6 +15,7 @@ import re
 import select
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from qprof.archive.identity import PID_MAX_LIMIT, is_alive, is_zombie, read_proc, stat_fields
 from qprof.archive.model import CgroupReading, Limits, Pressure, ProcReading, Target, ThreadReading
@@ -67,10 +68,11 @@ def check_pid(pid: int) -> None:
 
 
 class ExitWatch:
-    """Whether targets still run, asked at every poll tick (20 a second). A pidfd becomes readable when
-    its process exits (a zombie has), which poll(2) answers without the /proc/PID/stat read `is_alive`
-    needs (a multi-threaded target's stat sums all its threads); a pidfd also outlives a reused pid.
-    Where pidfd_open is refused (kernels before 5.3) it asks `is_alive`."""
+    """Whether targets still run. A pidfd becomes readable when its process exits (a zombie has),
+    which poll(2) answers without the /proc/PID/stat read `is_alive` needs (a multi-threaded target's
+    stat sums all its threads); a pidfd also outlives a reused pid, and the collector sleeps on the
+    pidfds of the processes still running (`waiting`), so an exit wakes it at once. Where pidfd_open
+    is refused (kernels before 5.3) it asks `is_alive`."""
 
     def __init__(self) -> None:
         self._fds: dict[int, int | None] = {}  # pid -> its pidfd; -1: gone when first asked; None: no pidfd
@@ -87,6 +89,18 @@ class ExitWatch:
         if fd is None:
             return is_alive(pid)
         return fd >= 0 and not select.select([fd], [], [], 0)[0]
+
+    def waiting(self, pids: Iterable[int]) -> list[int] | None:
+        """The pidfds of these processes that still run (readable at their exit), or None when one of
+        them has no pidfd: its exit is seen only by asking again."""
+        fds = []
+        for pid in pids:
+            if self.alive(pid):
+                fd = self._fds[pid]
+                if fd is None:
+                    return None
+                fds.append(fd)
+        return fds
 
     def close(self) -> None:
         for fd in self._fds.values():
