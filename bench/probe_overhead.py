@@ -7,7 +7,7 @@ client receives one datagram per recvmsg, without GRO or recvmmsg: the most
 expensive case for per-packet probes), or a test endpoint (--stack). The client
 is held right after exec and released when qprof is sampling (in the baseline
 arm, at once). Metric: client wall time from release to exit (exit seen through
-a pidfd, not the session's 50 ms polling).
+a pidfd, as the session now sees it too).
 
 Configurations (qprof's in-process attach, AttachSession, with default options):
   default-both     perf + the default probes on server and client (as users attach)
@@ -107,7 +107,7 @@ def qprof_attach(probes: tuple[str, ...], sides: str = "both", scope: str = "aut
         opts = AttachOptions(pids=list(roles), out=out, probes=probes, duration=timeout, roles=roles, scope=scope)
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         with interrupt_guard():
-            run = AttachSession(opts, on_ready=release, stop_when=xfer.client_done).run()
+            run = AttachSession(opts, on_ready=release, stop_when=xfer.client_done, stop_when_exits=[client]).run()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         info = read_archive(run, probes)
         info["self_cpu"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)

@@ -226,8 +226,9 @@ class ProbeCollector:
             if isinstance(found, dict) else {}
 
     def tick(self) -> None:
-        """Periodic upkeep (every poll tick): duty-cycle the BPF run-time statistics (0.1 s windows),
-        and every COMPACT_S compact the probes' streamed output so long runs keep it small."""
+        """Periodic upkeep, at every wake-up of the collector (next_tick: when it is due): duty-cycle the
+        BPF run-time statistics (0.1 s windows), and every COMPACT_S compact the probes' streamed output
+        so long runs keep it small."""
         now = time.monotonic()
         if now >= self._next_compact:
             self._next_compact = now + COMPACT_S

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from qprof import runfiles
 from qprof.version import __version__
@@ -146,15 +146,19 @@ class AttachSession:
 
     def __init__(self, opts: AttachOptions, *, on_ready: Callable[[], None] | None = None,
                  stop_when: Callable[[], bool | str | None] | None = None,
+                 stop_when_exits: Sequence[int] = (),
                  status: Callable[[str], None] | None = None,
                  on_tick: Callable[[LiveData], None] | None = None) -> None:
         """`on_ready` runs once sampling and probes are live (release held targets there); `stop_when`
-        is asked every poll tick and ends the run when true (a string is the stop reason); `on_tick`
-        gets the targets' raw live data about once a second while sampling."""
+        ends the run when true (a string is the stop reason): asked every POLL_TICK, or, where it
+        changes only when one of the processes `stop_when_exits` exits (a benchmark's client), at
+        their exit and the collector's other wake-ups; `on_tick` gets the targets' raw live data about
+        once a second while sampling."""
         self.opts = opts
         self.on_tick = on_tick
         self.on_ready = on_ready
         self.stop_when = stop_when
+        self.stop_when_exits = list(stop_when_exits)
         self.status = status or (lambda msg: None)
         self.recorders: list[PerfRecorder] = []
         self._kallsyms: Path | None = None  # the snapshot of /proc/kallsyms while the attach runs
@@ -697,8 +701,9 @@ class AttachSession:
     def _sleep(self, running: procfs.ExitWatch, until: float) -> None:
         """Sleep until `until` (CLOCK_MONOTONIC), or until a target or perf exits or a stop signal comes
         (POLL_TICK at most where a stop condition can only be asked)."""
-        watch = running.waiting([*self.opts.pids, *(r.proc.pid for r in self.recorders if r.proc is not None)])
-        if watch is None or self.stop_when is not None or self.followed is not None:
+        watch = running.waiting([*self.opts.pids, *self.stop_when_exits,
+                                 *(r.proc.pid for r in self.recorders if r.proc is not None)])
+        if watch is None or (self.stop_when is not None and not self.stop_when_exits) or self.followed is not None:
             until = min(until, time.monotonic() + POLL_TICK)
         timeout = until - time.monotonic()
         if timeout <= 0:

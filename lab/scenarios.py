@@ -440,7 +440,7 @@ def run_scenario(scenario: Scenario, stack: str, factory: TransferFactory, size:
                                  **attach)
             before = {r: lab.throttling(r) for r in ROLES}
             res.run = AttachSession(opts, on_ready=placed.release, stop_when=xfer.client_done,
-                                    status=status).run()
+                                    stop_when_exits=[client], status=status).run()
             after = {r: lab.throttling(r) for r in ROLES}
             meta = Run.open(res.run).meta
             if (meta.stop_reason or "").startswith("interrupted"):

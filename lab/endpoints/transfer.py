@@ -130,7 +130,8 @@ def profile(built: Built, nbytes: int | None = None, out: Path | None = None,
         server = xfer.start_server()
         client = xfer.start_client_stopped()
         opts = AttachOptions(pids=[server, client], out=out, roles={server: "server", client: "client"}, **attach)
-        run = AttachSession(opts, on_ready=xfer.release_client, stop_when=xfer.client_done, status=status).run()
+        run = AttachSession(opts, on_ready=xfer.release_client, stop_when=xfer.client_done, stop_when_exits=[client],
+                           status=status).run()
         assert xfer.client is not None
         xfer.client.wait(30)
         xfer.client_done()
