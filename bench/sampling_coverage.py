@@ -43,7 +43,9 @@ class Case:
 
 
 CASES = (Case("gso8-plain-recv", 2.0, 8, False), Case("no-gso-plain-recv", 2.0, 1, False),
-         Case("gso8-gro", 2.0, 8, True), Case("short-gso8", 0.3, 8, False))
+         Case("gso8-gro", 2.0, 8, True), Case("short-gso8", 0.3, 8, False),
+         # long enough for the periods to reach their full length (windows.PERIOD_S from 10 s on)
+         Case("long-gso8", 15.0, 8, False))
 
 
 def build(out: Path) -> Path:
