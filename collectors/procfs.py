@@ -75,7 +75,7 @@ class ExitWatch:
     is refused (kernels before 5.3) it asks `is_alive`."""
 
     def __init__(self) -> None:
-        self._fds: dict[int, int | None] = {}  # pid -> its pidfd; -1: gone when first asked; None: no pidfd
+        self._fds: dict[int, int | None] = {}  # pid -> its pidfd; -1: seen gone; None: no pidfd
 
     def alive(self, pid: int) -> bool:
         if pid not in self._fds:
@@ -88,7 +88,10 @@ class ExitWatch:
         fd = self._fds[pid]
         if fd is None:
             return is_alive(pid)
-        return fd >= 0 and not select.select([fd], [], [], 0)[0]
+        if fd >= 0 and select.select([fd], [], [], 0)[0]:  # exited: it stays so, asked no more
+            os.close(fd)
+            self._fds[pid] = fd = -1
+        return fd >= 0
 
     def waiting(self, pids: Iterable[int]) -> list[int] | None:
         """The pidfds of these processes that still run (readable at their exit), or None when one of

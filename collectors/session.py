@@ -690,8 +690,7 @@ class AttachSession:
                 elif not any(r.running() for r in self.recorders):
                     self._stop_reason = "perf exited: " + self.recorders[0].log_tail()
                 else:
-                    due = min(next_reading, next_sockets) if self.probes is not None or self.on_tick is not None \
-                        else next_reading
+                    due = min(next_reading, next_sockets)
                     if self.probes is not None:
                         due = min(due, self.probes.next_tick())
                     if opts.duration is not None:
