@@ -10,13 +10,12 @@ from then on, and count every sample once (sampled CPU against /proc's).
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attach_held, build_c, build_go, own_samples, qprof, share_of
+from conftest import ROOT, attach_held, build_c, build_go, own_samples, qprof, share_difference_sd, share_of
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -89,8 +88,7 @@ def test_a_program_started_through_wrappers_is_attributed_as_started_directly(ke
     assert base > 0.5, "the workload is mostly AES-GCM"
     for k in ("wrapped", "dwarf"):
         share, n = crypto[k]
-        # two binomial shares: 4 standard deviations of their difference
-        sd = math.sqrt(base * (1 - base) * (1 / n0 + 1 / n))
+        sd = share_difference_sd(share, n, base, n0)  # 4 standard deviations of their difference
         assert abs(share - base) <= 4 * sd + 0.005, (k, share, base)
     # diff says when two runs were unwound differently, and only then
     same = qprof("diff", str(tmp_path / "direct"), str(tmp_path / "wrapped"), "--pair",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import math
 import os
 import shutil
 import struct
@@ -38,7 +37,7 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, attach_held, examples, own_samples, qprof, share_of
+from conftest import ROOT, attach_held, examples, own_samples, qprof, share_difference_sd, share_of
 from qprof.archive.model import GOPCLNTAB, NONE
 from qprof.collectors.debuginfo import Debuginfod, check_debug_file, symbols_for, write_symbols
 from qprof.probes import gopclntab
@@ -382,7 +381,7 @@ def test_a_stripped_go_binary_is_profiled_as_its_build_with_symbols(kernel_facin
     print(f"in the binary: stripped {n} samples ({n / p['samples']:.1%}), Crypto {share:.1%}; "
           f"symbols {n0} ({n0 / base['samples']:.1%}), Crypto {share0:.1%}")
     assert share0 > 0.5, "the workload is mostly AES-GCM"
-    sd = math.sqrt(share0 * (1 - share0) * (1 / n0 + 1 / n))  # two binomial shares: their difference's
+    sd = share_difference_sd(share, n, share0, n0)
     assert abs(share - share0) <= 4 * sd + 0.005, (share, share0, sd)
     assert {s["symbol"] for s in p["top_symbols"]["Crypto"][:3]} & {"crypto/internal/fips140/aes/gcm.gcmAesEnc",
                                                                     "crypto/internal/fips140/aes/gcm.gcmAesDec"}
